@@ -1,0 +1,43 @@
+"""Data: corpora -> tokenizer -> memmap token cache -> deterministic windows (LMDataModule).
+
+The DataModule names are loaded lazily, so `import pelab.data.recall` (or corpora, tokenizer)
+does not pay for importing Lightning.
+"""
+
+from pelab.data.cache import CacheDirError, CacheRebuildWarning, TokenCache, open_cache, resolve_cache_root
+from pelab.data.corpora import SPLITS, CorpusError, CorpusUnavailable, build_corpus, split_of
+from pelab.data.tokenizer import EOT, ByteTokenizer, HFTokenizer, TokenizerError, make_tokenizer
+
+_LAZY = {"DataConfigError", "LMDataModule", "RecallMixer", "TrainWindows", "fixed_windows"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from pelab.data import datamodule
+
+        return getattr(datamodule, name)
+    raise AttributeError(f"module 'pelab.data' has no attribute {name!r}")
+
+
+__all__ = [
+    "EOT",
+    "SPLITS",
+    "ByteTokenizer",
+    "CacheDirError",
+    "CacheRebuildWarning",
+    "CorpusError",
+    "CorpusUnavailable",
+    "DataConfigError",
+    "HFTokenizer",
+    "LMDataModule",
+    "RecallMixer",
+    "TokenCache",
+    "TokenizerError",
+    "TrainWindows",
+    "build_corpus",
+    "fixed_windows",
+    "make_tokenizer",
+    "open_cache",
+    "resolve_cache_root",
+    "split_of",
+]

@@ -1,0 +1,289 @@
+"""Token cache: a corpus tokenized once, stored as flat memmaps, reused by every run.
+
+Layout under `paths.cache_dir` (default ~/.cache/pelab, or $PELAB_CACHE_DIR):
+
+    tokens/<source>-<tokenizer>-<key>/
+        meta.json          fingerprint, dtype, per-split counts and checksums (written last)
+        tokenizer.json     the trained / fetched tokenizer (reloaded offline)
+        {split}.bin        token ids, documents each followed by EOT; uint16 if the vocab fits
+        {split}.idx.npy    int64 document start offsets, plus the total at the end (n_docs + 1,)
+    tokens/<key>.lock      fcntl lock: concurrent builders wait for the first one
+
+`key` hashes the corpus fingerprint + tokenizer settings. A build writes into a temp folder
+and renames it into place, so a crash never leaves a half cache and never touches a good one.
+Loading checks sizes and a cheap head/middle/tail hash; a bad cache warns and is rebuilt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pelab.data.corpora import SPLITS, Corpus, CorpusError
+from pelab.data.tokenizer import EOT, Tokenizer, load_tokenizer, make_tokenizer, tokenizer_fingerprint
+
+log = logging.getLogger(__name__)
+
+CACHE_VERSION = 1
+_SAMPLE = 1 << 16  # bytes hashed at head, middle and tail of each token file
+_CHUNK_BYTES = 4 << 20  # text per encode_batch call
+
+
+class CacheDirError(ValueError):
+    """The cache folder cannot be created or written."""
+
+
+class CacheRebuildWarning(UserWarning):
+    """A cached entry was truncated or inconsistent and is being rebuilt."""
+
+
+def resolve_cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """`paths.cache_dir` if given, else $PELAB_CACHE_DIR, else ~/.cache/pelab."""
+    raw = cache_dir if cache_dir not in (None, "") else os.environ.get("PELAB_CACHE_DIR") or "~/.cache/pelab"
+    return Path(raw).expanduser()
+
+
+def cache_key(corpus_fp: Mapping[str, Any], tok_fp: Mapping[str, Any]) -> str:
+    blob = json.dumps(
+        {"v": CACHE_VERSION, "corpus": corpus_fp, "tokenizer": tok_fp}, sort_keys=True, default=str
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+class TokenCache:
+    """A verified cache entry: memmapped token ids per split + the tokenizer."""
+
+    def __init__(self, path: Path, meta: dict[str, Any], tokenizer: Tokenizer, built: bool):
+        self.path, self.meta, self.tokenizer = path, meta, tokenizer
+        self.built = built  # True when this call had to build (False = reused)
+        self.dtype = np.dtype(meta["dtype"])
+
+    def n_tokens(self, split: str) -> int:
+        return int(self.meta["splits"][split]["n_tokens"])
+
+    def tokens(self, split: str) -> np.memmap:
+        """(N,) read-only token ids of the split; documents joined by EOT."""
+        return np.memmap(
+            self.path / f"{split}.bin", dtype=self.dtype, mode="r", shape=(self.n_tokens(split),)
+        )
+
+    def offsets(self, split: str) -> np.ndarray:
+        """(n_docs + 1,) start of each document in `tokens(split)`, then the total."""
+        return np.load(self.path / f"{split}.idx.npy", mmap_mode="r")
+
+    def bytes_per_token(self, split: str = "val") -> float:
+        return float(self.meta["splits"][split]["bytes_per_token"])
+
+
+# ----------------------------------------------------------------------------- open / build
+
+
+def open_cache(
+    corpus: Corpus, tok_cfg: Mapping[str, Any] | str, cache_dir: str | os.PathLike | None = None
+) -> TokenCache:
+    """Load the cache entry for (corpus, tokenizer), building it first if missing or broken."""
+    root = resolve_cache_root(cache_dir)
+    corpus_fp, tok_fp = corpus.fingerprint(), tokenizer_fingerprint(tok_cfg)
+    key = cache_key(corpus_fp, tok_fp)
+    entry = root / "tokens" / f"{corpus_fp['source']}-{tok_fp['kind']}{tok_fp.get('vocab_size', '')}-{key}"
+
+    # Fast path, no lock and no write access needed: a valid entry is simply loaded.
+    if verify_entry(entry) is None:
+        return load_entry(entry, built=False)
+
+    _ensure_writable(root)
+    with _locked(root / "tokens" / f"{key}.lock"):
+        problem = verify_entry(entry)  # another process may have built it while we waited
+        if problem is None:
+            return load_entry(entry, built=False)
+        if entry.exists():
+            warnings.warn(
+                f"token cache {entry} is unusable ({problem}); rebuilding it",
+                CacheRebuildWarning,
+                stacklevel=2,
+            )
+        _build_entry(corpus, tok_cfg, entry, {"corpus": corpus_fp, "tokenizer": tok_fp, "key": key})
+    return load_entry(entry, built=True)
+
+
+def load_entry(entry: Path, built: bool = False) -> TokenCache:
+    meta = json.loads((entry / "meta.json").read_text())
+    tok = load_tokenizer(entry / "tokenizer.json", meta["tokenizer_kind"], meta["eot_token"])
+    return TokenCache(entry, meta, tok, built)
+
+
+def verify_entry(entry: Path) -> str | None:
+    """None if the entry is complete and consistent, else a short reason."""
+    meta_path = entry / "meta.json"
+    if not meta_path.is_file():
+        return "missing" if not entry.exists() else "no meta.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as e:
+        return f"unreadable meta.json: {e}"
+    if meta.get("version") != CACHE_VERSION:
+        return f"cache format {meta.get('version')} != {CACHE_VERSION}"
+    tok_path = entry / "tokenizer.json"
+    if not tok_path.is_file() or _sha256_file(tok_path) != meta.get("tokenizer_sha256"):
+        return "tokenizer.json missing or changed"
+    itemsize = np.dtype(meta["dtype"]).itemsize
+    for split in SPLITS:
+        s = meta["splits"][split]
+        binp, idxp = entry / f"{split}.bin", entry / f"{split}.idx.npy"
+        if not binp.is_file() or binp.stat().st_size != s["n_tokens"] * itemsize:
+            return f"{split}.bin missing or wrong size"
+        if _sample_hash(binp) != s["sample_sha256"]:
+            return f"{split}.bin content changed"
+        try:
+            idx = np.load(idxp, mmap_mode="r")
+        except (OSError, ValueError) as e:
+            return f"{split}.idx.npy unreadable: {e}"
+        if idx.shape != (s["n_docs"] + 1,) or int(idx[-1]) != s["n_tokens"]:
+            return f"{split}.idx.npy inconsistent"
+    return None
+
+
+def _build_entry(corpus: Corpus, tok_cfg: Mapping[str, Any] | str, entry: Path, fp: dict[str, Any]) -> None:
+    """Build into a temp folder, then swap it in (the old entry, if any, is removed after)."""
+    t0 = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.name}-", dir=entry.parent))
+    try:
+        tok = make_tokenizer(tok_cfg, _bpe_training_docs(corpus, tokenizer_fingerprint(tok_cfg)))
+        t_tok = time.perf_counter() - t0
+        tok.save(tmp / "tokenizer.json")
+        dtype = np.dtype(np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32)
+        splits = {}
+        for split in SPLITS:
+            splits[split] = _encode_split(
+                corpus.documents(split), tok, dtype, tmp / f"{split}.bin", tmp / f"{split}.idx.npy"
+            )
+            if splits[split]["n_docs"] == 0:
+                raise CorpusError(
+                    f"the {split} split is empty; add documents or raise data.val_fraction / data.test_fraction"
+                )
+        meta = {
+            "version": CACHE_VERSION,
+            "fingerprint": fp,
+            "tokenizer_kind": tok.kind,
+            "eot_token": getattr(tok, "eot_token", EOT),
+            "eot_id": tok.eot_id,
+            "vocab_size": tok.vocab_size,
+            "dtype": dtype.name,
+            "tokenizer_sha256": _sha256_file(tmp / "tokenizer.json"),
+            "splits": splits,
+            "build_seconds": {"tokenizer": round(t_tok, 3), "total": round(time.perf_counter() - t0, 3)},
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        old = None
+        if entry.exists():
+            old = entry.with_name(f".old-{entry.name}-{os.getpid()}")
+            os.replace(entry, old)
+        os.replace(tmp, entry)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("built token cache %s in %.1fs", entry, time.perf_counter() - t0)
+
+
+def _bpe_training_docs(corpus: Corpus, tok_fp: Mapping[str, Any]) -> Iterable[str] | None:
+    if tok_fp["kind"] != "bpe":
+        return None
+    if tok_fp.get("train_bytes") is None:
+        return corpus.documents("train")
+    return corpus.sample_documents("train", int(tok_fp["train_bytes"]))
+
+
+def _encode_split(
+    docs: Iterable[str], tok: Tokenizer, dtype: np.dtype, bin_path: Path, idx_path: Path
+) -> dict[str, Any]:
+    """Stream documents through encode_batch into `bin_path`; EOT after every document."""
+    eot = np.array([tok.eot_id], dtype=dtype)
+    starts: list[int] = []
+    n_tokens = n_bytes = 0
+    with open(bin_path, "wb") as f:
+        for chunk in _chunks(docs, _CHUNK_BYTES):
+            parts = []
+            for text, ids in zip(chunk, tok.encode_batch(chunk)):
+                starts.append(n_tokens)
+                parts += [np.asarray(ids, dtype=dtype), eot]
+                n_tokens += len(ids) + 1
+                n_bytes += len(text.encode("utf-8"))
+            f.write(np.concatenate(parts).tobytes())
+    np.save(idx_path, np.asarray(starts + [n_tokens], dtype=np.int64))
+    return {
+        "n_docs": len(starts),
+        "n_tokens": n_tokens,
+        "n_bytes": n_bytes,
+        # EOT tokens count (they are predicted too); bits/byte = nats/token / ln2 / bytes_per_token.
+        "bytes_per_token": n_bytes / max(n_tokens, 1),
+        "sample_sha256": _sample_hash(bin_path),
+    }
+
+
+def _chunks(docs: Iterable[str], max_chars: int) -> Iterator[list[str]]:
+    buf: list[str] = []
+    size = 0
+    for d in docs:
+        buf.append(d)
+        size += len(d)
+        if size >= max_chars:
+            yield buf
+            buf, size = [], 0
+    if buf:
+        yield buf
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _ensure_writable(root: Path) -> None:
+    try:
+        (root / "tokens").mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root / "tokens", prefix=".probe-"):
+            pass
+    except OSError as e:
+        raise CacheDirError(
+            f"cannot write the token cache under paths.cache_dir={root} ({type(e).__name__}: {e}); "
+            "set paths.cache_dir (or $PELAB_CACHE_DIR) to a writable folder"
+        ) from e
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    with open(lock_path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _sample_hash(path: Path) -> str:
+    """Hash of size + head, middle and tail: catches truncation and most overwrites, in ~1 ms."""
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        for off in (0, max(0, size // 2 - _SAMPLE // 2), max(0, size - _SAMPLE)):
+            f.seek(off)
+            h.update(f.read(_SAMPLE))
+    return h.hexdigest()

@@ -1,0 +1,428 @@
+"""Text sources: each yields documents (str) per split, lazily, in a fixed order.
+
+Three kinds, chosen by `data.source`:
+- `stdlib`   the running interpreter's standard library `.py` files (no download; the default).
+- `text_dir` any local folder (`data.path`, `data.glob`), one document per file.
+- `hf`       a Hugging Face `datasets` dataset (`data.name`, `data.config`, `data.text_field`, ...).
+
+Splits are "train", "val", "test". Folder sources (and hub datasets that ship only a train
+split) are split by a stable hash of each document's key (relative path / row index), so a
+document's split never depends on which other documents exist or on the machine.
+
+Every corpus has a `fingerprint()`: a JSON-able dict computed WITHOUT reading document text
+(paths, sizes, versions, settings); it keys the token cache and is recorded with results.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+import sys
+import sysconfig
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SPLITS = ("train", "val", "test")
+
+
+class CorpusError(ValueError):
+    """Bad data settings (missing folder, no files, unknown field, ...)."""
+
+
+class CorpusUnavailable(CorpusError):
+    """A remote corpus cannot be fetched (offline, unknown name, ...)."""
+
+
+# ----------------------------------------------------------------------------- splitting
+
+
+def split_of(key: str, val_fraction: float = 0.02, test_fraction: float = 0.02) -> str:
+    """Stable split assignment: sha256 of the key -> uniform number in [0, 1).
+
+    hashlib, not hash(): Python salts str hashes per process.
+    """
+    h = int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big") / 2.0**64
+    if h < val_fraction:
+        return "val"
+    if h < val_fraction + test_fraction:
+        return "test"
+    return "train"
+
+
+def _key_rank(key: str) -> int:
+    return int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big")
+
+
+def assign_splits(
+    keys: list[str], val_fraction: float, test_fraction: float, what: str
+) -> dict[str, list[int]]:
+    """Indices of `keys` per split by the hash rule.
+
+    A small corpus may leave a split empty; then the lowest-hash document of the largest
+    split moves there (still deterministic, still no document in two splits).
+    """
+    if len(keys) < 3:
+        raise CorpusError(
+            f"{what} has {len(keys)} document(s); at least 3 are needed so that train, val and test "
+            "each get one. Add files (or widen data.glob)."
+        )
+    out: dict[str, list[int]] = {s: [] for s in SPLITS}
+    for i, k in enumerate(keys):
+        out[split_of(k, val_fraction, test_fraction)].append(i)
+    for s in SPLITS:
+        if not out[s]:
+            donor = max(SPLITS, key=lambda d: (len(out[d]), d == "train"))
+            moved = min(out[donor], key=lambda i: _key_rank(keys[i]))
+            out[donor].remove(moved)
+            out[s].append(moved)
+    return out
+
+
+def _read_text(path: Path) -> str:
+    # errors="replace": a few stdlib test files are deliberately not UTF-8.
+    return path.read_bytes().decode("utf-8", errors="replace")
+
+
+def _capped(docs: Iterator[str], max_bytes: int | None) -> Iterator[str]:
+    """Stop once the split holds max_bytes (UTF-8 bytes of the text); at least one document."""
+    total = 0
+    for doc in docs:
+        if max_bytes is not None and total > 0 and total + len(doc.encode("utf-8")) > max_bytes:
+            return
+        total += len(doc.encode("utf-8"))
+        yield doc
+
+
+# ----------------------------------------------------------------------------- file corpora
+
+
+class FileCorpus:
+    """One document per file; `files` sorted by relative path; split by hash of that path."""
+
+    kind = "files"
+
+    def __init__(
+        self,
+        root: Path,
+        files: list[Path],
+        max_bytes: int | None = None,
+        val_fraction: float = 0.02,
+        test_fraction: float = 0.02,
+        what: str = "the corpus",
+    ):
+        self.root = root
+        self.rel = sorted(f.relative_to(root).as_posix() for f in files)
+        self.max_bytes = max_bytes
+        self.val_fraction, self.test_fraction = val_fraction, test_fraction
+        self.split_index = assign_splits(self.rel, val_fraction, test_fraction, what)
+
+    def files(self, split: str) -> list[str]:
+        """Relative paths of the split's documents, in corpus order."""
+        _check_split(split)
+        return [self.rel[i] for i in self.split_index[split]]
+
+    def documents(self, split: str) -> Iterator[str]:
+        docs = (_read_text(self.root / r) for r in self.files(split))
+        return _capped(docs, self.max_bytes)
+
+    def sample_documents(self, split: str, n_bytes: int) -> Iterator[str]:
+        """About `n_bytes` of the split, as every k-th document (spread over the whole split,
+        not its alphabetical head); sizes come from the file system, nothing extra is read."""
+        files = self.files(split)
+        sizes = [(self.root / r).stat().st_size for r in files]
+        if self.max_bytes is not None:  # the same prefix `documents` would yield (sizes ~ UTF-8 bytes)
+            cum = np.cumsum(sizes)
+            keep = max(1, int(np.searchsorted(cum, self.max_bytes, side="right")))
+            files, sizes = files[:keep], sizes[:keep]
+        stride = max(1, math.ceil(sum(sizes) / max(n_bytes, 1)))
+        return (_read_text(self.root / r) for r in files[::stride])
+
+    def _file_list_fingerprint(self, with_mtime: bool) -> dict[str, Any]:
+        h = hashlib.sha256()
+        total = 0
+        for r in self.rel:
+            st = (self.root / r).stat()
+            total += st.st_size
+            h.update(f"{r}\0{st.st_size}".encode())
+            if with_mtime:
+                h.update(f"\0{st.st_mtime_ns}".encode())
+            h.update(b"\n")
+        return {"n_files": len(self.rel), "total_bytes": total, "files_sha256": h.hexdigest()[:16]}
+
+    def _split_fingerprint(self) -> dict[str, Any]:
+        return {
+            "max_bytes": self.max_bytes,
+            "val_fraction": self.val_fraction,
+            "test_fraction": self.test_fraction,
+        }
+
+
+class StdlibCorpus(FileCorpus):
+    """The running interpreter's standard library `.py` files (site-packages excluded)."""
+
+    kind = "stdlib"
+    EXCLUDE_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
+
+    def __init__(self, max_bytes: int | None = None, val_fraction: float = 0.02, test_fraction: float = 0.02):
+        root = Path(sysconfig.get_paths()["stdlib"])
+        files = []
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = [d for d in dirnames if d not in self.EXCLUDE_DIRS]
+            files += [Path(dirpath) / f for f in filenames if f.endswith(".py")]
+        if not files:
+            raise CorpusError(f"no .py files under the stdlib path {root}; use data=text_dir data.path=...")
+        super().__init__(root, files, max_bytes, val_fraction, test_fraction, what=f"stdlib at {root}")
+
+    def fingerprint(self) -> dict[str, Any]:
+        # File list + sizes + Python version (no mtimes: the same Python gives the same key anywhere).
+        return {
+            "source": "stdlib",
+            "python": sys.version.split()[0],
+            "implementation": sys.implementation.name,
+            **self._file_list_fingerprint(with_mtime=False),
+            **self._split_fingerprint(),
+        }
+
+
+class TextDirCorpus(FileCorpus):
+    """Any local folder: `path` + `glob` (recursive patterns like '**/*.txt' work)."""
+
+    kind = "text_dir"
+
+    def __init__(
+        self,
+        path: str | os.PathLike | None,
+        glob: str = "**/*.txt",
+        max_bytes: int | None = None,
+        val_fraction: float = 0.02,
+        test_fraction: float = 0.02,
+    ):
+        if path is None or str(path) in ("", "???"):
+            raise CorpusError("data=text_dir needs a folder: set data.path=/path/to/texts")
+        root = Path(path).expanduser().resolve()
+        if not root.is_dir():
+            raise CorpusError(
+                f"data.path={path} is not an existing folder; set data.path to a folder of text files"
+            )
+        files = sorted(p for p in root.glob(glob) if p.is_file())
+        if not files:
+            raise CorpusError(
+                f"no files match data.glob={glob!r} under data.path={root}; change data.glob or data.path"
+            )
+        self.glob = glob
+        super().__init__(
+            root, files, max_bytes, val_fraction, test_fraction, what=f"data.path={root} (data.glob={glob!r})"
+        )
+
+    def fingerprint(self) -> dict[str, Any]:
+        # Local files change in place, so mtimes are part of the key here.
+        return {
+            "source": "text_dir",
+            "path": str(self.root),
+            "glob": self.glob,
+            **self._file_list_fingerprint(with_mtime=True),
+            **self._split_fingerprint(),
+        }
+
+
+# ----------------------------------------------------------------------------- Hugging Face
+
+_VAL_NAMES = ("validation", "valid", "val", "dev")
+_WIKITEXT_TITLE = re.compile(r"^ = [^=].* = *\n?$")  # top-level " = Title = " lines only
+
+
+def _wikitext_articles(lines: Iterator[str]) -> Iterator[str]:
+    """WikiText rows are lines; an article starts at each top-level ' = Title = ' heading."""
+    buf: list[str] = []
+    for line in lines:
+        if _WIKITEXT_TITLE.match(line) and any(s.strip() for s in buf):
+            yield "".join(buf).strip("\n")
+            buf = []
+        buf.append(line or "\n")  # empty rows are the blank lines between paragraphs
+    if any(s.strip() for s in buf):
+        yield "".join(buf).strip("\n")
+
+
+class HFCorpus:
+    """A Hugging Face `datasets` dataset, loaded lazily (datasets keeps its own cache).
+
+    `doc_split`: "row" (each non-empty row is a document) or "wikitext" (rows are lines;
+    articles begin at top-level ' = Title = ' headings). Missing val/test splits are carved
+    out of train by the hash rule on the document index.
+    """
+
+    kind = "hf"
+
+    def __init__(
+        self,
+        name: str | None,
+        config: str | None = None,
+        text_field: str = "text",
+        data_files: Any = None,
+        revision: str | None = None,
+        doc_split: str = "row",
+        max_bytes: int | None = None,
+        val_fraction: float = 0.02,
+        test_fraction: float = 0.02,
+    ):
+        if not name or name == "???":
+            raise CorpusError("data=hf needs a dataset: set data.name=... (and data.config, data.text_field)")
+        if doc_split not in ("row", "wikitext"):
+            raise CorpusError(f"data.doc_split={doc_split!r}; use 'row' or 'wikitext'")
+        self.name, self.config, self.text_field = name, config, text_field
+        self.data_files = _plain(data_files)
+        self.revision, self.doc_split, self.max_bytes = revision, doc_split, max_bytes
+        self.val_fraction, self.test_fraction = val_fraction, test_fraction
+        self._dd = None
+
+    def _load(self):
+        if self._dd is not None:
+            return self._dd
+        try:
+            import datasets
+        except ImportError as e:  # pragma: no cover - datasets is a dependency
+            raise CorpusUnavailable(
+                "data=hf needs the `datasets` package; use data=stdlib or data=text_dir"
+            ) from e
+        try:
+            dd = datasets.load_dataset(
+                self.name, self.config, data_files=self.data_files, revision=self.revision
+            )
+        except Exception as e:  # the hub raises many types (ConnectionError, FileNotFoundError, ...)
+            raise CorpusUnavailable(
+                f"cannot load Hugging Face dataset data.name={self.name!r} data.config={self.config!r} "
+                f"({type(e).__name__}: {e}). Offline or unknown name? Use data=stdlib (no download) or "
+                "data=text_dir data.path=/your/texts."
+            ) from e
+        if not isinstance(dd, Mapping):
+            dd = {"train": dd}
+        if "train" not in dd:
+            raise CorpusError(f"dataset {self.name!r} has no 'train' split (splits: {sorted(dd)})")
+        for split_name, ds in dd.items():
+            if self.text_field not in ds.column_names:
+                raise CorpusError(
+                    f"data.text_field={self.text_field!r} is not a column of {self.name!r} split "
+                    f"{split_name!r}; available columns: {ds.column_names}. Set data.text_field."
+                )
+        self._dd = dd
+        return dd
+
+    def _native(self, split: str) -> str | None:
+        dd = self._load()
+        names = {"train": ("train",), "val": _VAL_NAMES, "test": ("test",)}[split]
+        return next((n for n in names if n in dd), None)
+
+    def _docs_of(self, hf_split: str) -> Iterator[str]:
+        ds = self._load()[hf_split]
+        rows = (
+            t
+            for batch in ds.select_columns([self.text_field]).iter(batch_size=1000)
+            for t in batch[self.text_field]
+        )
+        docs = _wikitext_articles(r or "" for r in rows) if self.doc_split == "wikitext" else rows
+        return (d for d in docs if d and d.strip())
+
+    def documents(self, split: str) -> Iterator[str]:
+        _check_split(split)
+        native = self._native(split)
+        derived = [s for s in ("val", "test") if self._native(s) is None]
+        if native is not None and (split != "train" or not derived):
+            return _capped(self._docs_of(native), self.max_bytes)
+        # Carve missing splits out of train by hash of the document index.
+        vf = self.val_fraction if "val" in derived else 0.0
+        tf = self.test_fraction if "test" in derived else 0.0
+        docs = (d for i, d in enumerate(self._docs_of("train")) if split_of(str(i), vf, tf) == split)
+        return _capped(docs, self.max_bytes)
+
+    def sample_documents(self, split: str, n_bytes: int) -> Iterator[str]:
+        """The first ~`n_bytes` of the split (a dataset's row order is usually already mixed)."""
+        return _capped(self.documents(split), n_bytes)
+
+    def fingerprint(self) -> dict[str, Any]:
+        # Settings only (loading the dataset just to hash it would cost seconds on every run);
+        # local data files add their size and mtime so an edited fixture rebuilds.
+        return {
+            "source": "hf",
+            "name": self.name,
+            "config": self.config,
+            "revision": self.revision,
+            "text_field": self.text_field,
+            "data_files": _files_fingerprint(self.data_files),
+            "doc_split": self.doc_split,
+            "max_bytes": self.max_bytes,
+            "val_fraction": self.val_fraction,
+            "test_fraction": self.test_fraction,
+        }
+
+
+def _plain(x: Any) -> Any:
+    """OmegaConf containers -> plain python (datasets wants str / list / dict)."""
+    try:
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(x):
+            return OmegaConf.to_container(x, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    return x
+
+
+def _files_fingerprint(data_files: Any) -> Any:
+    if data_files is None:
+        return None
+    if isinstance(data_files, (str, os.PathLike)):
+        p = Path(data_files).expanduser()
+        if p.is_file():
+            st = p.stat()
+            return [str(p.resolve()), st.st_size, st.st_mtime_ns]
+        return str(data_files)
+    if isinstance(data_files, Mapping):
+        return {k: _files_fingerprint(v) for k, v in sorted(data_files.items())}
+    return [_files_fingerprint(v) for v in data_files]
+
+
+# ----------------------------------------------------------------------------- factory
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; use one of {SPLITS}")
+
+
+Corpus = StdlibCorpus | TextDirCorpus | HFCorpus
+SOURCES = ("stdlib", "text_dir", "hf")
+
+
+def source_kind(cfg: Mapping[str, Any] | str) -> str:
+    return cfg if isinstance(cfg, str) else str(cfg.get("source", "stdlib"))
+
+
+def build_corpus(cfg: Mapping[str, Any] | str) -> Corpus:
+    """`cfg` is the data config (`source` = kind, plus that kind's knobs) or just the kind."""
+    kind = source_kind(cfg)
+    c: Mapping[str, Any] = {} if isinstance(cfg, str) else cfg
+    split_knobs = {
+        "max_bytes": c.get("max_bytes"),
+        "val_fraction": float(c.get("val_fraction", 0.02)),
+        "test_fraction": float(c.get("test_fraction", 0.02)),
+    }
+    if kind == "stdlib":
+        return StdlibCorpus(**split_knobs)
+    if kind == "text_dir":
+        return TextDirCorpus(c.get("path"), c.get("glob", "**/*.txt"), **split_knobs)
+    if kind == "hf":
+        return HFCorpus(
+            c.get("name"),
+            c.get("config"),
+            text_field=c.get("text_field", "text"),
+            data_files=c.get("data_files"),
+            revision=c.get("revision"),
+            doc_split=c.get("doc_split", "row"),
+            **split_knobs,
+        )
+    raise CorpusError(f"unknown data.source={kind!r}; known: {list(SOURCES)}")

@@ -1,0 +1,348 @@
+"""LightningDataModule: token cache -> training windows, validation windows, eval spans.
+
+Training batches are `(B, seq_len + 1)` LongTensors (inputs = [:, :-1], targets = [:, 1:]).
+Batch number `step` on rank `r` is a pure function of (seed, step, r): its window starts come
+from `np.random.default_rng(SeedSequence([seed, step, r]))`. So
+- a run resumed at global step k sees exactly the batches an uninterrupted run sees
+  (`train_dataloader()` starts at `trainer.global_step * accumulate_grad_batches`), and
+- every DDP rank draws different windows, with no sampler coordination.
+`step` counts micro-batches; the per-rank batch size is `batch_size`.
+
+The stream is an IterableDataset (not map-style + sampler) on purpose: Lightning does not swap
+in a DistributedSampler for iterable datasets, so the (seed, step, rank) scheme survives DDP
+untouched, and an infinite stream never ends an "epoch" mid-run (the trainer stops at max_steps).
+
+Recall mix hook: with `recall_mix = p > 0`, a `mixer(n, length, rng) -> (n, length)` int array
+replaces the first n rows of each batch, where n ~ p * B (fractional part drawn from rng, so the
+expected fraction is exactly p). It receives the batch's own generator, so mixed batches are as
+deterministic as plain ones. Without an explicit `mixer`, `RecallMixer` (synthetic kv / passkey
+sequences from `pelab.data.recall.make_recall_batch`, "train" key space) is used. Every token of a
+mixed row is a training target (no answer-only loss mask).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+from pelab.data.cache import TokenCache, open_cache
+from pelab.data.corpora import SPLITS, build_corpus
+
+Mixer = Callable[[int, int, np.random.Generator], Any]
+
+
+class DataConfigError(ValueError):
+    """Bad loader settings (seq_len, batch_size, recall_mix, ...)."""
+
+
+def _plain(cfg: Any) -> Any:
+    """DictConfig -> dict (so the settings pickle into workers and hash stably)."""
+    try:
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(cfg):
+            return OmegaConf.to_container(cfg, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    return dict(cfg) if isinstance(cfg, Mapping) else cfg
+
+
+# ----------------------------------------------------------------------------- datasets
+
+
+class TrainWindows(IterableDataset):
+    """Infinite (or up to `max_steps`) stream of batches; batch `step` = f(seed, step, rank)."""
+
+    def __init__(
+        self,
+        bin_path: str,
+        dtype: str,
+        n_tokens: int,
+        seq_len: int,
+        batch_size: int,
+        seed: int,
+        rank: int = 0,
+        start_step: int = 0,
+        max_steps: int | None = None,
+        recall_mix: float = 0.0,
+        mixer: Mixer | None = None,
+    ):
+        self.bin_path, self.dtype, self.n_tokens = bin_path, dtype, n_tokens
+        self.seq_len, self.batch_size, self.seed, self.rank = seq_len, batch_size, seed, rank
+        self.start_step, self.max_steps = start_step, max_steps
+        self.recall_mix, self.mixer = recall_mix, mixer
+        self._mm: np.memmap | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Workers reopen the memmap instead of receiving a pickled copy of the corpus.
+        return {**self.__dict__, "_mm": None}
+
+    @property
+    def tokens(self) -> np.memmap:
+        if self._mm is None:
+            self._mm = np.memmap(self.bin_path, dtype=self.dtype, mode="r", shape=(self.n_tokens,))
+        return self._mm
+
+    def batch(self, step: int) -> torch.Tensor:
+        """(B, seq_len + 1) int64 windows for global micro-step `step` on this rank."""
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, step, self.rank]))
+        starts = rng.integers(0, self.n_tokens - self.seq_len, size=self.batch_size)  # (B,)
+        idx = starts[:, None] + np.arange(self.seq_len + 1)  # (B, T+1)
+        x = self.tokens[idx].astype(np.int64)
+        if self.recall_mix > 0:
+            x = self._mix(x, rng)
+        return torch.from_numpy(x)
+
+    def _mix(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        want = self.recall_mix * self.batch_size
+        n = min(self.batch_size, int(want) + int(rng.random() < want - int(want)))
+        if n:
+            x[:n] = np.asarray(self.mixer(n, self.seq_len + 1, rng), dtype=np.int64)
+        return x
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        # Worker w of W takes steps start+w, start+w+W, ...; DataLoader returns them in order.
+        info = get_worker_info()
+        w, n_w = (info.id, info.num_workers) if info is not None else (0, 1)
+        step = self.start_step + w
+        while self.max_steps is None or step < self.max_steps:
+            yield self.batch(step)
+            step += n_w
+
+
+class FixedWindows(Dataset):
+    """Rows of a fixed (N, seq_len + 1) int64 tensor (validation / test)."""
+
+    def __init__(self, windows: torch.Tensor):
+        self.windows = windows
+
+    def __len__(self) -> int:
+        return self.windows.shape[0]
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.windows[i]
+
+
+def fixed_windows(tokens: np.ndarray, seq_len: int, n_windows: int | None) -> torch.Tensor:
+    """(N, seq_len + 1) windows on the grid start = i * seq_len (each target scored once),
+    `n_windows` of them spread evenly over the split (all of them if None/0 or too few)."""
+    available = (len(tokens) - 1) // seq_len
+    if n_windows and n_windows < available:
+        grid = np.unique(np.linspace(0, available - 1, n_windows).round().astype(np.int64))
+    else:
+        grid = np.arange(available)
+    idx = grid[:, None] * seq_len + np.arange(seq_len + 1)  # (N, T+1)
+    return torch.from_numpy(np.asarray(tokens[idx], dtype=np.int64))
+
+
+class RecallMixer:
+    """Default `mixer`: rows of synthetic recall sequences (pelab.data.recall), seeded from the
+    batch's generator. A class (not a closure) so it pickles into DataLoader workers."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+
+    def __call__(self, n: int, length: int, rng: np.random.Generator) -> np.ndarray:
+        from pelab.data.recall import make_recall_batch
+
+        rows = make_recall_batch(self.tokenizer, length - 1, n, int(rng.integers(2**62)))  # (n, length)
+        return np.asarray(rows, dtype=np.int64)
+
+
+# ----------------------------------------------------------------------------- DataModule
+
+
+class LMDataModule(L.LightningDataModule):
+    """Corpus + tokenizer + token cache, served as deterministic windows.
+
+    source:    the data config: `source` (stdlib | text_dir | hf) plus that source's knobs
+               (path, glob, name, config, text_field, data_files, doc_split, max_bytes, ...);
+               other keys (seq_len, batch_size, ...) are ignored here. A bare kind string works.
+    tokenizer: the tokenizer config: `kind` (bpe | byte | pretrained) plus its knobs.
+    max_steps: stop the training stream after this many batches (micro-steps); None = endless,
+               which is what a Trainer wants (it stops at trainer.max_steps; with an endless
+               stream `trainer.val_check_interval` must be an int number of steps).
+    """
+
+    def __init__(
+        self,
+        source: Mapping[str, Any] | str,
+        tokenizer: Mapping[str, Any] | str,
+        seq_len: int,
+        batch_size: int,
+        seed: int = 0,
+        cache_dir: str | None = None,
+        val_windows: int | None = 64,
+        val_batch_size: int | None = None,
+        recall_mix: float = 0.0,
+        num_workers: int = 0,
+        max_steps: int | None = None,
+        mixer: Mixer | None = None,
+    ):
+        super().__init__()
+        if int(seq_len) <= 0:
+            raise DataConfigError(f"data.seq_len={seq_len} must be a positive number of tokens")
+        if int(batch_size) <= 0:
+            raise DataConfigError(f"data.batch_size={batch_size} must be positive")
+        if not 0.0 <= float(recall_mix) <= 1.0:
+            raise DataConfigError(f"data.recall_mix={recall_mix} must be in [0, 1]")
+        self.source_cfg, self.tokenizer_cfg = _plain(source), _plain(tokenizer)
+        self.seq_len, self.batch_size, self.seed = int(seq_len), int(batch_size), int(seed)
+        self.cache_dir, self.val_windows = cache_dir, val_windows
+        self.val_batch_size = int(val_batch_size or batch_size)
+        self.recall_mix, self.mixer = float(recall_mix), mixer
+        self.num_workers, self.max_steps = int(num_workers), max_steps
+        self.cache: TokenCache | None = None
+
+    @classmethod
+    def from_config(cls, cfg: Any, **overrides: Any) -> LMDataModule:
+        """Build from the composed Hydra config (cfg.data, cfg.tokenizer, cfg.seed, cfg.paths)."""
+        d = cfg.data
+        kw: dict[str, Any] = {
+            "source": d,
+            "tokenizer": cfg.tokenizer,
+            "seq_len": d.seq_len,
+            "batch_size": d.batch_size,
+            "seed": cfg.get("seed", 0),
+            "cache_dir": cfg.get("paths", {}).get("cache_dir"),
+            "val_windows": d.get("val_windows", 64),
+            "val_batch_size": d.get("val_batch_size"),
+            "recall_mix": d.get("recall_mix", 0.0),
+            "num_workers": d.get("num_workers", 0),
+        }
+        return cls(**{**kw, **overrides})
+
+    # -- Lightning hooks ----------------------------------------------------------------------
+
+    def prepare_data(self) -> None:
+        """Build the cache (Lightning calls this on one process per node; a file lock guards
+        against other nodes sharing the folder)."""
+        open_cache(build_corpus(self.source_cfg), self.tokenizer_cfg, self.cache_dir)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.cache is not None:
+            return
+        cache = open_cache(build_corpus(self.source_cfg), self.tokenizer_cfg, self.cache_dir)
+        for split in SPLITS:
+            if cache.n_tokens(split) < self.seq_len + 1:
+                raise DataConfigError(
+                    f"data.seq_len={self.seq_len} needs windows of {self.seq_len + 1} tokens but the {split} "
+                    f"split has only {cache.n_tokens(split)}; lower data.seq_len or use a larger corpus"
+                )
+        self.cache = cache
+        self.tokenizer = cache.tokenizer
+        if self.recall_mix > 0 and self.mixer is None:
+            self.mixer = RecallMixer(self.tokenizer)
+        self.vocab_size: int = int(cache.meta["vocab_size"])
+        self.eot_id: int = int(cache.meta["eot_id"])
+        self.bytes_per_token: float = cache.bytes_per_token("val")
+        self.fingerprint: dict[str, Any] = {
+            **cache.meta["fingerprint"],
+            "cache_path": str(cache.path),
+            "vocab_size": self.vocab_size,
+            "splits": {
+                s: {k: v for k, v in m.items() if k != "sample_sha256"}
+                for s, m in cache.meta["splits"].items()
+            },
+        }
+        self._val = fixed_windows(cache.tokens("val"), self.seq_len, self.val_windows)  # (N, T+1)
+        self._test = fixed_windows(cache.tokens("test"), self.seq_len, self.val_windows)
+
+    def _trainer_attr(self, name: str, default: int) -> int:
+        trainer = self.trainer  # None outside a Trainer
+        return int(getattr(trainer, name, default)) if trainer is not None else default
+
+    def train_dataset(self, start_step: int | None = None, rank: int | None = None) -> TrainWindows:
+        """The batch stream; defaults follow the attached trainer (resume step, global rank)."""
+        self._require_setup()
+        if start_step is None:
+            start_step = self._trainer_attr("global_step", 0) * self._trainer_attr(
+                "accumulate_grad_batches", 1
+            )
+        if rank is None:
+            rank = self._trainer_attr("global_rank", 0)
+        return TrainWindows(
+            str(self.cache.path / "train.bin"),
+            self.cache.dtype.name,
+            self.cache.n_tokens("train"),
+            self.seq_len,
+            self.batch_size,
+            self.seed,
+            rank=rank,
+            start_step=start_step,
+            max_steps=self.max_steps,
+            recall_mix=self.recall_mix,
+            mixer=self.mixer,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        # batch_size=None: each item already is a whole (B, T+1) batch.
+        return DataLoader(
+            self.train_dataset(),
+            batch_size=None,
+            num_workers=self.num_workers,
+            pin_memory=torch.cuda.is_available(),
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        self._require_setup()
+        return DataLoader(FixedWindows(self._val), batch_size=self.val_batch_size, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        self._require_setup()
+        return DataLoader(FixedWindows(self._test), batch_size=self.val_batch_size, shuffle=False)
+
+    def state_dict(self) -> dict[str, Any]:
+        # Saved in checkpoints, so a resume can tell it is reading a different corpus/tokenizer.
+        key = self.cache.meta["fingerprint"]["key"] if self.cache is not None else None
+        return {"cache_key": key, "seed": self.seed, "seq_len": self.seq_len, "batch_size": self.batch_size}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        mine = self.state_dict()
+        changed = [
+            k
+            for k in ("cache_key", "seed", "seq_len", "batch_size")
+            if state.get(k) is not None and mine[k] is not None and state[k] != mine[k]
+        ]
+        if changed:
+            import warnings
+
+            warnings.warn(
+                f"resuming with different data settings ({', '.join(changed)}): the batch stream will not "
+                "continue the checkpointed run exactly",
+                stacklevel=2,
+            )
+
+    # -- evaluation access -------------------------------------------------------------------
+
+    def eval_tokens(self, split: str = "val", n_tokens: int | None = None) -> torch.Tensor:
+        """(N,) int64: the first `n_tokens` of the split's stream (documents joined by EOT);
+        the whole split if None."""
+        self._require_setup()
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; use one of {SPLITS}")
+        tokens = self.cache.tokens(split)
+        if n_tokens is None:
+            n_tokens = len(tokens)
+        if not 0 < n_tokens <= len(tokens):
+            raise DataConfigError(
+                f"asked for {n_tokens} contiguous {split} tokens but the split has {len(tokens)}; "
+                "evaluate at shorter lengths / fewer windows or use a larger corpus (data.source)"
+            )
+        return torch.from_numpy(np.asarray(tokens[:n_tokens], dtype=np.int64))
+
+    def n_tokens(self, split: str) -> int:
+        self._require_setup()
+        return self.cache.n_tokens(split)
+
+    def _require_setup(self) -> None:
+        if self.cache is None:
+            raise RuntimeError(
+                "LMDataModule.setup() must run first (Lightning calls it; call it yourself otherwise)"
+            )
