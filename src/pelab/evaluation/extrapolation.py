@@ -1,0 +1,443 @@
+"""Length extrapolation: perplexity beyond the training window (ALiBi-paper protocols).
+
+Two protocols over one fixed evaluation span of N tokens (N + 1 with the last target):
+
+* ``nonoverlap`` -- the span is cut into independent windows of L tokens; every token is scored
+  once and sees context back to its window start only (the "early token curse").
+* ``sliding``    -- window L, stride S: the first window scores all of its L tokens, every following
+  window re-encodes L - S tokens of context and scores only its last S tokens. S = L is exactly
+  ``nonoverlap``; S = 1 is the strictest (and slowest) setting.
+
+Every length and protocol scores the *same* N target tokens (``tokens[1:N+1]``), so the curves are
+comparable across lengths and across runs. NLL is summed in fp32 from ``F.cross_entropy`` (never
+softmax-then-log, which turns peaked logits into inf) and accumulated in float64.
+
+Each window is an independent sequence at positions ``0..len-1`` (``model(idx)`` with ``start=0``).
+A model whose encoding cannot represent a length (learned absolute positions past their table)
+raises ``pelab.encodings.base.PositionOutOfRange``; that length is recorded as NaN with a note,
+never a crash.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pelab.summary import json_safe
+
+PROTOCOLS = ("nonoverlap", "sliding")
+
+# Values <= this are multiples of the training length; larger values are absolute token counts.
+MAX_LENGTH_MULTIPLE = 64
+
+
+# ---------------------------------------------------------------------------------------------
+# small helpers shared with probes.py
+
+
+def safe_exp(x: float) -> float:
+    """exp(x) that returns inf on overflow (a broken model must not crash the evaluation)."""
+    if math.isnan(x):
+        return float("nan")
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return float("inf")
+
+
+def is_position_out_of_range(exc: BaseException) -> bool:
+    """True for ``pelab.encodings.base.PositionOutOfRange`` (matched by class name too, so this works
+    even if the encodings package cannot be imported)."""
+    try:
+        from pelab.encodings.base import PositionOutOfRange  # lazy: avoid an import cycle
+    except ImportError:  # pragma: no cover - encodings not importable
+        PositionOutOfRange = None
+    if PositionOutOfRange is not None and isinstance(exc, PositionOutOfRange):
+        return True
+    return isinstance(exc, ValueError) and any(c.__name__ == "PositionOutOfRange" for c in type(exc).__mro__)
+
+
+def not_applicable_note(exc: BaseException) -> str:
+    """Short table note for a length the encoding cannot represent, from the exception message:
+    "n/a — learned positions end at 255 (pe.max_positions=256)"."""
+    msg = str(exc).strip().split(";")[0].strip() or type(exc).__name__
+    return f"n/a — {msg}"
+
+
+def model_device(model: nn.Module) -> torch.device:
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def windows_per_batch(length: int, batch_size: int, batch_tokens: int | None) -> int:
+    """Windows per forward batch: shrinks with the length so that 16x lengths fit in memory."""
+    if batch_tokens is None:
+        return max(1, batch_size)
+    return max(1, min(batch_size, batch_tokens // max(1, length)))
+
+
+# ---------------------------------------------------------------------------------------------
+# lengths, token budget, window plans
+
+
+def resolve_lengths(lengths: Sequence[int | float], train_len: int) -> list[int]:
+    """Evaluation lengths in tokens, sorted and unique.
+
+    Rule: a value ``v <= 64`` is a multiple of the training length (``round(v * train_len)``; fractions
+    such as 0.5 are allowed); a value ``> 64`` is an absolute token count (must be an integer).
+    So ``[1, 2, 4, 8, 16]`` at ``train_len=128`` gives ``[128, 256, 512, 1024, 2048]``.
+    """
+    if train_len <= 0:
+        raise ValueError(f"train_len must be positive (data.seq_len), got {train_len}")
+    out: set[int] = set()
+    for v in lengths:
+        v = float(v)
+        if not math.isfinite(v) or v <= 0:
+            raise ValueError(f"eval.lengths entries must be positive, got {v}")
+        if v <= MAX_LENGTH_MULTIPLE:
+            n = round(v * train_len)
+        else:
+            if v != int(v):
+                raise ValueError(
+                    f"eval.lengths entry {v} is > {MAX_LENGTH_MULTIPLE}, so it is read as an absolute token "
+                    "count and must be an integer"
+                )
+            n = int(v)
+        if n < 1:
+            raise ValueError(f"eval.lengths entry {v} resolves to {n} tokens at train_len={train_len}")
+        out.add(n)
+    if not out:
+        raise ValueError("eval.lengths is empty")
+    return sorted(out)
+
+
+def eval_token_budget(eval_tokens: int, lengths: Sequence[int]) -> int:
+    """Number N of scored tokens: ``eval_tokens`` rounded up to a multiple of the longest length, and at
+    least one window of it. Fetch N + 1 tokens (the extra one is the last target).
+
+    Lengths that do not divide N get a shorter last window in ``nonoverlap`` (see ``window_plan``);
+    every token is still scored exactly once.
+    """
+    if not lengths:
+        raise ValueError("eval_token_budget needs at least one length")
+    l_max = max(int(x) for x in lengths)
+    n = max(int(eval_tokens), 1)
+    return max(-(-n // l_max) * l_max, l_max)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One forward pass: inputs ``tokens[start:end]``, targets ``tokens[start+1:end+1]``; only the
+    targets of ``tokens[score_from+1:end+1]`` are scored (``start <= score_from < end``)."""
+
+    start: int
+    end: int
+    score_from: int
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+    @property
+    def n_scored(self) -> int:
+        return self.end - self.score_from
+
+
+def window_plan(n_tokens: int, length: int, stride: int | None = None) -> list[Window]:
+    """Windows over a span of ``n_tokens`` scored tokens.
+
+    ``stride=None`` (or ``stride >= length``) is ``nonoverlap``: windows ``[kL, (k+1)L)``, the last one
+    shorter if L does not divide N. Otherwise sliding: the first window ``[0, L)`` scores all L tokens;
+    each next one scores the following S tokens with L - S tokens of context before them. The last
+    window keeps exactly that context (``start = scored_from - (L - S)``) and may be shorter, so that
+    S = L reproduces ``nonoverlap`` window for window. Every token in ``[0, n_tokens)`` is scored once.
+    """
+    if length < 1 or n_tokens < 1:
+        raise ValueError(f"window_plan needs length >= 1 and n_tokens >= 1, got {length}, {n_tokens}")
+    s = length if stride is None else min(int(stride), length)
+    if s < 1:
+        raise ValueError(f"eval.stride must be >= 1, got {stride}")
+    plan: list[Window] = []
+    scored_to = 0
+    while scored_to < n_tokens:
+        if scored_to == 0:
+            start, end = 0, min(length, n_tokens)
+        else:
+            start = scored_to - (length - s)
+            end = min(start + length, n_tokens)
+        plan.append(Window(start, end, scored_to))
+        scored_to = end
+    return plan
+
+
+# ---------------------------------------------------------------------------------------------
+# result container
+
+
+@dataclass
+class ExtrapolationCell:
+    """Summed NLL over the scored tokens at one (length, protocol)."""
+
+    length: int
+    protocol: str
+    stride: int
+    nll_sum: float = 0.0
+    n_tokens: int = 0
+    note: str = ""
+
+    @property
+    def nll(self) -> float:
+        """Mean NLL per token in nats (NaN when not applicable)."""
+        return self.nll_sum / self.n_tokens if self.n_tokens > 0 else float("nan")
+
+    @property
+    def ppl(self) -> float:
+        return safe_exp(self.nll)
+
+    def bpb(self, bytes_per_token: float | None) -> float:
+        """Bits per byte = mean NLL / ln 2 / (bytes per token)."""
+        if not bytes_per_token:
+            return float("nan")
+        return self.nll / math.log(2) / bytes_per_token
+
+
+@dataclass
+class ExtrapolationResult:
+    train_len: int
+    lengths: list[int]
+    protocols: tuple[str, ...]
+    stride: int  # requested sliding stride (per length it is min(stride, L))
+    n_tokens: int  # N, scored tokens per (length, protocol)
+    bytes_per_token: float | None = None
+    cells: dict[tuple[int, str], ExtrapolationCell] = field(default_factory=dict)
+    # Mean NLL by token position 0..L-1 over the nonoverlap windows at `loss_by_position_length`
+    # (the longest length that could be evaluated; None if none could).
+    loss_by_position: list[float] = field(default_factory=list)
+    loss_by_position_length: int | None = None
+
+    def cell(self, length: int, protocol: str = "nonoverlap") -> ExtrapolationCell:
+        return self.cells[(length, protocol)]
+
+    def ppl(self, length: int, protocol: str = "nonoverlap") -> float:
+        c = self.cells.get((length, protocol))
+        return c.ppl if c is not None else float("nan")
+
+    def ppl_ratio(self, length: int) -> float:
+        """ppl@L / ppl@train_len, both nonoverlap (NaN if either is missing)."""
+        base = self.ppl(self.train_len, "nonoverlap")
+        val = self.ppl(length, "nonoverlap")
+        if math.isnan(base) or math.isnan(val):
+            return float("nan")
+        if math.isinf(base):
+            return float("nan") if math.isinf(val) else 0.0
+        return val / base if base > 0 else float("nan")
+
+    def ppl_by_length(self, protocol: str = "nonoverlap") -> dict[int, float]:
+        """{length: ppl} for plots (``plots.plot_ppl_vs_length``)."""
+        return {L: self.ppl(L, protocol) for L in self.lengths if (L, protocol) in self.cells}
+
+    def metrics(self) -> dict[str, float]:
+        """Dashboard scalars: ``extrap/ppl@{L}`` (nonoverlap), ``extrap/ppl_sliding@{L}``,
+        ``extrap/bpb@{L}`` (nonoverlap; only when bytes_per_token is known), ``extrap/ppl_ratio@{L}``.
+        Not-applicable lengths give NaN; a diverged model gives inf."""
+        m: dict[str, float] = {}
+        for L in self.lengths:
+            if (L, "nonoverlap") in self.cells:
+                c = self.cells[(L, "nonoverlap")]
+                m[f"extrap/ppl@{L}"] = c.ppl
+                if self.bytes_per_token:
+                    m[f"extrap/bpb@{L}"] = c.bpb(self.bytes_per_token)
+                m[f"extrap/ppl_ratio@{L}"] = self.ppl_ratio(L)
+            if (L, "sliding") in self.cells:
+                m[f"extrap/ppl_sliding@{L}"] = self.cells[(L, "sliding")].ppl
+        return m
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per (length, protocol) for a W&B table: length, protocol, ppl, bpb, nll, n_tokens,
+        note (NaN floats where not applicable)."""
+        out = []
+        for L in self.lengths:
+            for p in self.protocols:
+                c = self.cells.get((L, p))
+                if c is None:
+                    continue
+                out.append(
+                    {
+                        "length": L,
+                        "protocol": p,
+                        "ppl": c.ppl,
+                        "bpb": c.bpb(self.bytes_per_token),
+                        "nll": c.nll,
+                        "n_tokens": c.n_tokens,
+                        "note": c.note,
+                    }
+                )
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable summary; non-finite floats are the strings "nan" / "inf" (see json_safe)."""
+        return json_safe(
+            {
+                "train_len": self.train_len,
+                "lengths": list(self.lengths),
+                "protocols": list(self.protocols),
+                "stride": self.stride,
+                "n_tokens": self.n_tokens,
+                "bytes_per_token": self.bytes_per_token,
+                "metrics": self.metrics(),
+                "rows": self.rows(),
+                "loss_by_position_length": self.loss_by_position_length,
+                "loss_by_position": list(self.loss_by_position),
+            }
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# the evaluation
+
+
+def _batches(plan: list[Window], per_batch: int) -> Iterator[list[Window]]:
+    """Consecutive windows of equal shape (length and scored count) grouped into batches."""
+    batch: list[Window] = []
+    for w in plan:
+        if batch and (
+            len(batch) >= per_batch or (w.length, w.n_scored) != (batch[0].length, batch[0].n_scored)
+        ):
+            yield batch
+            batch = []
+        batch.append(w)
+    if batch:
+        yield batch
+
+
+def score_windows(
+    model: nn.Module,
+    tokens: torch.Tensor,
+    plan: list[Window],
+    per_batch: int,
+    position_sums: torch.Tensor | None = None,
+    position_counts: torch.Tensor | None = None,
+) -> tuple[float, int]:
+    """Summed NLL (float64) and count over the scored targets of ``plan``. Optionally accumulates the
+    per-position NLL of every window into ``position_sums/counts`` (indexed by position in window).
+    Call under ``torch.no_grad()`` with the model in eval mode."""
+    nll_sum, count = 0.0, 0
+    for batch in _batches(plan, per_batch):
+        T, n_s = batch[0].length, batch[0].n_scored
+        idx = torch.stack([tokens[w.start : w.end] for w in batch])  # (B, T)
+        tgt = torch.stack([tokens[w.start + 1 : w.end + 1] for w in batch])  # (B, T)
+        logits = model(idx)  # (B, T, V), positions 0..T-1
+        for b in range(len(batch)):  # one window at a time: the log-softmax temporary stays (T, V)
+            if position_sums is not None:
+                nll = F.cross_entropy(logits[b].float(), tgt[b], reduction="none")  # (T,)
+                position_sums[:T] += nll.double()
+                position_counts[:T] += 1
+                nll_sum += float(nll[T - n_s :].double().sum())
+            else:
+                # only the scored suffix is needed; fp32 log-softmax inside cross_entropy
+                nll_sum += float(
+                    F.cross_entropy(logits[b, T - n_s :].float(), tgt[b, T - n_s :], reduction="sum")
+                )
+        del logits
+        count += len(batch) * n_s
+    return nll_sum, count
+
+
+def evaluate_extrapolation(
+    model: nn.Module,
+    tokens: torch.Tensor,
+    lengths: Sequence[int],
+    train_len: int,
+    stride: int | None = None,
+    batch_size: int = 64,
+    device: torch.device | str | None = None,
+    bytes_per_token: float | None = None,
+    protocols: Sequence[str] = PROTOCOLS,
+    batch_tokens: int | None = 16384,
+) -> ExtrapolationResult:
+    """Perplexity at each length (absolute token counts; see ``resolve_lengths``) on one span.
+
+    ``tokens``: LongTensor (N + 1,) -- N scored targets (use ``eval_token_budget`` for N). The training
+    length is always evaluated too (``ppl_ratio`` needs it). ``stride``: sliding stride, default the
+    training length (clamped to L for L < stride, which makes sliding = nonoverlap there).
+    ``batch_size`` windows per forward at most, and at most ``batch_tokens // L`` (memory bound).
+    Runs under ``torch.no_grad()`` (not inference_mode: encodings may cache tables that training reuses)
+    with ``model.eval()``, restoring the previous train/eval mode afterwards.
+    """
+    protocols = tuple(protocols)
+    for p in protocols:
+        if p not in PROTOCOLS:
+            raise ValueError(f"unknown eval.protocols entry {p!r}; known: {list(PROTOCOLS)}")
+    tokens = torch.as_tensor(tokens).long().flatten()
+    n = tokens.numel() - 1
+    if n < 1:
+        raise ValueError("evaluate_extrapolation needs at least 2 tokens (N + 1)")
+    stride = int(stride) if stride is not None else int(train_len)
+    if stride < 1:
+        raise ValueError(f"eval.stride must be >= 1, got {stride}")
+    lens = sorted({int(L) for L in lengths} | {int(train_len)})
+    if lens[0] < 1:
+        raise ValueError(f"eval lengths must be >= 1, got {lens}")
+
+    device = torch.device(device) if device is not None else model_device(model)
+    tokens = tokens.to(device)
+    result = ExtrapolationResult(
+        train_len=int(train_len),
+        lengths=lens,
+        protocols=protocols,
+        stride=stride,
+        n_tokens=n,
+        bytes_per_token=bytes_per_token,
+    )
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for L in lens:
+                per_batch = windows_per_batch(L, batch_size, batch_tokens)
+                note = ""
+                for p in protocols:
+                    s = min(stride, L) if p == "sliding" else L
+                    cell = ExtrapolationCell(length=L, protocol=p, stride=s)
+                    result.cells[(L, p)] = cell
+                    if note:  # this length already failed for another protocol
+                        cell.note = note
+                        continue
+                    # the longest length's nonoverlap windows also give the loss by position
+                    track = p == "nonoverlap"
+                    sums = torch.zeros(L, dtype=torch.float64, device=device) if track else None
+                    counts = torch.zeros(L, dtype=torch.float64, device=device) if track else None
+                    try:
+                        cell.nll_sum, cell.n_tokens = score_windows(
+                            model,
+                            tokens,
+                            window_plan(n, L, None if p == "nonoverlap" else s),
+                            per_batch,
+                            sums,
+                            counts,
+                        )
+                    except ValueError as exc:
+                        if not is_position_out_of_range(exc):
+                            raise
+                        note = not_applicable_note(exc)
+                        cell.nll_sum, cell.n_tokens, cell.note = 0.0, 0, note
+                        continue
+                    if track and (
+                        result.loss_by_position_length is None or L > result.loss_by_position_length
+                    ):
+                        result.loss_by_position = (
+                            (sums / counts.clamp_min(1))
+                            .where(counts > 0, torch.full_like(sums, float("nan")))
+                            .tolist()
+                        )
+                        result.loss_by_position_length = L
+    finally:
+        model.train(was_training)
+    return result
