@@ -1,0 +1,77 @@
+"""Absolute schemes: a vector per position added to the token embeddings (or nothing at all)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from pelab.encodings.base import PositionEncoding, positions_as_float
+
+
+class NoPE(PositionEncoding):
+    """No positional signal: order comes only from the causal mask (Haviv et al. 2022)."""
+
+    name = "nope"
+
+
+def sinusoidal_table(pos: Tensor, d_model: int, base: float = 10000.0) -> Tensor:
+    """PE(p, 2i) = sin(p / base^(2i/D)), PE(p, 2i+1) = cos(same); pos (...,) -> (..., D) fp32."""
+    inv_freq = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64, device=pos.device) / d_model)
+    angle = positions_as_float(pos)[..., None] * inv_freq.to(torch.float32)  # (..., D/2)
+    # interleave: even channels sin, odd channels cos, as in Vaswani et al.
+    return torch.stack((angle.sin(), angle.cos()), dim=-1).flatten(-2)  # (..., D)
+
+
+class Sinusoidal(PositionEncoding):
+    """Fixed sinusoids (Vaswani et al. 2017), computed for any position (no table, no limit).
+
+    ``scale`` multiplies the added vector (1.0 = the published formula).
+    """
+
+    name = "sinusoidal"
+    has_embed = True
+
+    def __init__(self, d_model: int, n_heads: int, base: float = 10000.0, scale: float = 1.0, **knobs):
+        super().__init__(d_model, n_heads, **knobs)
+        if d_model % 2:
+            raise ValueError(f"pe=sinusoidal needs an even model.d_model (sin/cos pairs); got {d_model}")
+        self.base = float(base)
+        self.scale = float(scale)
+
+    def table(self, pos: Tensor) -> Tensor:
+        """(T,) or (B, T) positions -> (T, D) or (B, T, D) fp32 vectors."""
+        return sinusoidal_table(pos, self.d_model, self.base) * self.scale
+
+    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
+        return x + self.table(pos).to(x.dtype)  # sum composition; broadcasts (T, D) over the batch
+
+    def diagnostics(self, n_positions: int) -> dict:
+        return {"table": self.table(torch.arange(n_positions))}
+
+
+class Learned(PositionEncoding):
+    """A trained vector per position (GPT-2): ``nn.Embedding(max_positions, D)``, init N(0, 0.02).
+
+    Positions >= max_positions have no row: the model raises PositionOutOfRange (checked once per forward
+    by ``GPT.forward`` through ``check_positions``; ``embed`` itself does not re-check, to avoid a sync).
+    """
+
+    name = "learned"
+    has_embed = True
+
+    def __init__(
+        self, d_model: int, n_heads: int, max_positions: int = 1024, init_std: float = 0.02, **knobs
+    ):
+        super().__init__(d_model, n_heads, **knobs)
+        if int(max_positions) <= 0:
+            raise ValueError(f"pe.max_positions must be positive; got {max_positions}")
+        self.max_positions = int(max_positions)
+        self.weight = nn.Embedding(self.max_positions, d_model)
+        nn.init.normal_(self.weight.weight, mean=0.0, std=init_std)
+
+    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
+        return x + self.weight(pos).to(x.dtype)  # (T, D) or (B, T, D)
+
+    def diagnostics(self, n_positions: int) -> dict:
+        n = min(n_positions, self.max_positions)
+        return {"table": self.weight.weight[:n].detach().float().cpu()}

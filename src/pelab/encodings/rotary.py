@@ -1,0 +1,265 @@
+"""Rotary position embedding (Su et al. 2021) and its context-extension scalings.
+
+Pairing convention: half-split (GPT-NeoX / Hugging Face): channel i is paired with channel i + d/2 of the
+rotated block, and pair i turns by angle p * theta_i with theta_i = base^(-2i/d). Used everywhere here.
+
+Scalings (s = factor, L = original_max_position = the training length, d = rotary dims), as pure functions
+so the tests can check them against the published formulas:
+  none         theta_i
+  linear       theta_i / s                                   (position interpolation, Chen et al. 2023)
+  ntk          base' = base * s^(d/(d-2))                    (NTK-aware)
+  dynamic_ntk  base' = base * (s*l/L - (s-1))^(d/(d-2)) at current length l > L; unchanged for l <= L
+  yarn         NTK-by-parts ramp between theta_i and theta_i/s, and cos/sin times 0.1*ln(s) + 1 (Peng et al.)
+
+The inverse frequencies are a non-persistent buffer: they are not in the state_dict, so scaling can be
+switched at evaluation time (``set_scaling`` or building the model with another ``pe.scaling``) on a
+checkpoint trained without it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor
+
+from pelab.encodings.base import PositionEncoding, positions_as_float
+
+SCALING_TYPES = ("none", "linear", "ntk", "dynamic_ntk", "yarn")
+_SCALING_KEYS = ("type", "factor", "original_max_position", "beta_fast", "beta_slow")
+
+
+# ---- pure functions: frequencies and attention factor --------------------------------------------------
+def base_inv_freq(dim: int, base: float) -> Tensor:
+    """theta_i = base^(-2i/dim), i = 0..dim/2-1, float64 (dim/2,)."""
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+
+
+def ntk_base(dim: int, base: float, factor: float) -> float:
+    """NTK-aware base change: base * s^(d/(d-2))."""
+    return base * factor ** (dim / (dim - 2))
+
+
+def dynamic_ntk_base(dim: int, base: float, factor: float, original_max_position: int, seq_len):
+    """base * (s*l/L - (s-1))^(d/(d-2)) for l > L, else base. ``seq_len`` may be an int or a 0-d tensor
+    (the tensor form avoids a device->host sync inside forward)."""
+    L = original_max_position
+    if isinstance(seq_len, Tensor):
+        l = seq_len.to(torch.float32)
+        scaled = base * (factor * l / L - (factor - 1.0)) ** (dim / (dim - 2))
+        return torch.where(l > L, scaled, torch.full_like(scaled, base))
+    if seq_len <= L:
+        return base
+    return base * (factor * seq_len / L - (factor - 1.0)) ** (dim / (dim - 2))
+
+
+def yarn_correction_dim(num_rotations: float, dim: int, base: float, original_max_position: int) -> float:
+    """Pair-dimension whose wavelength fits ``num_rotations`` times in L: d*ln(L/(2*pi*r)) / (2*ln(base))."""
+    return dim * math.log(original_max_position / (num_rotations * 2 * math.pi)) / (2 * math.log(base))
+
+
+def yarn_correction_range(
+    dim: int, base: float, original_max_position: int, beta_fast: float = 32.0, beta_slow: float = 1.0
+) -> tuple[int, int]:
+    """(low, high) = floor(d(beta_fast)), ceil(d(beta_slow)), clamped to [0, dim-1]."""
+    low = math.floor(yarn_correction_dim(beta_fast, dim, base, original_max_position))
+    high = math.ceil(yarn_correction_dim(beta_slow, dim, base, original_max_position))
+    return max(low, 0), min(high, dim - 1)
+
+
+def yarn_ramp(low: float, high: float, n_pairs: int) -> Tensor:
+    """gamma_i = clamp((i - low) / (high - low), 0, 1), float64 (n_pairs,); high nudged if equal to low."""
+    if high == low:
+        high = high + 0.001
+    return ((torch.arange(n_pairs, dtype=torch.float64) - low) / (high - low)).clamp(0.0, 1.0)
+
+
+def rope_inv_freq(
+    dim: int,
+    base: float = 10000.0,
+    scaling: str = "none",
+    factor: float = 1.0,
+    original_max_position: int | None = None,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    seq_len: int | None = None,
+) -> Tensor:
+    """Inverse frequencies (dim/2,) float64 for a scaling type; ``seq_len`` is used by dynamic_ntk only."""
+    _validate_scaling(dim, scaling, factor, original_max_position)
+    if scaling == "none":
+        return base_inv_freq(dim, base)
+    if scaling == "linear":
+        return base_inv_freq(dim, base) / factor
+    if scaling == "ntk":
+        return base_inv_freq(dim, ntk_base(dim, base, factor))
+    if scaling == "dynamic_ntk":
+        if seq_len is None:
+            return base_inv_freq(dim, base)
+        return base_inv_freq(dim, dynamic_ntk_base(dim, base, factor, original_max_position, int(seq_len)))
+    # yarn: keep theta_i for fast pairs (gamma=0), interpolate theta_i/s for slow ones (gamma=1)
+    theta = base_inv_freq(dim, base)
+    low, high = yarn_correction_range(dim, base, original_max_position, beta_fast, beta_slow)
+    gamma = yarn_ramp(low, high, dim // 2)
+    return (1.0 - gamma) * theta + gamma * theta / factor
+
+
+def rope_attention_factor(scaling: str = "none", factor: float = 1.0) -> float:
+    """Multiplier on cos/sin (logits scale by its square): YaRN 0.1*ln(s) + 1 for s > 1, else 1."""
+    if scaling == "yarn" and factor > 1.0:
+        return 0.1 * math.log(factor) + 1.0
+    return 1.0
+
+
+def _validate_scaling(dim: int, scaling: str, factor: float, original_max_position: int | None) -> None:
+    if scaling not in SCALING_TYPES:
+        raise ValueError(f"pe.scaling.type={scaling!r} is unknown; choose one of {list(SCALING_TYPES)}")
+    if factor <= 0:
+        raise ValueError(f"pe.scaling.factor must be > 0; got {factor}")
+    if scaling in ("ntk", "dynamic_ntk") and dim <= 2:
+        raise ValueError(f"pe.scaling.type={scaling} needs more than 2 rotary dims; got {dim}")
+    if scaling in ("dynamic_ntk", "yarn") and original_max_position is None:
+        raise ValueError(
+            f"pe.scaling.type={scaling} needs pe.scaling.original_max_position (the training length); "
+            "it is null -- set it, or let the training harness fill it from data.seq_len"
+        )
+
+
+# ---- rotation ---------------------------------------------------------------------------------------
+def rotate_half(x: Tensor) -> Tensor:
+    """Half-split pairing: (x1, x2) -> (-x2, x1)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate the first cos.shape[-1] channels of x (..., T, Dh) in fp32; the rest pass through."""
+    d = cos.shape[-1]
+    xf = x.float()
+    rot = xf[..., :d] * cos + rotate_half(xf[..., :d]) * sin
+    if d < x.shape[-1]:
+        rot = torch.cat((rot, xf[..., d:]), dim=-1)
+    return rot.to(x.dtype)
+
+
+class RoPE(PositionEncoding):
+    """Rotary embedding on q and k, optionally on the first ``rotary_fraction`` of each head's channels."""
+
+    name = "rope"
+    has_rotate = True
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        base: float = 10000.0,
+        rotary_fraction: float = 1.0,
+        scaling: Mapping | None = None,
+        **knobs,
+    ):
+        super().__init__(d_model, n_heads, **knobs)
+        if not 0.0 < rotary_fraction <= 1.0:
+            raise ValueError(f"pe.rotary_fraction must be in (0, 1]; got {rotary_fraction}")
+        self.base = float(base)
+        self.rotary_fraction = float(rotary_fraction)
+        self.rotary_dim = int(self.head_dim * rotary_fraction) // 2 * 2  # even: channels come in pairs
+        if self.rotary_dim < 2:
+            raise ValueError(
+                f"pe.rotary_fraction={rotary_fraction} of head_dim={self.head_dim} leaves no channel pair "
+                "to rotate; raise pe.rotary_fraction or the head size"
+            )
+        self.register_buffer("inv_freq", base_inv_freq(self.rotary_dim, self.base).float(), persistent=False)
+        self._memo: tuple | None = None  # (pos, key, cos, sin): reused by every layer of one forward
+        self._version = 0
+        self.set_scaling(**dict(scaling or {}))
+
+    def set_scaling(
+        self,
+        type: str | None = None,  # mirrors the config key pe.scaling.type
+        factor: float | None = None,
+        original_max_position: int | None = None,
+        beta_fast: float | None = None,
+        beta_slow: float | None = None,
+        **unknown,
+    ) -> None:
+        """Switch the scaling (e.g. at evaluation time). Arguments left as None keep their current value
+        (defaults: none, 1.0, null, 32, 1)."""
+        if unknown:
+            raise ValueError(f"pe.scaling got unknown keys {sorted(unknown)}; known: {list(_SCALING_KEYS)}")
+        old = getattr(self, "scaling", {})
+        new = {
+            "type": type if type is not None else old.get("type", "none"),
+            "factor": float(factor) if factor is not None else old.get("factor", 1.0),
+            "original_max_position": int(original_max_position)
+            if original_max_position is not None
+            else old.get("original_max_position"),
+            "beta_fast": float(beta_fast) if beta_fast is not None else old.get("beta_fast", 32.0),
+            "beta_slow": float(beta_slow) if beta_slow is not None else old.get("beta_slow", 1.0),
+        }
+        _validate_scaling(self.rotary_dim, new["type"], new["factor"], new["original_max_position"])
+        self.scaling = new
+        self.attention_factor = rope_attention_factor(new["type"], new["factor"])
+        self._refresh_inv_freq()
+
+    def _refresh_inv_freq(self) -> None:
+        s = self.scaling
+        inv_freq = rope_inv_freq(
+            self.rotary_dim,
+            self.base,
+            s["type"],
+            s["factor"],
+            s["original_max_position"],
+            s["beta_fast"],
+            s["beta_slow"],
+        )
+        self.inv_freq = inv_freq.to(device=self.inv_freq.device, dtype=torch.float32)
+        self._version += 1
+        self._memo = None
+
+    def _apply(self, fn, recurse=True):
+        # model.to(bfloat16) would round the frequencies; recompute them in fp32 on the new device instead
+        super()._apply(fn, recurse)
+        self._refresh_inv_freq()
+        return self
+
+    def _inv_freq_for(self, pos: Tensor) -> Tensor:
+        """(d/2,) fp32; dynamic_ntk derives the base from the current length max(pos)+1 without a sync."""
+        if self.scaling["type"] != "dynamic_ntk":
+            return self.inv_freq
+        d = self.rotary_dim
+        seq_len = pos.max() + 1
+        new_base = dynamic_ntk_base(
+            d, self.base, self.scaling["factor"], self.scaling["original_max_position"], seq_len
+        )  # 0-d tensor
+        exponents = torch.arange(0, d, 2, dtype=torch.float32, device=pos.device) / d
+        return 1.0 / new_base**exponents
+
+    def cos_sin(self, pos: Tensor) -> tuple[Tensor, Tensor]:
+        """(T,) -> cos, sin (T, d); (B, T) -> (B, 1, T, d); fp32, times the attention factor.
+
+        Computed once per forward and reused by every layer: the memo is keyed on the identity (and
+        version) of the position tensor, which the model passes unchanged to all layers.
+        """
+        key = (self._version, pos._version, pos.device, torch.is_inference_mode_enabled())
+        compiling = torch.compiler.is_compiling()
+        if not compiling and self._memo is not None and self._memo[0] is pos and self._memo[1] == key:
+            return self._memo[2], self._memo[3]
+        freqs = positions_as_float(pos)[..., None] * self._inv_freq_for(pos)  # (..., T, d/2)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (..., T, d) half-split layout
+        cos, sin = emb.cos(), emb.sin()
+        if self.attention_factor != 1.0:
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
+        if pos.dim() == 2:  # (B, T, d) -> (B, 1, T, d): broadcast over heads
+            cos, sin = cos[:, None], sin[:, None]
+        if not compiling:
+            self._memo = (pos, key, cos, sin)
+        return cos, sin
+
+    def rotate(self, q: Tensor, k: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
+        cos, sin = self.cos_sin(pos)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{super().extra_repr()}, base={self.base}, rotary_dim={self.rotary_dim}, scaling={self.scaling}"
+        )

@@ -1,0 +1,234 @@
+"""Causal attention: the single dispatch point for every encoding.
+
+  no score bias           -> F.scaled_dot_product_attention(is_causal=True)   (flash / fused kernels)
+  score bias, CUDA        -> FlexAttention with a score_mod adding the bias (compiled; causal block mask)
+  score bias, CPU/fallback-> SDPA with an additive float mask (bias + causal -inf), in query chunks of
+                             ``chunk_size`` (keys only up to each chunk's last query): memory O(H*chunk*T)
+
+The bias (``bias_fn``) is one of
+  * a Tensor (H, T, T) or (B, H, T, T): the bias of every (query, key) pair; entries above the diagonal
+    are ignored (masked here);
+  * a ``CausalBias``: the same with the causal -inf already added -- what the model builds once per forward
+    and shares across layers, so that each layer only slices it;
+  * a callable ``bias_fn(q0, q1) -> Tensor (H | B,H, q1-q0, q1)``: the bias of queries q0..q1-1 against keys
+    0..q1-1, computed on demand per query chunk, for inputs too long to materialise (H, T, T).
+All paths return the same numbers as ``reference_attention`` (explicit softmax); see tests/test_attention.py.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class CausalBias:
+    """A full (H, T, T) or (B, H, T, T) additive mask: score bias + causal -inf (see causal_bias)."""
+
+    mask: Tensor
+
+
+BiasFn = Tensor | CausalBias | Callable[[int, int], Tensor]
+
+# FlexAttention materialises a callable bias for the whole sequence; above this many elements
+# (H*T*T, times B for per-batch positions) the chunked SDPA path is used instead.
+FLEX_MAX_BIAS_ELEMENTS = 64 * 2**20
+
+# Distinct input signatures compiled with FlexAttention per process (each is one static-shape compile;
+# dynamo's recompile limit is 8); further signatures use the chunked SDPA path.
+FLEX_MAX_SIGNATURES = 8
+
+_flex_state: dict = {"compiled": None, "failed": False, "block_masks": {}, "verified": set()}
+
+
+def reference_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None) -> Tensor:
+    """Plain causal softmax attention: softmax(q k^T / sqrt(Dh) + bias + causal) v. (B, H, T, Dh)."""
+    T = q.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, T)
+    if bias is not None:
+        scores = scores + bias
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    scores = scores.masked_fill(future, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def causal_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias_fn: BiasFn | None = None,
+    chunk_size: int = 1024,
+    dropout_p: float = 0.0,
+    backend: str = "auto",
+) -> Tensor:
+    """q, k, v (B, H, T, Dh) -> (B, H, T, Dh), causal, with an optional score bias (see module doc).
+
+    ``backend``: "auto" (as above), "sdpa" (never FlexAttention), "flex" (FlexAttention on any device,
+    e.g. to test it on CPU under torch.compile).
+    """
+    if bias_fn is None:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+    use_flex = backend == "flex" or (
+        backend == "auto" and q.is_cuda and dropout_p == 0.0 and not _flex_state["failed"]
+    )
+    if use_flex:
+        out = _flex_biased_attention(q, k, v, bias_fn, strict=backend == "flex")
+        if out is not None:
+            return out
+    return chunked_biased_attention(q, k, v, bias_fn, chunk_size, dropout_p)
+
+
+# ---- SDPA with an additive mask, in query chunks -------------------------------------------------------
+def _bias_chunk(bias_fn: BiasFn, q0: int, q1: int) -> Tensor:
+    """Bias of queries q0..q1-1 against keys 0..q1-1: (..., q1-q0, q1)."""
+    if isinstance(bias_fn, CausalBias):
+        return bias_fn.mask[..., q0:q1, :q1]
+    if isinstance(bias_fn, Tensor):
+        return bias_fn[..., q0:q1, :q1]
+    bias = bias_fn(q0, q1)
+    if bias.shape[-2:] != (q1 - q0, q1):
+        raise ValueError(
+            f"bias_fn({q0}, {q1}) returned shape {tuple(bias.shape)}; expected (..., {q1 - q0}, {q1})"
+        )
+    return bias
+
+
+def causal_additive_mask(bias: Tensor, q0: int) -> Tensor:
+    """bias (..., C, K) for queries q0..q0+C-1 -> bias with -inf where key index > query index."""
+    C, K = bias.shape[-2:]
+    q_idx = torch.arange(q0, q0 + C, device=bias.device)
+    future = torch.arange(K, device=bias.device)[None, :] > q_idx[:, None]  # (C, K)
+    return bias.masked_fill(future, float("-inf"))
+
+
+def causal_bias(bias: Tensor) -> CausalBias:
+    """Add the causal mask to a full (..., T, T) bias once, for every layer of a forward to reuse."""
+    return CausalBias(causal_additive_mask(bias, 0))
+
+
+def chunked_biased_attention(
+    q: Tensor, k: Tensor, v: Tensor, bias_fn: BiasFn, chunk_size: int = 1024, dropout_p: float = 0.0
+) -> Tensor:
+    """SDPA with mask = bias + causal, one query chunk at a time (memory O(H * chunk * T))."""
+    if chunk_size < 1:
+        raise ValueError(f"model.attn_chunk_size must be >= 1; got {chunk_size}")
+    T = q.shape[-2]
+    outs = []
+    for q0 in range(0, T, chunk_size):
+        q1 = min(q0 + chunk_size, T)
+        mask = _bias_chunk(bias_fn, q0, q1)  # (H | B,H, C, q1)
+        if not isinstance(bias_fn, CausalBias):
+            mask = causal_additive_mask(mask, q0)
+        outs.append(
+            F.scaled_dot_product_attention(
+                q[..., q0:q1, :],
+                k[..., :q1, :],
+                v[..., :q1, :],
+                attn_mask=mask.to(q.dtype),
+                dropout_p=dropout_p,
+            )
+        )
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
+
+
+# ---- FlexAttention (CUDA) -------------------------------------------------------------------------------
+def _causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def _score_mod(bias: Tensor) -> Callable:
+    """score + bias[h, q, k] for a (H, T, T) bias, score + bias[b, h, q, k] for (B, H, T, T)."""
+    if bias.dim() == 3:
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + bias[h, q_idx, kv_idx]
+    else:
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + bias[b, h, q_idx, kv_idx]
+
+    return score_mod
+
+
+def _flex_biased_attention(q: Tensor, k: Tensor, v: Tensor, bias_fn: BiasFn, strict: bool) -> Tensor | None:
+    """FlexAttention with score + bias[h, q, k]; None (caller falls back) if unavailable or too large."""
+    T = q.shape[-2]
+    if isinstance(bias_fn, CausalBias):
+        bias = bias_fn.mask  # its -inf entries lie where the causal block mask masks anyway
+    elif isinstance(bias_fn, Tensor):
+        bias = bias_fn
+    else:
+        n_elements = q.shape[1] * T * T  # estimate for (H, T, T); a per-batch bias is B times larger
+        if n_elements > FLEX_MAX_BIAS_ELEMENTS and not strict:
+            return None
+        bias = bias_fn(0, T)
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    # past dynamo's recompile limit flex would run eagerly (slow, O(T^2) memory): use SDPA for new shapes
+    n_compiled = len(_flex_state["verified"])
+    if (
+        not strict
+        and n_compiled >= FLEX_MAX_SIGNATURES
+        and _flex_signature(q, bias) not in _flex_state["verified"]
+    ):
+        return None
+
+    if torch.compiler.is_compiling():
+        # inside a compiled model dynamo traces flex directly: no process-level caches or self-check here
+        block_mask = create_block_mask(_causal, None, None, T, T, device=q.device)
+        return flex_attention(q, k, v, score_mod=_score_mod(bias), block_mask=block_mask)
+    try:
+        if _flex_state["compiled"] is None:
+            # static shapes: inductor's dynamic-shape CPU flex kernel fails to build (torch 2.13)
+            _flex_state["compiled"] = torch.compile(flex_attention, dynamic=False)
+        key = (T, str(q.device))
+        block_mask = _flex_state["block_masks"].get(key)
+        if block_mask is None:
+            block_mask = create_block_mask(_causal, None, None, T, T, device=q.device)
+            _flex_state["block_masks"][key] = block_mask
+        out = _flex_state["compiled"](q, k, v, score_mod=_score_mod(bias), block_mask=block_mask)
+    except Exception as err:  # any failure: disable flex for this process, use SDPA
+        if strict:
+            raise
+        _flex_state["failed"] = True
+        warnings.warn(
+            f"FlexAttention failed ({type(err).__name__}: {err}); using chunked SDPA instead", stacklevel=2
+        )
+        return None
+    if not strict and not _flex_matches_sdpa(out, q, k, v, bias):
+        return None
+    return out
+
+
+def _flex_signature(q: Tensor, bias: Tensor) -> tuple:
+    """What a static-shape compiled flex kernel is specialised on."""
+    return (tuple(q.shape), q.dtype, str(q.device), tuple(bias.shape[:-2]), bias.dtype)
+
+
+def _flex_matches_sdpa(out: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> bool:
+    """Check a compiled FlexAttention kernel once per input signature against the SDPA path.
+
+    Why: a compiled kernel is reused for every later call with the same signature, and we have seen
+    inductor's on-disk cache hand back wrong flex kernels (CPU, torch 2.13). One extra attention and one
+    host sync per new shape buys the guarantee that the fast path gives the reference numbers.
+    """
+    key = _flex_signature(q, bias)
+    if key in _flex_state["verified"]:
+        return True
+    with torch.no_grad():
+        expected = chunked_biased_attention(q, k, v, bias)
+    tol = 1e-4 if q.dtype in (torch.float32, torch.float64) else 2e-2
+    if torch.allclose(out.detach().float(), expected.float(), atol=tol, rtol=tol):
+        _flex_state["verified"].add(key)
+        return True
+    _flex_state["failed"] = True
+    warnings.warn(
+        "FlexAttention disagrees with SDPA on this input; using chunked SDPA from now on", stacklevel=3
+    )
+    return False

@@ -1,0 +1,206 @@
+"""A small decoder-only GPT (nanoGPT-style) whose positions come only from a PositionEncoding.
+
+The model calls the encoding's hooks by their flags (has_embed / has_rotate / has_bias) and never asks
+which encoding it holds. Per forward, position-dependent work is done once and shared by all layers:
+the score bias (when small enough to materialise) and, inside RoPE, the cos/sin tables.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from pelab.encodings.base import PositionEncoding
+from pelab.model.attention import BiasFn, causal_attention, causal_bias
+
+# A shared (H, T, T) bias (times B for per-batch positions) is materialised once per forward up to this
+# many elements (256 MB in fp32); longer inputs compute it per query chunk inside attention instead.
+MAX_SHARED_BIAS_ELEMENTS = 64 * 2**20
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int
+    n_layers: int
+    n_heads: int
+    d_model: int
+    d_ff: int | None = None  # None = 4 * d_model
+    dropout: float = 0.0
+    bias: bool = False  # biases in Linear and LayerNorm layers
+    attn_chunk_size: int = 1024  # query chunk of the CPU biased-attention path
+
+    def __post_init__(self) -> None:
+        if self.d_ff is None:
+            self.d_ff = 4 * self.d_model
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def validate(self) -> GPTConfig:
+        checks = [
+            (self.vocab_size > 0, f"vocab_size must be positive; got {self.vocab_size}"),
+            (self.n_layers > 0, f"model.n_layers must be positive; got {self.n_layers}"),
+            (self.n_heads > 0, f"model.n_heads must be positive; got {self.n_heads}"),
+            (
+                self.d_model > 0 and self.d_model % max(self.n_heads, 1) == 0,
+                f"model.d_model={self.d_model} must be a positive multiple of model.n_heads={self.n_heads}",
+            ),
+            (
+                self.d_ff is not None and self.d_ff > 0,
+                f"model.d_ff must be positive or null; got {self.d_ff}",
+            ),
+            (0.0 <= self.dropout < 1.0, f"model.dropout must be in [0, 1); got {self.dropout}"),
+            (self.attn_chunk_size >= 1, f"model.attn_chunk_size must be >= 1; got {self.attn_chunk_size}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        return self
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_heads = config.n_heads
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)  # fused q, k, v
+        self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
+        self.proj.is_residual_proj = True  # scaled init (GPT-2)
+        self.dropout = config.dropout
+        self.resid_drop = nn.Dropout(config.dropout)
+        self.chunk_size = config.attn_chunk_size
+
+    def forward(self, x: Tensor, pos: Tensor, pe: PositionEncoding, bias: BiasFn | None) -> Tensor:
+        B, T, D = x.shape
+        # (B, T, 3D) -> 3 x (B, H, T, Dh)
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
+        if pe.has_rotate:
+            q, k = pe.rotate(q, k, pos)
+        dropout_p = self.dropout if self.training else 0.0
+        y = causal_attention(q, k, v, bias, chunk_size=self.chunk_size, dropout_p=dropout_p)
+        y = y.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
+        return self.resid_drop(self.proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.fc = nn.Linear(config.d_model, config.d_ff, bias=config.bias)
+        self.proj = nn.Linear(config.d_ff, config.d_model, bias=config.bias)
+        self.proj.is_residual_proj = True
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop(self.proj(F.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-norm: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: Tensor, pos: Tensor, pe: PositionEncoding, bias: BiasFn | None) -> Tensor:
+        x = x + self.attn(self.ln_1(x), pos, pe, bias)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig, pe: PositionEncoding):
+        super().__init__()
+        config.validate()
+        if (pe.d_model, pe.n_heads) != (config.d_model, config.n_heads):
+            raise ValueError(
+                f"the encoding was built for d_model={pe.d_model}, n_heads={pe.n_heads} but the model has "
+                f"d_model={config.d_model}, n_heads={config.n_heads}; build it with the model's sizes"
+            )
+        self.config = config
+        self.pe = pe
+        self.max_shared_bias_elements = MAX_SHARED_BIAS_ELEMENTS
+        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.ln_f = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head.weight = self.tok_emb.weight  # weight tying
+        # GPT-2 init for the model's own modules; the encoding initialises its own parameters
+        for module in (self.tok_emb, self.blocks, self.ln_f):
+            module.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            std = 0.02
+            if getattr(module, "is_residual_proj", False):
+                std = 0.02 / math.sqrt(2 * self.config.n_layers)  # residual stream grows with depth
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    def num_params(self, exclude_embedding: bool = True) -> int:
+        """Unique parameters. ``exclude_embedding`` drops the encoding's parameters (position tables and
+        bias tables are lookups, no matmul FLOPs) but keeps the tied token embedding, since it is also the
+        LM head -- the N of the 6N FLOPs-per-token estimate."""
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embedding:
+            n -= sum(p.numel() for p in self.pe.parameters())
+        return n
+
+    def positions(self, idx: Tensor, pos: Tensor | None, start: int) -> tuple[Tensor, int | None]:
+        """The position tensor, and its largest value when known without a device sync."""
+        B, T = idx.shape
+        if pos is None:
+            if start < 0:
+                raise ValueError(f"start must be >= 0; got {start}")
+            return torch.arange(start, start + T, device=idx.device), start + T - 1
+        if pos.dim() not in (1, 2) or pos.shape[-1] != T or (pos.dim() == 2 and pos.shape[0] != B):
+            raise ValueError(f"pos must have shape ({T},) or ({B}, {T}); got {tuple(pos.shape)}")
+        return pos.to(device=idx.device, dtype=torch.long), None
+
+    def score_bias(self, pos: Tensor) -> BiasFn | None:
+        """The encoding's score bias for this forward: a materialised tensor shared by all layers when small
+        enough, else a per-query-chunk callable (bounded memory)."""
+        if not self.pe.has_bias:
+            return None
+        T = pos.shape[-1]
+        n_elements = self.config.n_heads * T * T * (pos.shape[0] if pos.dim() == 2 else 1)
+        if self.pe.bias_shared_across_layers and n_elements <= self.max_shared_bias_elements:
+            # (H, T, T) or (B, H, T, T) + causal -inf, built once per forward; each layer only slices it
+            return causal_bias(self.pe.score_bias(pos, pos))
+        return self._chunk_bias_fn(pos)
+
+    def _chunk_bias_fn(self, pos: Tensor) -> Callable[[int, int], Tensor]:
+        pe = self.pe
+
+        def bias_fn(q0: int, q1: int) -> Tensor:  # queries q0..q1-1 against keys 0..q1-1
+            return pe.score_bias(pos[..., q0:q1], pos[..., :q1])
+
+        return bias_fn
+
+    def forward(self, idx: Tensor, pos: Tensor | None = None, start: int = 0) -> Tensor:
+        """idx (B, T) token ids -> logits (B, T, V) fp32. Positions: ``pos`` (T,) or (B, T), else
+        arange(start, start + T)."""
+        pos, max_position = self.positions(idx, pos, start)
+        self.pe.check_positions(pos, max_position=max_position)  # raises PositionOutOfRange
+        x = self.tok_emb(idx)  # (B, T, D)
+        if self.pe.has_embed:
+            x = self.pe.embed(x, pos)  # sum composition: still (B, T, D)
+        x = self.drop(x)
+        bias = self.score_bias(pos)
+        for block in self.blocks:
+            x = block(x, pos, self.pe, bias)
+        return self.lm_head(self.ln_f(x)).float()

@@ -1,0 +1,151 @@
+"""All attention paths give the plain softmax reference's numbers (fp32, 1e-5)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pelab.encodings import build_encoding
+from pelab.model.attention import (
+    _flex_matches_sdpa,
+    causal_attention,
+    causal_bias,
+    chunked_biased_attention,
+    reference_attention,
+)
+
+B, H, DH = 2, 3, 8
+
+
+def qkv(T: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(B, H, T, DH, generator=g) for _ in range(3))
+
+
+def random_bias(T: int, batched: bool = False, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*((B,) if batched else ()), H, T, T, generator=g) * 2
+
+
+@pytest.mark.parametrize("T", [1, 5, 33, 64])
+def test_sdpa_without_bias_matches_reference(T):
+    q, k, v = qkv(T)
+    torch.testing.assert_close(causal_attention(q, k, v), reference_attention(q, k, v), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("T", [17, 50, 64])
+@pytest.mark.parametrize("chunk", [1, 7, 16, 1024])
+@pytest.mark.parametrize("batched", [False, True])
+def test_chunked_bias_matches_reference(T, chunk, batched):
+    q, k, v = qkv(T)
+    bias = random_bias(T, batched)
+    ref = reference_attention(q, k, v, bias)
+    out = causal_attention(q, k, v, bias, chunk_size=chunk)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    # the model's form: causal mask added once, then only sliced per layer and chunk
+    premasked = causal_attention(q, k, v, causal_bias(bias), chunk_size=chunk)
+    torch.testing.assert_close(premasked, ref, atol=1e-5, rtol=1e-5)
+    # the callable form (bias computed per query chunk) gives the same numbers
+    calls = []
+
+    def bias_fn(q0, q1):
+        calls.append((q0, q1))
+        return bias[..., q0:q1, :q1]
+
+    torch.testing.assert_close(
+        causal_attention(q, k, v, bias_fn, chunk_size=chunk), ref, atol=1e-5, rtol=1e-5
+    )
+    # bounded memory: each call covers at most `chunk` queries and only keys up to its last query
+    assert calls[0][0] == 0 and calls[-1][1] == T
+    assert all(q1 - q0 <= chunk for q0, q1 in calls)
+    assert len(calls) == -(-T // chunk)
+
+
+def test_entries_above_the_diagonal_are_ignored():
+    T = 20
+    q, k, v = qkv(T)
+    bias = random_bias(T)
+    noisy = bias + torch.ones(T, T).triu(1) * 1e4  # garbage in the future half must not matter
+    torch.testing.assert_close(
+        causal_attention(q, k, v, noisy, chunk_size=6),
+        causal_attention(q, k, v, bias, chunk_size=6),
+        atol=1e-6,
+        rtol=1e-6,
+    )
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5_bias"])
+def test_encoding_bias_and_gradients_match_reference(name):
+    """Real encoding biases, including gradients into the learned T5 table, through the chunked path."""
+    T = 45
+    pe = build_encoding({"name": name}, H * DH, H)
+    pos = torch.arange(T)
+    q, k, v = (t.requires_grad_() for t in qkv(T))
+
+    def run(fn):
+        out = fn()
+        grads = torch.autograd.grad((out * torch.linspace(-1, 1, DH)).sum(), [q, k, v, *pe.parameters()])
+        return out, grads
+
+    out, grads = run(lambda: causal_attention(q, k, v, pe.score_bias(pos, pos), chunk_size=8))
+    ref, ref_grads = run(lambda: reference_attention(q, k, v, pe.score_bias(pos, pos)))
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, atol=1e-5, rtol=1e-4)
+
+
+def test_dropout_only_in_the_requested_calls():
+    T = 16
+    q, k, v = qkv(T)
+    bias = random_bias(T)
+    base = causal_attention(q, k, v, bias, chunk_size=5)
+    torch.manual_seed(0)
+    dropped = causal_attention(q, k, v, bias, chunk_size=5, dropout_p=0.5)
+    assert not torch.allclose(dropped, base)
+    torch.manual_seed(0)
+    assert not torch.allclose(causal_attention(q, k, v, dropout_p=0.5), causal_attention(q, k, v))
+
+
+def test_bad_bias_shape_and_chunk_size_are_clear_errors():
+    q, k, v = qkv(8)
+    with pytest.raises(ValueError, match="expected"):
+        causal_attention(q, k, v, lambda q0, q1: torch.zeros(H, q1 - q0, q1 + 1))
+    with pytest.raises(ValueError, match="attn_chunk_size"):
+        chunked_biased_attention(q, k, v, random_bias(8), chunk_size=0)
+
+
+@pytest.mark.slow
+def test_flex_attention_matches_reference_on_cpu():
+    """The CUDA path (FlexAttention + score_mod), forced on CPU under torch.compile (~15-60 s compile)."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    import torch._inductor.config as inductor_config
+
+    # T a multiple of flex's 128 block: on CPU (torch 2.13) a partial last block reads past the end of
+    # k/v (NaN when that memory holds NaN bits); inductor's on-disk cache has also returned wrong CPU
+    # flex kernels, so compile fresh here. The CUDA kernels mask partial blocks.
+    T = 128
+    q, k, v = qkv(T)
+    with inductor_config.patch(force_disable_caches=True):
+        for batched in (False, True):
+            bias = random_bias(T, batched)
+            out = causal_attention(q, k, v, bias, backend="flex")
+            torch.testing.assert_close(out, reference_attention(q, k, v, bias), atol=1e-5, rtol=1e-5)
+            # the auto path's one-time self-check accepts a correct kernel
+            assert _flex_matches_sdpa(out, q, k, v, bias)
+
+
+def test_flex_self_check_rejects_a_wrong_kernel(monkeypatch):
+    """The auto path compares each new flex kernel once against SDPA and falls back if they disagree."""
+    from pelab.model import attention
+
+    monkeypatch.setitem(attention._flex_state, "failed", False)
+    monkeypatch.setitem(attention._flex_state, "verified", set())
+    T = 12
+    q, k, v = qkv(T)
+    bias = random_bias(T)
+    good = reference_attention(q, k, v, bias)
+    assert _flex_matches_sdpa(good, q, k, v, bias) and not attention._flex_state["failed"]
+    monkeypatch.setitem(attention._flex_state, "verified", set())
+    with pytest.warns(UserWarning, match="disagrees"):
+        assert not _flex_matches_sdpa(good + 0.01, q, k, v, bias)
+    assert attention._flex_state["failed"]  # auto dispatch now skips flex for this process

@@ -1,0 +1,373 @@
+"""Each encoding is exactly the published one: formulas, slopes, buckets, scalings, parameter counts."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from pelab.encodings import ENCODINGS, PositionEncoding, PositionOutOfRange, build_encoding
+from pelab.encodings.bias import alibi_slopes
+from pelab.encodings.diagnostics import (
+    encoding_report,
+    neighbour_cosine,
+    plot_neighbour_cosine,
+    plot_table_heatmap,
+)
+from pelab.encodings.rotary import rope_attention_factor, rope_inv_freq
+
+CONF_PE = Path(__file__).resolve().parents[1] / "conf" / "pe"
+D, H = 32, 4
+
+
+def rope(scaling: dict | None = None, d_model: int = D, n_heads: int = H, **knobs) -> PositionEncoding:
+    return build_encoding({"name": "rope", "scaling": scaling or {}, **knobs}, d_model, n_heads)
+
+
+# ---- registry and configs ----------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["nope", "sinusoidal", "learned", "t5_bias", "rope", "alibi"])
+def test_yaml_builds_and_has_expected_shapes(name):
+    cfg = OmegaConf.load(CONF_PE / f"{name}.yaml")
+    assert cfg.name == name
+    pe = build_encoding(cfg, D, H)
+    assert isinstance(pe, ENCODINGS[name])
+    B, T = 2, 7
+    pos = torch.arange(T)
+    x = torch.randn(B, T, D)
+    assert pe.embed(x, pos).shape == (B, T, D)  # sum composition: width unchanged
+    q, k = torch.randn(B, H, T, D // H), torch.randn(B, H, T, D // H)
+    q2, k2 = pe.rotate(q, k, pos)
+    assert q2.shape == q.shape and k2.shape == k.shape
+    if pe.has_bias:
+        assert pe.score_bias(pos, pos).shape == (H, T, T)
+        assert pe.score_bias(pos.expand(B, T), pos.expand(B, T)).shape == (B, H, T, T)
+    hooks_changed = [
+        not torch.equal(pe.embed(x, pos), x),
+        not torch.equal(q2, q),
+    ]
+    assert hooks_changed == [pe.has_embed, pe.has_rotate]
+
+
+def test_unknown_name_and_knob_are_clear_errors():
+    with pytest.raises(ValueError, match="known encodings.*alibi"):
+        build_encoding({"name": "ropee"}, D, H)
+    with pytest.raises(ValueError, match="unknown settings.*max_len"):
+        build_encoding({"name": "learned", "max_len": 10}, D, H)
+    with pytest.raises(ValueError, match="pe.scaling.type"):
+        rope({"type": "yarn2"})
+    with pytest.raises(ValueError, match="original_max_position"):
+        rope({"type": "yarn", "factor": 2.0})  # YaRN needs the training length
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [("nope", 0), ("sinusoidal", 0), ("rope", 0), ("alibi", 0), ("learned", 64 * D), ("t5_bias", 32 * H)],
+)
+def test_num_learnable_params(name, expected):
+    pe = build_encoding({"name": name, **({"max_positions": 64} if name == "learned" else {})}, D, H)
+    assert pe.num_learnable_params() == expected
+
+
+# ---- sinusoidal -----------------------------------------------------------------------------------------
+def test_sinusoidal_matches_formula_elementwise():
+    pe = build_encoding({"name": "sinusoidal"}, 16, 2)
+    positions = [0, 1, 2, 7, 63, 1000, 5000]  # no table: any position works
+    table = pe.table(torch.tensor(positions))
+    for row, p in enumerate(positions):
+        for i in range(8):
+            angle = p / 10000 ** (2 * i / 16)
+            assert table[row, 2 * i].item() == pytest.approx(math.sin(angle), abs=2e-4 + 1e-6 * p)
+            assert table[row, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=2e-4 + 1e-6 * p)
+    x = torch.randn(3, len(positions), 16)
+    torch.testing.assert_close(pe.embed(x, torch.tensor(positions)), x + table)
+
+
+def test_sinusoidal_shift_is_a_fixed_rotation():
+    """PE(p+k) = M_k PE(p) with M_k block-diagonal 2x2 rotations that do not depend on p."""
+    d, k = 16, 5
+    pe = build_encoding({"name": "sinusoidal"}, d, 2)
+    M = torch.zeros(d, d, dtype=torch.float64)
+    for i in range(d // 2):
+        w = k / 10000 ** (2 * i / d)
+        # [sin(a+w), cos(a+w)] = [[cos w, sin w], [-sin w, cos w]] @ [sin a, cos a]
+        M[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = torch.tensor(
+            [[math.cos(w), math.sin(w)], [-math.sin(w), math.cos(w)]]
+        )
+    p = torch.arange(0, 60)
+    before, after = pe.table(p).double(), pe.table(p + k).double()
+    torch.testing.assert_close(before @ M.T, after, atol=1e-5, rtol=0)
+    # and a different shift gives a different map: M_k is specific to k
+    assert (pe.table(p + k + 1).double() - before @ M.T).abs().max() > 0.1
+
+
+# ---- learned --------------------------------------------------------------------------------------------
+def test_learned_params_init_and_error_beyond_table():
+    pe = build_encoding({"name": "learned", "max_positions": 256}, 64, 4)
+    assert pe.max_positions == 256
+    assert pe.num_learnable_params() == 256 * 64
+    assert abs(pe.weight.weight.std().item() - 0.02) < 0.002
+    pe.check_positions(torch.arange(256))  # last row exists
+    with pytest.raises(PositionOutOfRange, match=r"end at 255 \(pe.max_positions=256\); got position 511"):
+        pe.check_positions(torch.arange(300, 512))
+    with pytest.raises(PositionOutOfRange, match="pe.max_positions"):
+        pe.check_positions(max_position=256)
+    assert isinstance(PositionOutOfRange("x"), ValueError)
+    # unbounded encodings never complain
+    build_encoding({"name": "sinusoidal"}, 64, 4).check_positions(torch.tensor([10**6]))
+
+
+# ---- RoPE -----------------------------------------------------------------------------------------------
+SCALINGS = [
+    {"type": "none"},
+    {"type": "linear", "factor": 4.0},
+    {"type": "ntk", "factor": 4.0},
+    {"type": "dynamic_ntk", "factor": 4.0, "original_max_position": 32},
+    {"type": "yarn", "factor": 4.0, "original_max_position": 32},
+]
+
+
+def _score(pe, q, k, m, n):
+    """<rot(q) at m, rot(k) at n> for q, k (Dh,), with positions passed as a 2-token sequence."""
+    qq = q.expand(1, 1, 2, -1)
+    kk = k.expand(1, 1, 2, -1)
+    rq, rk = pe.rotate(qq, kk, torch.tensor([m, n]))
+    return (rq[0, 0, 0] * rk[0, 0, 1]).sum()
+
+
+@pytest.mark.parametrize("scaling", SCALINGS, ids=[s["type"] for s in SCALINGS])
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_rope_scores_depend_only_on_relative_position(scaling, fraction):
+    torch.manual_seed(0)
+    pe = rope(scaling, rotary_fraction=fraction)
+    q, k = torch.randn(D // H), torch.randn(D // H)
+    for m, n in [(5, 2), (9, 9), (3, 17)]:
+        s0 = _score(pe, q, k, m, n)
+        for shift in (1, 11, 40):
+            if scaling["type"] == "dynamic_ntk":  # the base depends on the length max(pos)+1: keep it fixed
+                s_shift = _score(pe, q, k, m + shift, n + shift) if max(m, n) + shift < 32 else s0
+            else:
+                s_shift = _score(pe, q, k, m + shift, n + shift)
+            assert s_shift.item() == pytest.approx(s0.item(), abs=1e-5)
+    assert abs(_score(pe, q, k, 5, 2) - _score(pe, q, k, 5, 4)) > 1e-3  # and it does depend on m - n
+
+
+def test_rope_preserves_norms_and_partial_rotary_passes_channels_through():
+    torch.manual_seed(0)
+    q, k = torch.randn(2, H, 50, D // H), torch.randn(2, H, 50, D // H)
+    pos = torch.arange(100, 150)
+    rq, rk = rope().rotate(q, k, pos)
+    torch.testing.assert_close(rq.norm(dim=-1), q.norm(dim=-1))
+    torch.testing.assert_close(rk.norm(dim=-1), k.norm(dim=-1))
+    half = rope(rotary_fraction=0.5)
+    assert half.rotary_dim == (D // H) // 2
+    rq, _ = half.rotate(q, k, pos)
+    assert torch.equal(rq[..., half.rotary_dim :], q[..., half.rotary_dim :])
+    assert not torch.allclose(rq[..., : half.rotary_dim], q[..., : half.rotary_dim])
+    # half-split pairing: position 1 turns channel 0 (paired with channel d/2) by theta_0 = 1 rad
+    x = torch.zeros(1, 1, 1, D // H)
+    x[..., 0] = 1.0
+    out, _ = rope().rotate(x, x, torch.tensor([1]))
+    assert out[0, 0, 0, 0].item() == pytest.approx(math.cos(1.0), abs=1e-6)
+    assert out[0, 0, 0, (D // H) // 2].item() == pytest.approx(math.sin(1.0), abs=1e-6)
+
+
+def test_rope_per_batch_positions_match_shared_positions():
+    torch.manual_seed(0)
+    pe = rope({"type": "yarn", "factor": 2.0, "original_max_position": 16})
+    q, k = torch.randn(2, H, 6, D // H), torch.randn(2, H, 6, D // H)
+    pos = torch.stack([torch.arange(6), torch.arange(10, 16)])
+    rq, rk = pe.rotate(q, k, pos)
+    for b in range(2):
+        eq, ek = pe.rotate(q[b : b + 1], k[b : b + 1], pos[b].clone())
+        torch.testing.assert_close(rq[b : b + 1], eq)
+        torch.testing.assert_close(rk[b : b + 1], ek)
+
+
+# independent, straightforward implementations of the published formulas (REFERENCES.md)
+def _theta(dim, base):
+    return [base ** (-2 * i / dim) for i in range(dim // 2)]
+
+
+def _yarn_reference(dim, base, s, L, beta_fast=32.0, beta_slow=1.0):
+    def corr(r):
+        return dim * math.log(L / (2 * math.pi * r)) / (2 * math.log(base))
+
+    low = max(math.floor(corr(beta_fast)), 0)
+    high = min(math.ceil(corr(beta_slow)), dim - 1)
+    if high == low:
+        high += 0.001
+    out = []
+    for i, th in enumerate(_theta(dim, base)):
+        g = min(max((i - low) / (high - low), 0.0), 1.0)
+        out.append((1 - g) * th + g * th / s)
+    return out
+
+
+POINTS = [
+    (2.0, 16, 10000.0, 64),
+    (4.0, 64, 10000.0, 256),
+    (8.0, 128, 500000.0, 2048),
+    (3.0, 32, 10000.0, 512),
+]
+
+
+@pytest.mark.parametrize(("s", "dim", "base", "L"), POINTS)
+def test_rope_scaling_inv_freq_matches_published_formulas(s, dim, base, L):
+    def check(got, expected):
+        torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-10, atol=0)
+
+    check(rope_inv_freq(dim, base), _theta(dim, base))
+    check(rope_inv_freq(dim, base, "linear", s), [t / s for t in _theta(dim, base)])
+    check(rope_inv_freq(dim, base, "ntk", s), _theta(dim, base * s ** (dim / (dim - 2))))
+    for length in (L // 2, L):  # dynamic: unchanged up to L
+        check(rope_inv_freq(dim, base, "dynamic_ntk", s, L, seq_len=length), _theta(dim, base))
+    for length in (L + 1, 3 * L):
+        new_base = base * ((s * length / L) - (s - 1)) ** (dim / (dim - 2))
+        check(rope_inv_freq(dim, base, "dynamic_ntk", s, L, seq_len=length), _theta(dim, new_base))
+    yarn = rope_inv_freq(dim, base, "yarn", s, L)
+    check(yarn, _yarn_reference(dim, base, s, L))
+    # fast pairs keep theta, slow pairs are fully interpolated
+    assert yarn[0] == rope_inv_freq(dim, base)[0]
+    assert yarn[-1] == pytest.approx(rope_inv_freq(dim, base)[-1].item() / s)
+    # attention factor: YaRN's temperature, 1 for the others
+    assert rope_attention_factor("yarn", s) == pytest.approx(0.1 * math.log(s) + 1)
+    for kind in ("none", "linear", "ntk", "dynamic_ntk"):
+        assert rope_attention_factor(kind, s) == 1.0
+
+
+@pytest.mark.parametrize("kind", ["linear", "ntk", "yarn"])
+def test_rope_factor_one_equals_none(kind):
+    none = rope_inv_freq(32, 10000.0)
+    torch.testing.assert_close(rope_inv_freq(32, 10000.0, kind, 1.0, 128), none, rtol=0, atol=0)
+    assert rope_attention_factor(kind, 1.0) == 1.0
+
+
+def test_rope_module_applies_scaling_and_temperature():
+    torch.manual_seed(0)
+    q, k = torch.randn(1, H, 40, D // H), torch.randn(1, H, 40, D // H)
+    L = 16
+    yarn = rope({"type": "yarn", "factor": 4.0, "original_max_position": L})
+    rq, _ = yarn.rotate(q, k, torch.arange(40))
+    # cos/sin scaled by 0.1 ln 4 + 1: norms grow by that factor
+    torch.testing.assert_close(rq.norm(dim=-1), q.norm(dim=-1) * (0.1 * math.log(4) + 1))
+    # dynamic NTK inside a forward: identical to none for l <= L, different beyond
+    none, dyn = rope(), rope({"type": "dynamic_ntk", "factor": 4.0, "original_max_position": L})
+    short = torch.arange(L)
+    torch.testing.assert_close(
+        dyn.rotate(q[:, :, :L], k[:, :, :L], short)[0],
+        none.rotate(q[:, :, :L], k[:, :, :L], short)[0],
+        rtol=0,
+        atol=0,
+    )
+    long = torch.arange(40)
+    dyn_q = dyn.rotate(q, k, long)[0]
+    new_base = 10000.0 * (4.0 * 40 / L - 3.0) ** (8 / 6)
+    expected = build_encoding({"name": "rope", "base": new_base}, D, H).rotate(q, k, long)[0]
+    torch.testing.assert_close(dyn_q, expected, atol=1e-5, rtol=1e-5)
+    # switching at evaluation time
+    none.set_scaling(type="linear", factor=2.0)
+    torch.testing.assert_close(none.inv_freq, rope_inv_freq(D // H, 10000.0).float() / 2)
+    assert "inv_freq" not in none.state_dict()  # not saved: checkpoints stay scaling-agnostic
+
+
+def test_rope_cos_sin_follow_dtype_casts_without_rounding():
+    pe = rope({"type": "linear", "factor": 3.0})
+    expected = pe.inv_freq.clone()
+    pe.to(torch.bfloat16)
+    assert pe.inv_freq.dtype == torch.float32
+    torch.testing.assert_close(pe.inv_freq, expected, rtol=0, atol=0)
+    q = torch.randn(1, H, 5, D // H, dtype=torch.bfloat16)
+    rq, rk = pe.rotate(q, q, torch.arange(5))
+    assert rq.dtype == torch.bfloat16 and rk.dtype == torch.bfloat16
+
+
+# ---- ALiBi ----------------------------------------------------------------------------------------------
+def test_alibi_slopes_power_of_two_and_twelve_heads():
+    assert alibi_slopes(8) == [2.0**-i for i in range(1, 9)]
+    twelve = [2.0**-i for i in range(1, 9)] + [2.0**-0.5, 2.0**-1.5, 2.0**-2.5, 2.0**-3.5]
+    assert alibi_slopes(12) == pytest.approx(twelve, rel=1e-12)
+    assert alibi_slopes(4) == [2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8]
+
+
+@pytest.mark.parametrize("heads", [8, 12])
+def test_alibi_bias_is_minus_slope_times_distance(heads):
+    pe = build_encoding({"name": "alibi"}, heads * 8, heads)
+    pos = torch.arange(20)
+    bias = pe.score_bias(pos, pos)
+    slopes = alibi_slopes(heads)
+    for h in (0, heads - 1):
+        for i, j in [(0, 0), (5, 2), (19, 0), (10, 10)]:
+            assert bias[h, i, j].item() == pytest.approx(-slopes[h] * (i - j), rel=1e-6)
+    assert pe.num_learnable_params() == 0 and "slopes" not in pe.state_dict()
+
+
+# ---- T5 -------------------------------------------------------------------------------------------------
+def _t5_bucket_reference(q_minus_k: torch.Tensor, num_buckets=32, max_distance=128) -> torch.Tensor:
+    """The published (Mesh TF / HF) causal bucket function, vectorised the way HF writes it."""
+    n = torch.clamp(q_minus_k, min=0)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    large = max_exact + (
+        torch.log(n.float() / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+    ).to(torch.long)
+    large = torch.min(large, torch.full_like(large, num_buckets - 1))
+    return torch.where(is_small, n, large)
+
+
+@pytest.mark.parametrize(("buckets", "max_distance"), [(32, 128), (16, 64), (8, 1000)])
+def test_t5_buckets_match_published_function(buckets, max_distance):
+    pe = build_encoding({"name": "t5_bias", "num_buckets": buckets, "max_distance": max_distance}, D, H)
+    k_pos = torch.arange(1001)
+    q_pos = torch.tensor([1000])
+    got = pe.buckets(q_pos, k_pos)[0]  # distances 1000 ... 0
+    expected = _t5_bucket_reference(q_pos[:, None] - k_pos[None, :], buckets, max_distance)[0]
+    assert torch.equal(got, expected)
+    assert got.max().item() == buckets - 1
+    # the bias is the table row of each bucket, per head
+    bias = pe.score_bias(q_pos, k_pos)  # (H, 1, 1001)
+    torch.testing.assert_close(bias[:, 0], pe.table.weight[expected].t())
+
+
+def test_t5_future_keys_share_bucket_zero_and_table_is_one_parameter():
+    pe = build_encoding({"name": "t5_bias"}, D, H)
+    pos = torch.arange(10)
+    assert torch.equal(pe.buckets(pos, pos).triu(), torch.zeros(10, 10, dtype=torch.long))
+    params = list(pe.parameters())
+    assert len(params) == 1 and params[0].shape == (32, H)
+    assert abs(params[0].std().item() - D**-0.5) < 0.1
+
+
+# ---- diagnostics ----------------------------------------------------------------------------------------
+def test_neighbour_cosine_sinusoidal_high_learned_near_zero():
+    torch.manual_seed(0)
+    sin_table = build_encoding({"name": "sinusoidal"}, 64, 4).diagnostics(128)["table"]
+    cos = neighbour_cosine(sin_table)
+    assert cos.shape == (127,)
+    # PE(p+1) is a fixed rotation of PE(p): the cosine is the same for every p, and high
+    assert cos.min() > 0.5 and (cos.max() - cos.min()) < 1e-4
+    learned = build_encoding({"name": "learned", "max_positions": 128}, 64, 4)
+    assert neighbour_cosine(learned.diagnostics(500)["table"]).abs().mean() < 0.15
+
+
+def test_encoding_report_and_figures(tmp_path):
+    from matplotlib.figure import Figure
+
+    rep = encoding_report(build_encoding({"name": "sinusoidal"}, 32, 4), 64, figures=True)
+    assert rep["num_learnable_params"] == 0 and rep["max_positions"] is None and rep["hooks"] == ["embed"]
+    assert rep["neighbour_cosine_min"] > 0.5
+    assert set(rep["figures"]) == {"table_heatmap", "neighbour_cosine"}
+    for name, fig in rep["figures"].items():
+        assert isinstance(fig, Figure)
+        fig.savefig(tmp_path / f"{name}.png")
+        assert (tmp_path / f"{name}.png").stat().st_size > 1000
+    rep = encoding_report(build_encoding({"name": "learned", "max_positions": 16}, 32, 4), 64)
+    assert rep["num_learnable_params"] == 16 * 32 and rep["max_positions"] == 16
+    assert "neighbour_cosine_mean" in rep and "figures" not in rep
+    rep = encoding_report(build_encoding({"name": "t5_bias"}, 32, 4), 64)
+    assert rep["hooks"] == ["score_bias"] and rep["num_learnable_params"] == 32 * 4
+    assert "neighbour_cosine_mean" not in rep
+    assert isinstance(plot_table_heatmap(torch.randn(8, 4)), Figure)
+    assert isinstance(plot_neighbour_cosine({"a": torch.rand(7), "b": torch.rand(7)}), Figure)

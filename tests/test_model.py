@@ -1,0 +1,257 @@
+"""The GPT runs every scheme through the same hooks: shapes, causality, positions, scaling switches."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from pelab.encodings import ENCODINGS, PositionEncoding, PositionOutOfRange, build_encoding
+from pelab.encodings.rotary import RoPE
+from pelab.model import GPT, GPTConfig, build_model
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+V = 50
+SCHEMES = {
+    "nope": {"name": "nope"},
+    "sinusoidal": {"name": "sinusoidal"},
+    "learned": {"name": "learned", "max_positions": 64},
+    "t5_bias": {"name": "t5_bias", "num_buckets": 8, "max_distance": 16},
+    "rope": {"name": "rope"},
+    "rope_yarn_partial": {
+        "name": "rope",
+        "rotary_fraction": 0.5,
+        "scaling": {"type": "yarn", "factor": 2.0, "original_max_position": 8},
+    },
+    "alibi": {"name": "alibi"},
+}
+
+
+def micro(pe_cfg: dict, seed: int = 0, **overrides) -> GPT:
+    torch.manual_seed(seed)
+    cfg = {**OmegaConf.to_container(OmegaConf.load(CONF / "model" / "micro.yaml")), **overrides}
+    return build_model(cfg, pe_cfg, V).eval()
+
+
+def tokens(B: int = 2, T: int = 12, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+# ---- presets and config --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("preset", "layers", "d", "heads"),
+    [("micro", 2, 32, 2), ("tiny", 4, 256, 4), ("small", 6, 384, 6), ("base", 12, 768, 12)],
+)
+def test_model_presets(preset, layers, d, heads):
+    cfg = OmegaConf.to_container(OmegaConf.load(CONF / "model" / f"{preset}.yaml"))
+    cfg.pop("name", None)  # a label for run names, not a model field
+    config = GPTConfig(vocab_size=V, **cfg).validate()
+    assert (config.n_layers, config.d_model, config.n_heads, config.d_ff) == (layers, d, heads, 4 * d)
+    assert config.head_dim % 2 == 0  # RoPE pairs
+
+
+def test_config_and_encoding_mismatch_errors():
+    with pytest.raises(ValueError, match="multiple of model.n_heads"):
+        GPTConfig(vocab_size=V, n_layers=1, n_heads=3, d_model=32).validate()
+    with pytest.raises(ValueError, match="model.dropout"):
+        GPTConfig(vocab_size=V, n_layers=1, n_heads=2, d_model=32, dropout=1.0).validate()
+    with pytest.raises(ValueError, match="built for d_model=64"):
+        GPT(
+            GPTConfig(vocab_size=V, n_layers=1, n_heads=2, d_model=32),
+            build_encoding({"name": "nope"}, 64, 2),
+        )
+    model = micro({"name": "nope"})
+    with pytest.raises(ValueError, match="pos must have shape"):
+        model(tokens(), pos=torch.arange(5))
+
+
+# ---- shapes and composition -----------------------------------------------------------------------------
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_logits_shape_for_every_scheme(scheme):
+    model = micro(SCHEMES[scheme])
+    idx = tokens(3, 10)
+    logits = model(idx)
+    assert logits.shape == (3, 10, V) and logits.dtype == torch.float32
+    assert torch.isfinite(logits).all()
+    # explicit positions: start offset == arange; per-row (B, T) positions == each row alone
+    torch.testing.assert_close(model(idx, start=5), model(idx, pos=torch.arange(5, 15)))
+    pos = torch.stack([torch.arange(10), torch.arange(3, 13), torch.arange(20, 30)])
+    batched = model(idx, pos=pos)
+    for b in range(3):
+        torch.testing.assert_close(
+            batched[b : b + 1], model(idx[b : b + 1], pos=pos[b]), atol=1e-5, rtol=1e-5
+        )
+
+
+@pytest.mark.parametrize("scheme", ["sinusoidal", "learned"])
+def test_absolute_encodings_are_summed_into_the_embedding(scheme):
+    model = micro(SCHEMES[scheme])
+    idx = tokens(2, 9)
+    seen = {}
+    model.blocks[0].register_forward_pre_hook(lambda mod, args: seen.update(x=args[0]))
+    model(idx, start=3)
+    pos = torch.arange(3, 12)
+    table = model.pe.embed(torch.zeros(1, 9, 32), pos)[0]  # (T, D): what the encoding adds
+    assert seen["x"].shape == (2, 9, 32)  # width unchanged: a sum, not a concatenation
+    torch.testing.assert_close(seen["x"], model.tok_emb(idx) + table)
+
+
+# ---- causality ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("scheme", "path"),
+    [(s, "default") for s in SCHEMES] + [("alibi", "chunked_bias"), ("t5_bias", "chunked_bias")],
+)
+def test_changing_token_t_never_changes_earlier_logits(scheme, path):
+    model = micro(SCHEMES[scheme], attn_chunk_size=5)
+    if path == "chunked_bias":
+        model.max_shared_bias_elements = 0  # force the per-query-chunk bias
+    T, t = 13, 6
+    idx = tokens(2, T)
+    base = model(idx)
+    changed = idx.clone()
+    changed[:, t] = (changed[:, t] + 1) % V
+    out = model(changed)
+    torch.testing.assert_close(out[:, :t], base[:, :t], atol=1e-6, rtol=0)
+    assert (out[:, t:] - base[:, t:]).abs().amax(dim=-1).min() > 1e-6  # t and later do see it
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "t5_bias"])
+def test_shared_and_chunked_bias_paths_agree_and_bias_is_built_once(scheme):
+    class Counting(ENCODINGS[scheme]):
+        calls = 0
+
+        def score_bias(self, q_pos, k_pos):
+            type(self).calls += 1
+            return super().score_bias(q_pos, k_pos)
+
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=V, n_layers=3, n_heads=2, d_model=32, attn_chunk_size=4)
+    knobs = {k: v for k, v in SCHEMES[scheme].items() if k != "name"}
+    model = GPT(config, Counting(32, 2, **knobs)).eval()
+    idx = tokens(2, 11)
+    shared = model(idx)
+    assert Counting.calls == 1  # once per forward, shared by the 3 layers
+    model.max_shared_bias_elements = 0
+    Counting.calls = 0
+    chunked = model(idx)
+    assert Counting.calls == 3 * math.ceil(11 / 4)  # per layer and query chunk: bounded memory
+    torch.testing.assert_close(chunked, shared, atol=1e-5, rtol=1e-5)
+
+
+def test_rope_tables_computed_once_per_forward():
+    class Counting(RoPE):
+        computed = 0
+
+        def _inv_freq_for(self, pos):
+            type(self).computed += 1
+            return super()._inv_freq_for(pos)
+
+    model = GPT(GPTConfig(vocab_size=V, n_layers=3, n_heads=2, d_model=32), Counting(32, 2)).eval()
+    model(tokens())
+    model(tokens())
+    assert Counting.computed == 2  # one cos/sin table per forward, reused by the 3 layers
+
+
+# ---- positions the encoding cannot represent ---------------------------------------------------------------
+def test_learned_raises_clear_error_beyond_table():
+    model = micro({"name": "learned", "max_positions": 16})
+    model(tokens(1, 16))  # positions 0..15 fit
+    with pytest.raises(PositionOutOfRange, match=r"pe.max_positions=16.*got position 16"):
+        model(tokens(1, 17))
+    with pytest.raises(PositionOutOfRange, match="got position 20"):
+        model(tokens(1, 8), start=13)
+    with pytest.raises(PositionOutOfRange, match="got position 99"):
+        model(tokens(1, 2), pos=torch.tensor([0, 99]))
+    micro({"name": "sinusoidal"})(tokens(1, 4), start=100_000)  # unbounded schemes take any position
+
+
+# ---- RoPE scaling switched at evaluation time on a checkpoint trained without it -------------------------
+def test_rope_scaling_switch_on_a_trained_state_dict():
+    trained = micro({"name": "rope"})
+    with torch.no_grad():  # sharpen attention (a trained model's is far from uniform, init's is not)
+        for block in trained.blocks:
+            block.attn.qkv.weight.mul_(20)
+    state = trained.state_dict()
+    assert not any("inv_freq" in key for key in state)  # checkpoints carry no frequencies
+    idx = tokens(2, 20)
+    reference = trained(idx)
+    for scaling in (
+        {"type": "linear", "factor": 4.0},
+        {"type": "yarn", "factor": 4.0, "original_max_position": 8},
+        {"type": "dynamic_ntk", "factor": 4.0, "original_max_position": 8},
+    ):
+        scaled = micro({"name": "rope", "scaling": scaling}, seed=1)
+        scaled.load_state_dict(state)  # strict: same keys whatever the scaling
+        assert (scaled(idx) - reference).abs().max() > 1e-3
+        scaled.pe.set_scaling(type="none", factor=1.0)
+        torch.testing.assert_close(scaled(idx), reference)
+    # factor 1 behaves as none; in place on the trained model too
+    trained.pe.set_scaling(type="yarn", factor=1.0, original_max_position=8)
+    torch.testing.assert_close(trained(idx), reference)
+    trained.pe.set_scaling(type="ntk", factor=8.0)
+    assert (trained(idx) - reference).abs().max() > 1e-3
+
+
+# ---- parameters, init, tying, dropout, training signal ---------------------------------------------------
+def test_params_init_and_weight_tying():
+    nope, learned = micro({"name": "nope"}), micro({"name": "learned", "max_positions": 64})
+    assert learned.lm_head.weight is learned.tok_emb.weight
+    assert learned.num_params(exclude_embedding=False) - nope.num_params(exclude_embedding=False) == 64 * 32
+    assert learned.num_params() == nope.num_params()  # the table is excluded, the tied head is not
+    d, L = 32, 2
+    assert nope.num_params() == V * d + L * (12 * d * d + 2 * d) + d  # no biases in the micro preset
+    big = build_model({"n_layers": 4, "n_heads": 4, "d_model": 128}, {"name": "nope"}, 100)
+    proj_std = torch.cat([b.attn.proj.weight.flatten() for b in big.blocks]).std().item()
+    assert proj_std == pytest.approx(0.02 / math.sqrt(2 * 4), rel=0.1)
+    assert big.blocks[0].attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.1)
+
+
+def test_dropout_is_active_only_in_training():
+    model = micro({"name": "alibi"}, dropout=0.3)
+    idx = tokens()
+    torch.testing.assert_close(model(idx), model(idx))
+    model.train()
+    assert (model(idx) - model(idx)).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("scheme", ["learned", "t5_bias"])
+def test_gradients_reach_the_encoding_parameters(scheme):
+    model = micro(SCHEMES[scheme]).train()
+    idx = tokens(2, 10)
+    loss = nn.functional.cross_entropy(model(idx[:, :-1]).flatten(0, 1), idx[:, 1:].flatten())
+    loss.backward()
+    grad = next(model.pe.parameters()).grad
+    assert grad is not None and grad.abs().sum() > 0
+    if scheme == "learned":  # only the rows of positions used (0..8) get a gradient
+        assert grad[9:].abs().sum() == 0 and grad[:9].abs().sum(-1).min() > 0
+
+
+# ---- a new scheme is one module + one YAML, no model change ------------------------------------------------
+class LogDistanceBias(PositionEncoding):
+    """Example new scheme (KERPLE-log-like): bias = -r_h * log(1 + distance), r_h learned."""
+
+    name = "log_distance"
+    has_bias = True
+
+    def __init__(self, d_model: int, n_heads: int, init: float = 1.0, **knobs):
+        super().__init__(d_model, n_heads, **knobs)
+        self.r = nn.Parameter(torch.full((n_heads,), float(init)))
+
+    def score_bias(self, q_pos, k_pos):
+        dist = (q_pos[..., :, None] - k_pos[..., None, :]).clamp(min=0).float()
+        return -self.r[:, None, None] * torch.log1p(dist)
+
+
+def test_adding_a_scheme_needs_no_model_change(monkeypatch):
+    monkeypatch.setitem(ENCODINGS, "log_distance", LogDistanceBias)
+    yaml = OmegaConf.create("name: log_distance\ninit: 0.5\n")  # stands in for conf/pe/log_distance.yaml
+    model = micro(yaml)
+    assert isinstance(model.pe, LogDistanceBias) and model.pe.num_learnable_params() == 2
+    idx = tokens()
+    assert model(idx).shape == (2, 12, V)
+    pos = torch.arange(12)
+    assert model.pe.score_bias(pos, pos)[0, 5, 2].item() == pytest.approx(-0.5 * math.log(4))
