@@ -1,0 +1,166 @@
+"""The evaluation suite run after training and by `eval.py`: extrapolation + probes -> metrics, plots, W&B.
+
+One function, `run_evaluation`, so the end-of-training numbers and a standalone `eval.py` of the same
+checkpoint are computed by exactly the same code on exactly the same tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+import torch
+from omegaconf import DictConfig
+
+from pelab.evaluation.extrapolation import eval_token_budget, evaluate_extrapolation, resolve_lengths
+from pelab.evaluation.plots import (
+    plot_depth_curve,
+    plot_loss_by_position,
+    plot_ppl_vs_length,
+    plot_probe_heatmap,
+    save_figure,
+)
+from pelab.evaluation.probes import run_probes
+
+log = logging.getLogger(__name__)
+
+
+def eval_span(datamodule: Any, ecfg: Any, lengths: list[int]) -> torch.Tensor:
+    """The token span every length scores: N + 1 tokens of the eval split, N a multiple of the longest length."""
+    n = eval_token_budget(int(ecfg.tokens), lengths)
+    available = datamodule.n_tokens(ecfg.split) - 1
+    if n > available:
+        # Shrink to whole windows of the longest length that the split holds; too short -> a clear error.
+        n = (available // max(lengths)) * max(lengths)
+        if n <= 0:
+            raise ValueError(
+                f"eval.split={ecfg.split} has {available + 1} tokens, fewer than the longest eval length "
+                f"{max(lengths)}; lower eval.lengths or use a larger corpus."
+            )
+        log.warning("eval.tokens lowered to %d: the %s split holds no more whole windows", n, ecfg.split)
+    return datamodule.eval_tokens(ecfg.split, n + 1)
+
+
+def run_evaluation(
+    model: torch.nn.Module,
+    datamodule: Any,
+    cfg: DictConfig,
+    output_dir: Path,
+    run: Any | None = None,
+    summary: dict | None = None,
+    prefix: str = "",
+) -> dict[str, float]:
+    """Evaluate `model`; return flat metrics (also logged to `run` and stored in `summary`).
+
+    `prefix` namespaces a variant (e.g. a RoPE scaling type in eval.py): metrics become
+    `extrap/{prefix}/ppl@L` style keys and files `plots/{prefix}_*.png`.
+    """
+    train_len = int(cfg.data.seq_len)
+    ecfg, pcfg = cfg.eval, cfg.probes
+    lengths = resolve_lengths(list(ecfg.lengths), train_len)
+    tokens = eval_span(datamodule, ecfg, lengths)
+    device = next(model.parameters()).device
+    log.info("extrapolation: lengths %s on %d tokens", lengths, tokens.numel() - 1)
+    extrap = evaluate_extrapolation(
+        model, tokens, lengths, train_len,
+        stride=ecfg.get("stride"), device=device, bytes_per_token=datamodule.bytes_per_token,
+        protocols=list(ecfg.protocols), batch_tokens=int(ecfg.batch_tokens),
+    )
+    metrics = extrap.metrics()
+    probes = None
+    if pcfg.get("enabled", True) and pcfg.get("kinds"):
+        p_lengths = resolve_lengths(list(pcfg.lengths), train_len)
+        filler = datamodule.eval_tokens(ecfg.split, min(datamodule.n_tokens(ecfg.split), 4 * max(p_lengths)))
+        log.info("probes: %s at depths %s, lengths %s", list(pcfg.kinds), list(pcfg.depths), p_lengths)
+        probes = run_probes(
+            model, datamodule.tokenizer, kinds=list(pcfg.kinds), depths=list(pcfg.depths), lengths=p_lengths,
+            samples_per_cell=int(pcfg.samples), seed=int(pcfg.seed),
+            filler_ids=filler if pcfg.get("filler", "val") == "val" else None,
+            device=device, train_len=train_len, batch_tokens=int(ecfg.batch_tokens),
+        )
+        metrics.update(probes.metrics())
+    if prefix:
+        metrics = {_prefixed(k, prefix): v for k, v in metrics.items()}
+
+    label = cfg.pe.name if not prefix else f"{cfg.pe.name} ({prefix})"
+    figures = make_figures(extrap, probes, label, train_len)
+    paths = save_figures(figures, output_dir / "plots", prefix)
+    if summary is not None:
+        key = f"evaluation/{prefix}" if prefix else "evaluation"
+        summary[key] = {"extrapolation": extrap.to_dict(), "probes": probes.to_dict() if probes else None,
+                        "plots": {k: str(p) for k, p in paths.items()}}
+    if run is not None:
+        log_to_wandb(run, metrics, extrap, probes, paths, prefix)
+    for fig in figures.values():
+        plt.close(fig)
+    return metrics
+
+
+def _prefixed(key: str, prefix: str) -> str:
+    group, _, rest = key.partition("/")
+    return f"{group}/{prefix}/{rest}"
+
+
+def make_figures(extrap: Any, probes: Any | None, label: str, train_len: int) -> dict[str, Any]:
+    figs = {
+        "ppl_vs_length": plot_ppl_vs_length(
+            {f"{label} nonoverlap": extrap.ppl_by_length("nonoverlap"),
+             **({f"{label} sliding": extrap.ppl_by_length("sliding")} if "sliding" in extrap.protocols else {})},
+            train_len,
+        ),
+    }
+    if extrap.loss_by_position:
+        figs["loss_by_position"] = plot_loss_by_position({label: extrap.loss_by_position}, train_len)
+    if probes is not None:
+        for kind in probes.kinds:
+            figs[f"probe_{kind}_heatmap"] = plot_probe_heatmap(
+                probes.grid(kind, "acc"), probes.depths, probes.lengths,
+                title=f"{kind} retrieval accuracy — {label}", train_len=train_len,
+            )
+            at = train_len if train_len in probes.lengths else probes.lengths[0]
+            figs[f"probe_{kind}_depth"] = plot_depth_curve(
+                {label: probes.depth_curve(kind, at, "acc")}, probes.depths, length=at,
+                chance=probes.chance(kind),
+            )
+    return figs
+
+
+def save_figures(figures: dict[str, Any], folder: Path, prefix: str = "") -> dict[str, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    return {k: save_figure(f, folder / f"{prefix + '_' if prefix else ''}{k}.png") for k, f in figures.items()}
+
+
+def log_to_wandb(run: Any, metrics: dict, extrap: Any, probes: Any | None, paths: dict[str, Path],
+                 prefix: str = "") -> None:
+    """Scalars into the summary (and one history row), tables, a line plot of ppl vs length, PNGs."""
+    import wandb
+
+    ns = f"{prefix}/" if prefix else ""
+    data: dict[str, Any] = dict(metrics)
+    rows = extrap.rows()
+    cols = ["length", "protocol", "ppl", "bpb", "nll", "n_tokens", "note"]
+    table = wandb.Table(columns=cols, data=[[r[c] for c in cols] for r in rows])
+    data[f"extrap/{ns}table"] = table
+    nonover = wandb.Table(columns=["length", "ppl"],
+                          data=[[r["length"], r["ppl"]] for r in rows if r["protocol"] == "nonoverlap"])
+    data[f"extrap/{ns}ppl_vs_length"] = wandb.plot.line(nonover, "length", "ppl",
+                                                        title="Perplexity vs evaluation length")
+    if extrap.loss_by_position:
+        pos_table = wandb.Table(columns=["position", "loss"],
+                                data=[[i, v] for i, v in enumerate(extrap.loss_by_position)])
+        data[f"extrap/{ns}loss_by_position"] = wandb.plot.line(pos_table, "position", "loss",
+                                                               title="Loss by token position")
+    if probes is not None:
+        pcols = ["kind", "depth", "length", "acc", "logprob", "n", "chance", "note"]
+        for kind in probes.kinds:
+            data[f"probe/{kind}/{ns}table"] = wandb.Table(
+                columns=pcols, data=[[r[c] for c in pcols] for r in probes.rows(kind)])
+    for key, path in paths.items():
+        data[f"plots/{ns}{key}"] = wandb.Image(str(path))
+    try:
+        run.log(data)
+        run.summary.update(metrics)
+    except Exception as err:  # noqa: BLE001 - W&B trouble must not lose the evaluation (summary.json has it)
+        log.warning("W&B logging of the evaluation failed: %s", err)

@@ -1,0 +1,248 @@
+"""`python train.py [overrides]`: compose -> validate -> data -> model -> fit -> evaluate -> summary.
+
+Every outcome ends the same way: `summary.json` written (status ok/failed) and the W&B run finished
+(exit code 0/1), so the jobs of a multirun never share or merge a run, and a failed job is visible.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from pelab.summary import command_line, versions, write_summary
+
+log = logging.getLogger("pelab.train")
+
+CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+
+
+class ConfigError(ValueError):
+    """A setting that cannot work; the message names the key to change."""
+
+
+# -- configuration ---------------------------------------------------------------------------------
+def validate_config(cfg: DictConfig) -> None:
+    """Cheap checks that must fail before any data is built or any step is taken."""
+    m, pe, data = cfg.model, cfg.pe, cfg.data
+    if m.d_model % m.n_heads:
+        raise ConfigError(
+            f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}; "
+            "pick n_heads that divides d_model."
+        )
+    if data.seq_len is None or int(data.seq_len) <= 0:
+        raise ConfigError(f"data.seq_len={data.seq_len} must be a positive number of tokens.")
+    if pe.name == "rope":
+        rot = int(m.d_model // m.n_heads * float(pe.get("rotary_fraction", 1.0)))
+        if rot % 2:
+            raise ConfigError(
+                f"RoPE rotates channel pairs, but head_dim*pe.rotary_fraction={rot} is odd "
+                "(head_dim = model.d_model/model.n_heads); change model.n_heads or pe.rotary_fraction."
+            )
+    if pe.get("max_positions") is not None and int(pe.max_positions) < int(data.seq_len):
+        raise ConfigError(
+            f"pe.max_positions={pe.max_positions} < data.seq_len={data.seq_len}: a learned table cannot "
+            "hold the training length; raise pe.max_positions."
+        )
+    if cfg.get("optimized_metric") is None:
+        raise ConfigError("optimized_metric must name a metric, e.g. val/ppl.")
+
+
+def resolve_trainer_cfg(tcfg: DictConfig) -> dict:
+    """`precision: auto` -> bf16-mixed on GPU, fp32 on CPU (bf16 matmul is ~200x slower on CPU)."""
+    t = OmegaConf.to_container(tcfg, resolve=True)
+    if t.get("precision") == "auto":
+        gpu = torch.cuda.is_available() and t.get("accelerator") in ("auto", "gpu", "cuda")
+        t["precision"] = "bf16-mixed" if gpu else "32-true"
+    return t
+
+
+def world_size_of(tcfg: dict) -> int:
+    devices = tcfg.get("devices", 1)
+    if devices in (-1, "auto", "-1"):
+        devices = max(1, torch.cuda.device_count()) if tcfg.get("accelerator") != "cpu" else 1
+    n = len(devices) if isinstance(devices, (list, tuple)) else int(devices)
+    return n * int(tcfg.get("num_nodes", 1))
+
+
+def sweep_group() -> str | None:
+    """All jobs of one multirun share a W&B group: the sweep folder (date/time)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return None
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.MULTIRUN:
+        return None
+    sweep_dir = Path(hc.sweep.dir)
+    return f"sweep-{sweep_dir.parent.name}-{sweep_dir.name}"
+
+
+def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> str | None:
+    if ckpt_path in (None, "", "null"):
+        return None
+    if ckpt_path == "auto":
+        last = output_dir / "checkpoints" / "last.ckpt"
+        return str(last) if last.exists() else None
+    if not Path(ckpt_path).is_file():
+        raise ConfigError(f"ckpt_path={ckpt_path} does not exist; pass a .ckpt file, 'auto' or null.")
+    return ckpt_path
+
+
+# -- components ------------------------------------------------------------------------------------
+def build_datamodule(cfg: DictConfig, per_rank_batch: int):
+    from pelab.data.datamodule import LMDataModule
+
+    return LMDataModule.from_config(cfg, batch_size=per_rank_batch)
+
+
+def train(cfg: DictConfig) -> dict:
+    """One training job. Returns its summary (also written to `<output_dir>/summary.json`)."""
+    import lightning.pytorch as L
+
+    from pelab.training.callbacks import build_callbacks
+    from pelab.training.loggers import build_loggers, finish_wandb, init_wandb
+    from pelab.training.module import LMModule
+
+    t_start = time.time()
+    output_dir = Path(cfg.paths.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {
+        "status": "running",
+        "name": cfg.name,
+        "output_dir": str(output_dir),
+        "command": command_line(),
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "versions": versions(),
+    }
+    run = None
+    try:
+        lcfg = OmegaConf.to_container(cfg.logger, resolve=True) or {}
+        if lcfg.get("wandb"):
+            run = init_wandb(
+                lcfg["wandb"],
+                name=cfg.name,
+                output_dir=output_dir,
+                config=summary["config"],
+                group=lcfg["wandb"].get("group") or sweep_group(),
+                tags=list(cfg.get("tags") or []),
+                notes=cfg.get("notes"),
+            )
+            summary["wandb"] = {"id": run.id, "dir": str(Path(run.dir).parent), "mode": run.settings.mode} if run else None
+
+        # Validation after the W&B run exists, so that a bad job of a sweep shows up there as failed.
+        validate_config(cfg)
+        tcfg = resolve_trainer_cfg(cfg.trainer)
+        world = world_size_of(tcfg)
+        if int(cfg.data.batch_size) % world:
+            raise ConfigError(
+                f"data.batch_size={cfg.data.batch_size} (global) is not divisible by the {world} devices; "
+                "change data.batch_size or trainer.devices."
+            )
+        ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), output_dir)
+        L.seed_everything(int(cfg.seed), workers=True, verbose=False)
+
+        datamodule = build_datamodule(cfg, int(cfg.data.batch_size) // world)
+        datamodule.prepare_data()
+        datamodule.setup("fit")
+        summary["data"] = {
+            "fingerprint": datamodule.fingerprint,
+            "vocab_size": datamodule.vocab_size,
+            "bytes_per_token": datamodule.bytes_per_token,
+        }
+        module = LMModule(summary["config"], vocab_size=datamodule.vocab_size)
+        summary["model"] = {
+            "params": module.model.num_params(exclude_embedding=False),
+            "params_non_embedding": module.model.num_params(exclude_embedding=True),
+            "pe_params": module.model.pe.num_learnable_params(),
+            "flops_per_token": module.flops_per_token,
+        }
+        if run is not None:
+            run.config.update({"data_fingerprint": datamodule.fingerprint, "model_info": summary["model"]},
+                              allow_val_change=True)
+            log_pe_diagnostics(run, module.model, int(cfg.data.seq_len), output_dir)
+
+        trainer = L.Trainer(
+            **{k: v for k, v in tcfg.items() if k != "_target_"},
+            logger=build_loggers(lcfg, run, output_dir) or False,
+            callbacks=build_callbacks(OmegaConf.to_container(cfg.callbacks, resolve=True), output_dir,
+                                      cfg.optimized_metric),
+            default_root_dir=str(output_dir),
+            enable_progress_bar=bool(cfg.callbacks.get("progress_bar", True)),
+        )
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+        summary["start_step"] = module.start_step
+        summary["global_step"] = final_step(trainer, output_dir)
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("val/", "train/"))}
+
+        if cfg.get("evaluate_after_fit", True) and trainer.is_global_zero:
+            from pelab.evaluation.suite import run_evaluation
+
+            metrics.update(run_evaluation(module.model, datamodule, cfg, output_dir, run, summary))
+        summary["metrics"] = metrics
+        summary["status"] = "ok"
+        return summary
+    except BaseException as err:
+        summary["status"] = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+        summary["error"] = f"{type(err).__name__}: {err}"
+        summary["traceback"] = traceback.format_exc()
+        raise
+    finally:
+        summary["wall_seconds"] = round(time.time() - t_start, 2)
+        write_summary(output_dir, summary)
+        finish_wandb(run, exit_code=0 if summary["status"] == "ok" else 1)
+
+
+def final_step(trainer: Any, output_dir: Path) -> int:
+    """The step training ended at. Under ddp_spawn the loop ran in child processes and this process's
+    trainer still says 0, so the step comes from the checkpoint the ranks wrote."""
+    if trainer.global_step > 0:
+        return int(trainer.global_step)
+    last = output_dir / "checkpoints" / "last.ckpt"
+    if last.exists():
+        return int(torch.load(last, map_location="cpu", weights_only=False).get("global_step", 0))
+    return 0
+
+
+def log_pe_diagnostics(run: Any, model: Any, seq_len: int, output_dir: Path) -> None:
+    """Parameter count, neighbour similarity and the position-table heatmap, logged once at start."""
+    import wandb
+
+    from pelab.encodings.diagnostics import encoding_report
+
+    report = encoding_report(model.pe, n_positions=seq_len, figures=True)
+    figs = {k: v for k, v in report.items() if hasattr(v, "savefig")}
+    scalars = {f"pe/{k}": v for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    plot_dir = output_dir / "plots"
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    media = {}
+    for key, fig in figs.items():
+        path = plot_dir / f"pe_{key}.png"
+        fig.savefig(path, dpi=100, bbox_inches="tight")
+        media[f"pe/{key}"] = wandb.Image(str(path))
+    run.summary.update(scalars)
+    run.log({**scalars, **media})
+
+
+def objective(summary: dict, metric: str) -> float:
+    """Value returned to sweepers; a failed or missing metric is +inf (never a crash of the sweep)."""
+    value = (summary.get("metrics") or {}).get(metric)
+    return float(value) if value is not None and math.isfinite(float(value)) else float("inf")
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
+def main(cfg: DictConfig) -> float:
+    summary = train(cfg)
+    return objective(summary, cfg.optimized_metric)
+
+
+if __name__ == "__main__":
+    main()

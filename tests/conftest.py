@@ -1,0 +1,105 @@
+"""Shared test fixtures: real Hydra composition, a session-wide token cache, W&B readback.
+
+Tests never leave WANDB_* variables set for other tests (the environment is restored after each test).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+# Tests run small tensors: one thread avoids OpenMP spin contention with subprocesses and helpers.
+torch.set_num_threads(1)
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF_DIR = str(ROOT / "conf")
+
+# Small, fast settings for end-to-end runs: micro model, byte tokenizer, a capped stdlib corpus.
+FAST = [
+    "model=micro",
+    "tokenizer=byte",
+    "data.seq_len=32",
+    "data.batch_size=8",
+    "data.val_windows=16",
+    "trainer=cpu",
+    "trainer.max_steps=30",
+    "trainer.val_check_interval=15",
+    "trainer.log_every_n_steps=5",
+    "optim.warmup_steps=5",
+    "callbacks.progress_bar=false",
+    "eval.lengths=[1,2]",
+    "eval.tokens=256",
+    "probes.samples=2",
+    "probes.lengths=[1]",
+]
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    """One token cache for the whole session, so each corpus/tokenizer is built once."""
+    path = Path(os.environ.get("PELAB_TEST_CACHE_DIR") or tmp_path_factory.mktemp("pelab-cache"))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(cache_dir, monkeypatch):
+    """Each test gets the shared cache dir and a clean W&B environment (restored afterwards)."""
+    monkeypatch.setenv("PELAB_CACHE_DIR", str(cache_dir))
+    for key in list(os.environ):
+        if key.startswith("WANDB_"):
+            monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DISABLE_GIT", "true")
+    yield
+
+
+def compose(overrides: list[str], output_dir: Path | None = None, config_name: str = "train"):
+    """Real Hydra composition of conf/<config_name>.yaml with overrides (no Hydra job started)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    extra = [f"paths.output_dir={output_dir}"] if output_dir is not None else []
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return hydra_compose(config_name=config_name, overrides=[*overrides, *extra])
+
+
+def run_cli(args: list[str], cwd: Path, timeout: int = 600, env: dict | None = None,
+            script: str = "train.py") -> subprocess.CompletedProcess:
+    """Run `python train.py ...` (or eval.py) as a user would, in a subprocess, no stdin."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run(
+        [sys.executable, str(ROOT / script), *args],
+        cwd=cwd, env=full_env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def wandb_summary(run_path: Path) -> dict:
+    """Read an offline W&B run back with `wandb leet inspect --summary --json`."""
+    wandb_bin = Path(sys.executable).parent / "wandb"
+    out = subprocess.run(
+        [str(wandb_bin), "leet", "inspect", "--summary", "--json", str(run_path)],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def wandb_records(run_path: Path) -> list[dict]:
+    """Every record of an offline run (`wandb leet inspect --json`), one dict per record."""
+    wandb_bin = Path(sys.executable).parent / "wandb"
+    out = subprocess.run(
+        [str(wandb_bin), "leet", "inspect", "--json", str(run_path)],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines() if line.strip().startswith("{")]
+
+
+def offline_runs(folder: Path) -> list[Path]:
+    return sorted(folder.rglob("offline-run-*"))

@@ -1,0 +1,5 @@
+"""Train one model (or a sweep with -m). See README.md; configs in conf/."""
+from pelab.train import main
+
+if __name__ == "__main__":
+    main()
