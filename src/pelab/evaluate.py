@@ -19,6 +19,7 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from pelab.model import build_model
 from pelab.summary import command_line, versions, write_summary
 from pelab.train import CONF_DIR, ConfigError, build_datamodule, sweep_group
 
@@ -92,7 +93,6 @@ def evaluate(cfg: DictConfig) -> dict:
     """One evaluation job; returns its summary (also written to `<output_dir>/summary.json`)."""
     from pelab.evaluation.suite import run_evaluation
     from pelab.training.loggers import finish_wandb, init_wandb
-    from pelab.training.module import build_model
 
     t0 = time.time()
     output_dir = Path(cfg.paths.output_dir)
@@ -130,7 +130,7 @@ def evaluate(cfg: DictConfig) -> dict:
             vcfg = merged.copy()
             if variant is not None:
                 vcfg.pe.scaling.type = variant
-            model = load_model(build_model, vcfg, ckpt, hp["vocab_size"]).to(device)
+            model = load_model(vcfg, ckpt, hp["vocab_size"]).to(device)
             m = run_evaluation(model, datamodule, vcfg, output_dir, run, summary, prefix=variant or "")
             metrics.update(m)
             if variant is not None:
@@ -153,7 +153,7 @@ def evaluate(cfg: DictConfig) -> dict:
         finish_wandb(run, exit_code=0 if summary["status"] == "ok" else 1)
 
 
-def load_model(build_model: Any, cfg: DictConfig, ckpt: dict, vocab_size: int) -> torch.nn.Module:
+def load_model(cfg: DictConfig, ckpt: dict, vocab_size: int) -> torch.nn.Module:
     """Build the model of `cfg` (its pe settings may differ from training) and load the trained weights."""
     model = build_model(cfg.model, cfg.pe, vocab_size, int(cfg.data.seq_len))
     state = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}

@@ -112,6 +112,7 @@ def train(cfg: DictConfig) -> dict:
     from pelab.training.loggers import build_loggers, finish_wandb, init_wandb
     from pelab.training.module import LMModule
 
+    single_lightning_log_handler()
     t_start = time.time()
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -199,6 +200,15 @@ def train(cfg: DictConfig) -> dict:
         summary["wall_seconds"] = round(time.time() - t_start, 2)
         write_summary(output_dir, summary)
         finish_wandb(run, exit_code=0 if summary["status"] == "ok" else 1)
+
+
+def single_lightning_log_handler() -> None:
+    """`import lightning` adds its own console handler; under Hydra the root logger already prints (and
+    writes the job's log file), so every Lightning message would appear twice."""
+    lightning_logger = logging.getLogger("lightning")
+    if logging.getLogger().handlers:
+        for handler in list(lightning_logger.handlers):
+            lightning_logger.removeHandler(handler)
 
 
 def final_step(trainer: Any, output_dir: Path) -> int:

@@ -1,7 +1,7 @@
 """The LightningModule: next-token cross-entropy on a GPT whose position scheme comes from `cfg.pe`.
 
 The module owns optimisation and metrics only; the model and the encoding are built by
-`build_model`, which is also what `eval.py` uses to rebuild a checkpoint.
+`pelab.model.build_model`, which is also what `eval.py` uses to rebuild a checkpoint.
 """
 
 from __future__ import annotations
@@ -13,40 +13,9 @@ from typing import Any
 import lightning.pytorch as L
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig, OmegaConf
 from torchmetrics import SumMetric
 
-from pelab.encodings import build_encoding
-from pelab.model.gpt import GPT, GPTConfig
-
-
-def build_model(model_cfg: Any, pe_cfg: Any, vocab_size: int, seq_len: int) -> GPT:
-    """GPT + encoding from plain config mappings. `seq_len` is the training length (RoPE scaling's L)."""
-    m = _plain(model_cfg)
-    pe = _plain(pe_cfg)
-    # RoPE scaling needs the training length; "null" in the YAML means "the one this run trains at".
-    scaling = pe.get("scaling")
-    if isinstance(scaling, dict) and scaling.get("original_max_position") is None:
-        scaling["original_max_position"] = seq_len
-    config = GPTConfig(
-        vocab_size=vocab_size,
-        n_layers=m["n_layers"],
-        n_heads=m["n_heads"],
-        d_model=m["d_model"],
-        d_ff=m.get("d_ff"),
-        dropout=m.get("dropout", 0.0),
-        bias=m.get("bias", False),
-        attn_chunk_size=m.get("attn_chunk_size", 1024),
-    )
-    config.validate()
-    encoding = build_encoding(pe, d_model=config.d_model, n_heads=config.n_heads)
-    return GPT(config, encoding)
-
-
-def _plain(cfg: Any) -> dict:
-    if isinstance(cfg, DictConfig):
-        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-    return dict(cfg)
+from pelab.model import GPT, build_model
 
 
 def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
