@@ -18,6 +18,7 @@ from pelab.encodings.diagnostics import (
     plot_table_heatmap,
 )
 from pelab.encodings.rotary import rope_attention_factor, rope_inv_freq
+from pelab.model import fill_training_length
 
 CONF_PE = Path(__file__).resolve().parents[1] / "conf" / "pe"
 D, H = 32, 4
@@ -32,7 +33,7 @@ def rope(scaling: dict | None = None, d_model: int = D, n_heads: int = H, **knob
 def test_yaml_builds_and_has_expected_shapes(name):
     cfg = OmegaConf.load(CONF_PE / f"{name}.yaml")
     assert cfg.name == name
-    pe = build_encoding(cfg, D, H)
+    pe = build_encoding(fill_training_length(OmegaConf.to_container(cfg), seq_len=64), D, H)
     assert isinstance(pe, ENCODINGS[name])
     B, T = 2, 7
     pos = torch.arange(T)

@@ -100,6 +100,40 @@ def plot_loss_by_position(
     return fig
 
 
+def _heatmap_array(grid: Sequence[Sequence[float]], depths: Sequence[float], lengths: Sequence[int]):
+    """(len(depths), len(lengths)) float array; None -> NaN; a shape mismatch is a clear error."""
+    import numpy as np
+
+    data = np.array([[float(v) if v is not None else float("nan") for v in row] for row in grid], dtype=float)
+    if data.shape != (len(depths), len(lengths)):
+        raise ValueError(
+            f"grid shape {data.shape} != (len(depths), len(lengths)) = ({len(depths)}, {len(lengths)})"
+        )
+    return data
+
+
+def _draw_heatmap(ax, data, depths: Sequence[float], lengths: Sequence[int], train_len: int | None,
+                  annotate: bool, fontsize: float = 8):
+    """Draw one depth x length accuracy heatmap into ``ax``; returns the image (for a colorbar)."""
+    import numpy as np
+
+    cmap = colormaps["RdYlGn"].with_extremes(bad="lightgrey")  # NaN cells grey
+    im = ax.imshow(np.ma.masked_invalid(data), cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
+    ax.set_xticks(range(len(lengths)))
+    ax.set_xticklabels([f"{L}" + ("*" if train_len is not None and L == train_len else "") for L in lengths])
+    ax.set_yticks(range(len(depths)))
+    ax.set_yticklabels([f"{100 * d:.0f}%" for d in depths])
+    if annotate:
+        for i in range(data.shape[0]):
+            for j in range(data.shape[1]):
+                v = data[i, j]
+                ax.text(
+                    j, i, "n/a" if not math.isfinite(v) else f"{v:.2f}", ha="center", va="center",
+                    fontsize=fontsize,
+                )
+    return im
+
+
 def plot_probe_heatmap(
     grid: Sequence[Sequence[float]],
     depths: Sequence[float],
@@ -110,32 +144,54 @@ def plot_probe_heatmap(
 ) -> Figure:
     """Needle-in-a-haystack heatmap: rows = depths (0 at the top), columns = lengths, 'RdYlGn' colours
     from 0 (red) to 1 (green), each cell annotated; NaN cells grey with "n/a"."""
-    import numpy as np
-
-    data = np.array([[float(v) if v is not None else float("nan") for v in row] for row in grid], dtype=float)
-    if data.shape != (len(depths), len(lengths)):
-        raise ValueError(
-            f"grid shape {data.shape} != (len(depths), len(lengths)) = ({len(depths)}, {len(lengths)})"
-        )
+    data = _heatmap_array(grid, depths, lengths)
     fig = _figure(1.2 + 0.9 * len(lengths), 1.0 + 0.55 * len(depths))
     ax = fig.add_subplot()
-    cmap = colormaps["RdYlGn"].with_extremes(bad="lightgrey")  # NaN cells grey
-    im = ax.imshow(np.ma.masked_invalid(data), cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
-    ax.set_xticks(range(len(lengths)))
-    ax.set_xticklabels([f"{L}" + ("*" if train_len is not None and L == train_len else "") for L in lengths])
-    ax.set_yticks(range(len(depths)))
-    ax.set_yticklabels([f"{100 * d:.0f}%" for d in depths])
+    im = _draw_heatmap(ax, data, depths, lengths, train_len, annotate)
     ax.set_xlabel("context length (tokens)" + (" — * = train length" if train_len in lengths else ""))
     ax.set_ylabel("depth of the answer")
-    if annotate:
-        for i in range(data.shape[0]):
-            for j in range(data.shape[1]):
-                v = data[i, j]
-                ax.text(
-                    j, i, "n/a" if not math.isfinite(v) else f"{v:.2f}", ha="center", va="center", fontsize=8
-                )
     fig.colorbar(im, ax=ax, label="accuracy")
     ax.set_title(title)
+    return fig
+
+
+def plot_probe_heatmap_grid(
+    panels: Mapping[str, Mapping[str, Mapping]],
+    title: str = "Retrieval accuracy by depth and context length",
+    annotate: bool = True,
+) -> Figure:
+    """A grid of probe heatmaps: one row per label (e.g. encoding, named on the left), one column per
+    probe kind (named on top).
+
+    ``panels[label][kind]`` is a mapping with ``grid`` (rows = depths, columns = lengths), ``depths``,
+    ``lengths`` and optionally ``train_len`` (marked with *). A missing (label, kind) cell stays blank.
+    One shared 0..1 colour bar."""
+    labels = list(panels)
+    kinds = list(dict.fromkeys(k for row in panels.values() for k in row))
+    if not labels or not kinds:
+        raise ValueError("plot_probe_heatmap_grid needs at least one label with one probe kind")
+    n_len = max(len(p["lengths"]) for row in panels.values() for p in row.values())
+    n_dep = max(len(p["depths"]) for row in panels.values() for p in row.values())
+    fig = _figure(1.0 + (0.8 * n_len + 0.6) * len(kinds), 0.6 + (0.42 * n_dep + 0.7) * len(labels))
+    axes = fig.subplots(len(labels), len(kinds), squeeze=False)
+    im = None
+    for i, label in enumerate(labels):
+        for j, kind in enumerate(kinds):
+            ax = axes[i][j]
+            p = panels[label].get(kind)
+            if p is None:
+                ax.set_axis_off()
+                continue
+            data = _heatmap_array(p["grid"], p["depths"], p["lengths"])
+            im = _draw_heatmap(ax, data, p["depths"], p["lengths"], p.get("train_len"), annotate, fontsize=7)
+            if i == 0:
+                ax.set_title(kind)
+            if i == len(labels) - 1:
+                ax.set_xlabel("context length (* = train length)", fontsize=8)
+            if j == 0:
+                ax.set_ylabel(f"{label}\nanswer depth", fontsize=8)
+    fig.colorbar(im, ax=axes, label="accuracy", shrink=0.8)
+    fig.suptitle(title)
     return fig
 
 
