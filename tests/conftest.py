@@ -72,7 +72,8 @@ def compose(overrides: list[str], output_dir: Path | None = None, config_name: s
 def run_cli(args: list[str], cwd: Path, timeout: int = 600, env: dict | None = None,
             script: str = "train.py") -> subprocess.CompletedProcess:
     """Run `python train.py ...` (or eval.py) as a user would, in a subprocess, no stdin."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    # One thread, like this test process: an eval.py rerun then reproduces in-process numbers bit for bit.
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run(
         [sys.executable, str(ROOT / script), *args],
         cwd=cwd, env=full_env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,

@@ -21,24 +21,26 @@ from omegaconf import DictConfig, OmegaConf
 
 from pelab.model import build_model
 from pelab.summary import command_line, versions, write_summary
-from pelab.train import CONF_DIR, ConfigError, build_datamodule, sweep_group
+from pelab.train import CONF_DIR, ConfigError, build_datamodule, report_user_error, sweep_group
 
 log = logging.getLogger("pelab.evaluate")
 
 # Keys of the eval command line that replace the checkpoint's own settings.
 OVERRIDABLE = ("pe.", "eval.", "probes.")
+# Keys of eval.yaml itself; any other key (model.*, data.*, tokenizer.*, ...) comes from the checkpoint.
+OWN_KEYS = ("ckpt_path", "scaling_sweep", "device", "tags", "notes", "name", "task", "logger", "paths", "hydra",
+            "eval", "probes")
 SCALING_TYPES = ("none", "linear", "ntk", "dynamic_ntk", "yarn")
 
 
 def load_checkpoint(path: str | Path) -> dict:
     """The checkpoint's training config and model weights, with a clear error for a bad file."""
+    from pelab.training.reliability import read_checkpoint
+
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"ckpt_path={path} does not exist; pass a .ckpt from a run's checkpoints/ folder.")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as err:  # noqa: BLE001 - any unpickling error means the same thing to the user
-        raise ConfigError(f"ckpt_path={path} is not a readable checkpoint ({type(err).__name__}: {err}).") from err
+    ckpt = read_checkpoint(path)  # a truncated / corrupted file -> CheckpointError naming ckpt_path
     hp = ckpt.get("hyper_parameters") or {}
     if "cfg" not in hp or "state_dict" not in ckpt:
         raise ConfigError(f"ckpt_path={path} was not written by pelab's train.py (no training config inside).")
@@ -54,8 +56,13 @@ def overridden_keys(cfg: DictConfig) -> list[str]:
     keys = []
     for ov in HydraConfig.get().overrides.task:
         key = ov.split("=", 1)[0].lstrip("+~")
-        if key.startswith(OVERRIDABLE):
+        if key.startswith(OVERRIDABLE) or key == "pe":
             keys.append(key)
+        elif key.split(".")[0].split("@")[0] not in OWN_KEYS:
+            raise ConfigError(
+                f"{key} cannot be changed by eval.py: the model, data and tokenizer come from the checkpoint "
+                "(only pe.*, eval.*, probes.* can be overridden); evaluate a checkpoint trained with that setting."
+            )
     return keys
 
 
@@ -63,6 +70,14 @@ def merged_config(train_cfg: dict, cfg: DictConfig, keys: list[str]) -> DictConf
     """The checkpoint's config with the eval command line's values for `keys` (Hydra already parsed them)."""
     merged = OmegaConf.create(copy.deepcopy(train_cfg))
     for key in keys:
+        if key == "pe":  # a group choice: only the checkpoint's own encoding can run its weights
+            if cfg.pe.name != merged.pe.name:
+                raise ConfigError(
+                    f"pe={cfg.pe.name} does not fit this checkpoint, trained with pe={merged.pe.name}; eval.py "
+                    f"evaluates the checkpoint's encoding (change its knobs with pe.*), or pass a pe={cfg.pe.name} "
+                    "checkpoint."
+                )
+            continue
         value = OmegaConf.select(cfg, key)
         if key.startswith("pe.scaling") and merged.pe.name != "rope":
             raise ConfigError(
@@ -94,6 +109,8 @@ def evaluate(cfg: DictConfig) -> dict:
     from pelab.evaluation.suite import run_evaluation
     from pelab.training.loggers import finish_wandb, init_wandb
 
+    if OmegaConf.is_missing(cfg, "ckpt_path") or cfg.ckpt_path in (None, ""):
+        raise ConfigError("ckpt_path is required: python eval.py ckpt_path=outputs/runs/<...>/checkpoints/last.ckpt")
     t0 = time.time()
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -178,7 +195,11 @@ def log_scaling_table(run: Any | None, rows: list[dict]) -> None:
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="eval")
 def main(cfg: DictConfig) -> None:
-    evaluate(cfg)
+    try:
+        evaluate(cfg)
+    except Exception as err:  # deliberate errors become one line (pelab.train.report_user_error)
+        report_user_error(err)
+        raise
 
 
 if __name__ == "__main__":

@@ -1,4 +1,9 @@
-"""Callbacks built from `conf/callbacks/`: checkpoints, progress bar, MFU peak."""
+"""Callbacks built from `conf/callbacks/`: checkpoints, progress bar, MFU peak.
+
+Checkpoints: `best.ckpt` (by the optimized metric) and `last.ckpt` at every validation, and, with
+`callbacks.checkpoint.every_n_steps=k`, `last.ckpt` every k training steps too (what a preempted or killed
+run resumes from with `ckpt_path=auto`).
+"""
 
 from __future__ import annotations
 
@@ -65,6 +70,21 @@ def build_callbacks(ccfg: dict, output_dir: Path, optimized_metric: str) -> list
                 enable_version_counter=False,
             )
         )
+        every = ckpt.get("every_n_steps")
+        if every:
+            if int(every) <= 0:
+                raise ValueError(f"callbacks.checkpoint.every_n_steps={every} must be a positive number of steps")
+            # Only last.ckpt, every k steps (saved at the end of the step: a consistent mid-run resume point).
+            callbacks.append(
+                ModelCheckpoint(
+                    dirpath=str(output_dir / "checkpoints"),
+                    filename="step",
+                    every_n_train_steps=int(every),
+                    save_top_k=0,
+                    save_last=True,
+                    enable_version_counter=False,
+                )
+            )
     if ccfg.get("progress_bar", True):
         # Rich on a terminal; plain tqdm with sparse refreshes in logs and CI.
         callbacks.append(RichProgressBar() if sys.stdout.isatty() else TQDMProgressBar(refresh_rate=50))

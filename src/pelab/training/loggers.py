@@ -3,6 +3,10 @@
 The W&B run is created here with `wandb.init` (not by Lightning) so that the mode is passed to this run
 only (no process-wide WANDB_MODE), an online run that cannot reach its server falls back to offline in
 bounded time, a resumed job reuses its run id, and `finish_wandb` can close it in every outcome.
+
+W&B is never allowed to end a run: if its service process dies mid-run, every later W&B call fails fast
+(ConnectionResetError); `SafeWandbLogger` and the guarded helpers here then warn once and carry on, and the
+CSV log and summary.json still get everything.
 """
 
 from __future__ import annotations
@@ -10,12 +14,16 @@ from __future__ import annotations
 import logging
 import netrc
 import os
+import time
 from pathlib import Path
 from typing import Any
+
+from lightning.pytorch.loggers import WandbLogger
 
 log = logging.getLogger(__name__)
 
 RUN_ID_FILE = "wandb_run_id.txt"
+_INIT_INFO: dict[str, dict] = {}  # run id -> seconds wandb.init took, why it fell back to offline
 
 
 def has_wandb_credentials() -> bool:
@@ -60,30 +68,39 @@ def init_wandb(
     output_dir.mkdir(parents=True, exist_ok=True)
     id_file = output_dir / RUN_ID_FILE
     run_id = id_file.read_text().strip() if id_file.exists() else _new_run_id()
-    kwargs = dict(
-        project=wcfg.get("project") or "pelab",
-        entity=wcfg.get("entity"),
-        name=name,
-        id=run_id,
-        resume="allow",
-        dir=str(output_dir),
-        group=group,
-        job_type=wcfg.get("job_type", "train"),
-        tags=list(tags or []),
-        notes=notes,
-        config=config,
-        reinit="finish_previous",  # a multirun job never continues the previous job's run
-    )
-    timeout = float(wcfg.get("init_timeout") or 30)
-    settings = dict(init_timeout=timeout, console="off", silent=True, x_disable_stats=True)
+    kwargs = {
+        "project": wcfg.get("project") or "pelab",
+        "entity": wcfg.get("entity"),
+        "name": name,
+        "id": run_id,
+        "resume": "allow",
+        "dir": str(output_dir),
+        "group": group,
+        "job_type": wcfg.get("job_type", "train"),
+        "tags": list(tags or []),
+        "notes": notes,
+        "config": config,
+        "reinit": "finish_previous",  # a multirun job never continues the previous job's run
+    }
+    timeout = float(wcfg.get("init_timeout") or 20)
+    settings = {"init_timeout": timeout, "console": "off", "silent": True, "x_disable_stats": True}
+    t0 = time.monotonic()
+    fallback = None
     try:
         run = wandb.init(mode=mode, settings=wandb.Settings(**settings), **kwargs)
-    except Exception as err:  # noqa: BLE001 - any server/network failure -> offline, never kill training
+    except Exception as err:  # any server/network failure -> offline, never kill training
         if mode != "online":
             raise
-        log.warning("W&B online init failed (%s); continuing offline.", str(err).splitlines()[0][:200])
+        fallback = str(err).splitlines()[0][:200]
+        msg = f"W&B online init failed after {time.monotonic() - t0:.0f} s ({fallback}); continuing offline."
+        log.warning(msg)
+        print(msg)
+        # The failed attempt leaves the run id registered in the W&B service ("run ID ... is in use"):
+        # a fresh service is needed for the offline run of the same id.
+        wandb.teardown()
         mode = "offline"
         run = wandb.init(mode=mode, settings=wandb.Settings(**settings), **kwargs)
+    _INIT_INFO[run.id] = {"seconds": round(time.monotonic() - t0, 2), "fallback": fallback}
     id_file.write_text(run.id)
     if mode == "offline":
         run_dir = Path(run.dir).parent  # .../wandb/offline-run-<date>-<id>
@@ -92,23 +109,77 @@ def init_wandb(
     return run
 
 
-def finish_wandb(run: Any | None, exit_code: int) -> None:
-    """Close the run whatever happened; a W&B failure here must not mask the job's own outcome."""
+def init_info(run: Any) -> dict:
+    """What summary.json records about the W&B run (mode, init time, why it fell back to offline)."""
+    info = {"id": run.id, "dir": str(Path(run.dir).parent), "mode": run.settings.mode}
+    return {**info, **{f"init_{k}": v for k, v in _INIT_INFO.get(run.id, {}).items()}}
+
+
+def finish_wandb(run: Any | None, exit_code: int, preempted: bool = False) -> None:
+    """Close the run whatever happened; a W&B failure here must not mask the job's own outcome.
+    A preempted run is marked preempting (W&B shows it as such until the relaunch resumes it)."""
     if run is None:
         return
     try:
+        if preempted:
+            run.mark_preempting()
         run.finish(exit_code=exit_code)
     except Exception as err:  # noqa: BLE001
-        log.warning("W&B finish failed: %s", err)
+        log.warning("W&B finish failed (%s: %s); the CSV log and summary.json are complete.",
+                    type(err).__name__, err)
+        try:  # a dead service: drop it now, so that its exit hook does not fail again at interpreter exit
+            import wandb
+
+            wandb.teardown()
+        except Exception as again:  # noqa: BLE001 - best effort
+            log.debug("W&B teardown failed too: %s", again)
+
+
+def guarded(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call a W&B function; on failure warn and return None."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as err:  # noqa: BLE001 - W&B trouble must not kill a run
+        log.warning("W&B %s failed (%s: %s); training goes on, the CSV log and summary.json are complete.",
+                    what, type(err).__name__, str(err)[:200])
+        return None
+
+
+class SafeWandbLogger(WandbLogger):
+    """Lightning's WandbLogger whose calls cannot raise: after the first failure (service gone) it goes quiet."""
+
+    _broken = False
+
+    def _safe(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> None:
+        if self._broken:
+            return
+        try:
+            fn(*args, **kwargs)
+        except Exception as err:  # noqa: BLE001
+            self._broken = True
+            log.warning("W&B stopped working during %s (%s: %s); continuing without it, the CSV log and "
+                        "summary.json keep everything.", what, type(err).__name__, str(err)[:200])
+
+    def log_metrics(self, metrics: Any, step: int | None = None) -> None:
+        self._safe("log_metrics", super().log_metrics, metrics, step)
+
+    def log_hyperparams(self, params: Any) -> None:
+        self._safe("log_hyperparams", super().log_hyperparams, params)
+
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+        self._safe("after_save_checkpoint", super().after_save_checkpoint, checkpoint_callback)
+
+    def finalize(self, status: str) -> None:
+        self._safe("finalize", super().finalize, status)
 
 
 def build_loggers(lcfg: dict, run: Any | None, output_dir: Path) -> list:
     """Lightning loggers: W&B wrapping the run we created, and the CSV log in `<output_dir>/csv/`."""
-    from lightning.pytorch.loggers import CSVLogger, WandbLogger
+    from lightning.pytorch.loggers import CSVLogger
 
     loggers: list = []
     if run is not None:
-        loggers.append(WandbLogger(experiment=run, log_model=bool((lcfg.get("wandb") or {}).get("log_model"))))
+        loggers.append(SafeWandbLogger(experiment=run, log_model=bool((lcfg.get("wandb") or {}).get("log_model"))))
     if lcfg.get("csv", True):
         loggers.append(CSVLogger(save_dir=str(output_dir), name="csv", version=""))
     return loggers

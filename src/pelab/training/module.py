@@ -2,20 +2,33 @@
 
 The module owns optimisation and metrics only; the model and the encoding are built by
 `pelab.model.build_model`, which is also what `eval.py` uses to rebuild a checkpoint.
+
+Reliability (see `pelab.training.reliability`):
+- the torch RNG is re-seeded before every training step from (seed, step, rank), like the data stream, so
+  dropout masks after a resume equal those of an uninterrupted run without saving any RNG state;
+- a non-finite loss or gradient (checked after backward, before the optimizer step) stops the run
+  (`optim.nonfinite=stop`) or skips that update (`skip`, at most `optim.max_skips` times);
+- a checkpoint is never written from non-finite weights.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as L
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torchmetrics import SumMetric
 
 from pelab.model import GPT, build_model
+from pelab.training.reliability import NonFiniteError
+
+log = logging.getLogger("pelab.train")
 
 
 def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -51,6 +64,16 @@ class LMModule(L.LightningModule):
         self._t_last: float | None = None
         self._tokens_since = 0
         self.start_step: int | None = None  # global step when fit began (> 0 after a resume)
+        o = cfg["optim"]
+        self.nonfinite = str(o.get("nonfinite", "stop"))
+        self.max_skips = int(o.get("max_skips", 0))
+        self.grad_clip = float(o.get("grad_clip") or 0.0)
+        self.nonfinite_skips = 0  # saved in checkpoints: the budget holds across resumes
+        self.last_ckpt_step: int | None = None  # step of the newest checkpoint written or loaded
+        self._loss: torch.Tensor | None = None
+        debug = cfg.get("debug") or {}
+        nan_at = debug.get("inject_nan_at_step")
+        self.inject_nan_at = set() if nan_at is None else {int(s) for s in np.atleast_1d(nan_at)}
 
     # -- forward ---------------------------------------------------------------------------------
     @property
@@ -72,9 +95,17 @@ class LMModule(L.LightningModule):
     def on_train_start(self) -> None:
         self.start_step = int(self.global_step)
 
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        # Dropout (and any other torch randomness in a step) = f(seed, step, rank), as the batches are.
+        seq = np.random.SeedSequence([int(self.cfg.get("seed", 0)), int(self.global_step), self.global_rank])
+        torch.manual_seed(int(seq.generate_state(1, dtype=np.uint64)[0] >> 1))
+
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         x, y = batch[:, :-1], batch[:, 1:]  # (B, T), (B, T)
         loss = self.nll(self(x), y)
+        if self.global_step in self.inject_nan_at:  # testing aid: debug.inject_nan_at_step
+            loss = loss * float("nan")
+        self._loss = loss.detach()
         tokens = x.numel() * self.trainer.world_size
         self._tokens_since += tokens
         self.log("train/loss", loss, prog_bar=True)
@@ -89,6 +120,57 @@ class LMModule(L.LightningModule):
         max_steps = self.trainer.max_steps
         if max_steps and max_steps > 0 and self.global_step >= max_steps:
             self.trainer.should_stop = True
+
+    # -- bad numbers ------------------------------------------------------------------------------
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """After backward (gradients already averaged over DDP ranks, so every rank decides alike: a NaN
+        loss on one rank makes every rank's averaged gradient NaN): check, then clip to optim.grad_clip."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if torch.isfinite(norm) and (self._loss is None or torch.isfinite(self._loss)):
+            if self.grad_clip > 0:
+                torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, norm)
+            self.log("train/grad_norm", norm)
+            return
+        self._bad_step(float(norm))
+        for p in params:  # AdamW skips parameters without gradient: no update, moments untouched
+            p.grad = None
+
+    def _bad_step(self, grad_norm: float) -> None:
+        step = int(self.global_step)
+        loss = float(self._loss) if self._loss is not None else float("nan")
+        kind = "loss" if not math.isfinite(loss) else "gradient"
+        what = f"non-finite {kind} at step {step} (loss={loss}, grad_norm={grad_norm})"
+        if self.nonfinite == "skip" and self.nonfinite_skips < self.max_skips:
+            self.nonfinite_skips += 1
+            self.log("train/nonfinite_skips", float(self.nonfinite_skips))
+            log.warning("%s; update skipped (%d/%d, optim.max_skips).", what, self.nonfinite_skips, self.max_skips)
+            return
+        why = (f"stopped (optim.nonfinite={self.nonfinite})" if self.nonfinite != "skip"
+               else f"already skipped {self.nonfinite_skips} steps (optim.max_skips={self.max_skips})")
+        raise NonFiniteError(
+            f"{what}; {why} before the optimizer step. Last good checkpoint: {self.last_good_checkpoint()}. "
+            "Lower optim.lr or raise optim.warmup_steps, then resume with ckpt_path=auto; "
+            "or set optim.nonfinite=skip."
+        )
+
+    def last_good_checkpoint(self) -> str:
+        last = Path((self.cfg.get("paths") or {}).get("output_dir", ".")) / "checkpoints" / "last.ckpt"
+        if self.last_ckpt_step is None or not last.exists():
+            return "none yet (no checkpoint was written before this step)"
+        return f"{last} (step {self.last_ckpt_step})"
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        bad = [n for n, p in self.model.named_parameters() if not torch.isfinite(p).all()]
+        if bad:  # never replace a good checkpoint with a broken state
+            raise NonFiniteError(f"refusing to write a checkpoint at step {self.global_step}: non-finite "
+                                 f"weights in {bad[:3]}. Last good checkpoint: {self.last_good_checkpoint()}.")
+        checkpoint["pelab"] = {"nonfinite_skips": self.nonfinite_skips}
+        self.last_ckpt_step = int(self.global_step)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.nonfinite_skips = int((checkpoint.get("pelab") or {}).get("nonfinite_skips", 0))
+        self.last_ckpt_step = int(checkpoint.get("global_step", 0))
 
     def _log_throughput(self) -> None:
         # Wall time over a window of steps (no per-step device sync): accurate on average on GPU too.

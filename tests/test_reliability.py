@@ -1,0 +1,425 @@
+"""Reliability with real faults: SIGKILL, SIGTERM/SIGUSR1, NaN, a dying W&B service, an unreachable W&B
+server, DDP vs one process, failing sweep jobs, and a table of bad inputs.
+
+Every run is a real `python train.py` / `eval.py` (or `train(cfg)`) on the micro model, CPU, fp32, one
+thread per process (so that two processes compute bit-identical numbers).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.errors import MissingConfigException
+
+from conftest import FAST, ROOT, compose, offline_runs, run_cli, wandb_records, wandb_summary
+from pelab.train import PREEMPTED_EXIT_CODE, train
+from pelab.training.reliability import CheckpointError, NonFiniteError, is_user_error
+
+# 60 steps, last.ckpt every 10 steps and at each validation (every 20), dropout on: an exact resume must
+# restore the optimizer, the LR schedule, the data position and the dropout randomness.
+RESUME = [*FAST, "trainer.max_steps=60", "trainer.val_check_interval=20", "evaluate_after_fit=false",
+          "callbacks.checkpoint.every_n_steps=10", "model.dropout=0.1", "callbacks.throughput=false"]
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+TOL = 1e-6
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+def launch(args: list[str], cwd: Path) -> subprocess.Popen:
+    """`python train.py args` in the background (to be signalled)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **ONE_THREAD}
+    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_until(condition, proc: subprocess.Popen, timeout: float = 300.0) -> None:
+    t0 = time.monotonic()
+    while not condition():
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended (rc={proc.returncode}) before the condition held:\n"
+                                 f"{proc.stdout.read()[-3000:]}")
+        assert time.monotonic() - t0 < timeout, "timed out"
+        time.sleep(0.005)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 300.0) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+def load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def summary_of(folder: Path) -> dict:
+    return json.loads((folder / "summary.json").read_text())
+
+
+def csv_rows(folder: Path) -> list[dict]:
+    with open(folder / "csv" / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def max_diff(a: dict, b: dict) -> float:
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def assert_same_run(reference: Path, resumed: Path) -> tuple[float, float, float]:
+    """Final weights, optimizer moments, LR schedule and val/loss of two runs agree within TOL."""
+    a, b = load(reference / "checkpoints" / "last.ckpt"), load(resumed / "checkpoints" / "last.ckpt")
+    assert a["global_step"] == b["global_step"] == 60
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    params = max_diff(a["state_dict"], b["state_dict"])
+    sa, sb = a["optimizer_states"][0]["state"], b["optimizer_states"][0]["state"]
+    moments = max(max_diff(sa[i], sb[i]) for i in sa)
+    assert a["lr_schedulers"] == b["lr_schedulers"]
+    val = abs(summary_of(reference)["metrics"]["val/loss"] - summary_of(resumed)["metrics"]["val/loss"])
+    print(f"max |param diff| {params:.3g}, max |Adam moment diff| {moments:.3g}, |val/loss diff| {val:.3g}")
+    assert params <= TOL and moments <= TOL and val <= TOL
+    return params, moments, val
+
+
+def children(pid: int) -> list[tuple[int, str]]:
+    """(pid, name) of the direct children of `pid`, from /proc."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+        if int(rest[1]) == pid:
+            out.append((int(stat.parent.name), name))
+    return out
+
+
+def closed_port() -> int:
+    """A loopback port nobody listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, cache_dir) -> Path:
+    """The uninterrupted run (in this process; bit-identical to the same command line in a subprocess)."""
+    out = tmp_path_factory.mktemp("reference")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PELAB_CACHE_DIR", str(cache_dir))
+        for key in [k for k in os.environ if k.startswith("WANDB_")]:
+            mp.delenv(key)
+        mp.setenv("WANDB_SILENT", "true")
+        summary = train(compose(RESUME, out))
+    assert summary["status"] == "ok" and summary["global_step"] == 60
+    return out
+
+
+# -- 1. exact resume after SIGKILL -----------------------------------------------------------------
+@pytest.mark.slow
+def test_killed_run_resumes_to_the_uninterrupted_result(reference, tmp_path):
+    out = tmp_path / "run"
+    last = out / "checkpoints" / "last.ckpt"
+    proc = launch([*RESUME, f"paths.output_dir={out}"], tmp_path)
+    wait_until(last.exists, proc)
+    proc.send_signal(signal.SIGKILL)  # no handler, no cleanup: a node dying
+    rc, _ = finish(proc)
+    assert rc == -signal.SIGKILL
+    killed_at = load(last)["global_step"]  # complete file: checkpoints are written atomically
+    assert 10 <= killed_at < 60 and not (out / "summary.json").exists()
+
+    # The relaunch (in this process: the same numbers as a subprocess, see `reference`).
+    assert train(compose([*RESUME, "ckpt_path=auto"], out))["status"] == "ok"
+    summary = summary_of(out)
+    assert summary["start_step"] == killed_at and summary["global_step"] == 60
+    assert summary["resumed_from"]["step"] == killed_at
+    assert_same_run(reference, out)
+
+    # No W&B credentials -> offline; the relaunch continues the same W&B run id.
+    run_id = (out / "wandb_run_id.txt").read_text().strip()
+    assert summary["wandb"]["mode"] == "offline" and summary["wandb"]["id"] == run_id
+    runs = offline_runs(out)
+    assert len(runs) == 2 and all(r.name.endswith(run_id) for r in runs)
+    first, second = (wandb_summary(r) for r in runs)
+    assert first["state"] != "finished" and second["state"] == "finished"
+    assert any(r.get("type") == "run" and r["run"].get("resume") for r in wandb_records(runs[1]))
+
+
+# -- 2. preemption ---------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_sigterm_and_sigusr1_save_stop_and_a_relaunch_continues_exactly(reference, tmp_path):
+    out = tmp_path / "run"
+    last = out / "checkpoints" / "last.ckpt"
+    args = [*RESUME, f"paths.output_dir={out}", "ckpt_path=auto"]  # the same command every time
+
+    proc = launch(args, tmp_path)
+    wait_until(last.exists, proc)
+    proc.send_signal(signal.SIGTERM)
+    rc, log1 = finish(proc)
+    assert rc == PREEMPTED_EXIT_CODE, log1[-3000:]
+    s1 = summary_of(out)
+    assert s1["status"] == "preempted" and s1["preempted"]["signal"] == signal.SIGTERM
+    assert s1["preempted"]["step"] == load(last)["global_step"] >= 10
+
+    inode = last.stat().st_ino
+    proc = launch(args, tmp_path)
+    wait_until(lambda: last.stat().st_ino != inode, proc)  # the relaunch trains and checkpoints again
+    proc.send_signal(signal.SIGUSR1)
+    rc, log2 = finish(proc)
+    assert rc == PREEMPTED_EXIT_CODE, log2[-3000:]
+    s2 = summary_of(out)
+    assert s2["status"] == "preempted" and s2["preempted"]["signal"] == signal.SIGUSR1
+    assert s2["resumed_from"]["step"] == s1["preempted"]["step"] < s2["preempted"]["step"] < 60
+
+    assert train(compose([*RESUME, "ckpt_path=auto"], out))["status"] == "ok"  # the last relaunch, in-process
+    s3 = summary_of(out)
+    assert s3["status"] == "ok" and s3["start_step"] == s2["preempted"]["step"]
+    assert_same_run(reference, out)
+
+    runs = offline_runs(out)
+    assert len(runs) == 3 and len({r.name.rsplit("-", 1)[1] for r in runs}) == 1  # one W&B run id
+    for run in runs[:2]:
+        records = wandb_records(run)
+        assert any(r.get("type") == "preempting" for r in records)
+        assert wandb_summary(run)["exit_code"] == PREEMPTED_EXIT_CODE
+    assert wandb_summary(runs[2])["state"] == "finished"
+
+
+# -- 3. bad numbers --------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_nan_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    last = out / "checkpoints" / "last.ckpt"
+    res = run_cli([*FAST, "evaluate_after_fit=false", "callbacks.checkpoint.every_n_steps=5",
+                   "debug.inject_nan_at_step=12", "logger=csv", f"paths.output_dir={out}"],
+                  cwd=tmp_path, env=ONE_THREAD)
+    assert res.returncode == 1
+    errors = [line for line in res.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert "non-finite loss at step 12" in errors[0] and "optim.nonfinite" in errors[0]
+    assert f"{last} (step 10)" in errors[0]
+    kept = load(last)  # the NaN step wrote nothing
+    assert kept["global_step"] == 10
+    assert all(torch.isfinite(t).all() for t in kept["state_dict"].values())
+    summary = summary_of(out)
+    assert summary["status"] == "failed" and "step 12" in summary["error"]  # (W&B state: the sweep test)
+
+
+def test_nan_skip_mode_skips_the_update_up_to_max_skips(tmp_path):
+    base = [*FAST, "logger=csv", "evaluate_after_fit=false", "trainer.max_steps=12", "trainer.val_check_interval=12",
+            "optim.nonfinite=skip", "debug.inject_nan_at_step=[3,7]"]
+    summary = train(compose([*base, "optim.max_skips=2"], tmp_path / "ok"))
+    assert summary["status"] == "ok" and summary["nonfinite_skips"] == 2
+    assert math.isfinite(summary["metrics"]["val/loss"])
+    # AdamW stepped 10 times, not 12: the two NaN steps changed neither the weights nor the moments.
+    state = load(tmp_path / "ok" / "checkpoints" / "last.ckpt")["optimizer_states"][0]["state"]
+    assert {float(s["step"]) for s in state.values()} == {10.0}
+
+    with pytest.raises(NonFiniteError, match=r"step 7 .*already skipped 1 steps \(optim\.max_skips=1\)"):
+        train(compose([*base, "optim.max_skips=1"], tmp_path / "too-many"))
+
+
+# -- 4. DDP vs one process -------------------------------------------------------------------------
+@pytest.mark.slow
+def test_ddp_sim_equals_one_process_on_the_same_rows(tmp_path):
+    run = [*FAST, "evaluate_after_fit=false", "trainer.max_steps=40", "trainer.val_check_interval=20"]
+    # As a user runs it (in a subprocess: the spawned ranks attach to this process's W&B service).
+    res = run_cli([*run, "trainer=ddp_sim", "logger.wandb.mode=offline", f"paths.output_dir={tmp_path / 'ddp'}"],
+                  cwd=tmp_path, env=ONE_THREAD)
+    assert res.returncode == 0, res.stderr[-3000:]
+    ddp = summary_of(tmp_path / "ddp")
+    # One process, batch 8 = the 4 rows rank 0 draws + the 4 rows rank 1 draws at each step.
+    one = train(compose([*run, "trainer=cpu", "debug.emulate_world_size=2", "logger=csv"], tmp_path / "one"))
+    a, b = ddp["metrics"]["val/ppl"], one["metrics"]["val/ppl"]
+    rel = abs(a - b) / b
+    print(f"val/ppl ddp_sim {a:.6f} vs 1 process {b:.6f}: relative difference {rel:.2e}")
+    assert rel < 0.01  # the requirement
+    assert rel < 1e-4  # and in fact equal up to float reduction order: the same data, the same gradients
+    # Logged once: one row per validation and per logged train step, one summary, one W&B run.
+    rows = csv_rows(tmp_path / "ddp")
+    assert [r["step"] for r in rows if r.get("val/ppl")] == ["19", "39"]
+    train_steps = [r["step"] for r in rows if r.get("train/loss")]
+    assert len(train_steps) == len(set(train_steps)) == 8
+    (wandb_run,) = offline_runs(tmp_path / "ddp")
+    history = [r for r in wandb_records(wandb_run) if r.get("type") == "history"]
+    assert sum("val/ppl" in r["history"]["item"] for r in history) == 2
+    assert sorted(p.name for p in (tmp_path / "ddp").rglob("summary.json")) == ["summary.json"]
+
+
+# -- 5. sweep isolation ----------------------------------------------------------------------------
+@pytest.mark.slow
+def test_nan_and_data_errors_fail_their_sweep_jobs_only(tmp_path):
+    sweep = tmp_path / "sweep"
+    res = run_cli(["-m", *FAST, "evaluate_after_fit=false", "trainer.max_steps=8", "trainer.val_check_interval=8",
+                   "debug.inject_nan_at_step=null,3", "data.seq_len=32,100000000", f"hydra.sweep.dir={sweep}",
+                   "logger.wandb.mode=offline"], cwd=tmp_path, env=ONE_THREAD)
+    assert res.returncode != 0  # the multirun reports that something failed
+    jobs = {}
+    for path in sweep.glob("*/summary.json"):
+        s = json.loads(path.read_text())
+        jobs[(s["config"]["debug"]["inject_nan_at_step"], s["config"]["data"]["seq_len"])] = s
+    assert len(jobs) == 4
+    assert jobs[(None, 32)]["status"] == "ok"
+    assert jobs[(3, 32)]["status"] == "failed" and "non-finite loss at step 3" in jobs[(3, 32)]["error"]
+    for nan in (None, 3):
+        assert jobs[(nan, 100000000)]["status"] == "failed" and "data.seq_len" in jobs[(nan, 100000000)]["error"]
+    states = sorted(wandb_summary(r)["state"] for r in offline_runs(sweep))
+    assert states == ["failed", "failed", "failed", "finished"]
+
+
+# -- 7. W&B failure modes --------------------------------------------------------------------------
+@pytest.mark.slow
+def test_wandb_server_unreachable_falls_back_to_offline_in_bounded_time(tmp_path):
+    out = tmp_path / "run"
+    env = {**ONE_THREAD, "WANDB_API_KEY": "0123456789abcdef" * 2 + "01234567",
+           "WANDB_BASE_URL": f"http://127.0.0.1:{closed_port()}"}
+    res = run_cli([*FAST, "evaluate_after_fit=false", "trainer.max_steps=5", "trainer.val_check_interval=5",
+                   "logger.wandb.init_timeout=5", f"paths.output_dir={out}"], cwd=tmp_path, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "continuing offline" in res.stdout
+    info = summary_of(out)["wandb"]
+    print(f"W&B init with an unreachable server: {info['init_seconds']} s")
+    assert info["mode"] == "offline" and info["init_fallback"] and info["init_seconds"] <= 30
+    (run,) = offline_runs(out)
+    assert wandb_summary(run)["state"] == "finished"
+
+
+@pytest.mark.slow
+def test_wandb_service_dying_mid_run_does_not_stop_training(tmp_path):
+    out = tmp_path / "run"
+    proc = launch([*RESUME, "logger.wandb.mode=offline", f"paths.output_dir={out}"], tmp_path)
+    wait_until((out / "checkpoints" / "last.ckpt").exists, proc)  # training is under way
+    services = [pid for pid, name in children(proc.pid) if name.startswith("wandb")]
+    assert services, children(proc.pid)
+    for pid in services:
+        os.kill(pid, signal.SIGKILL)
+    rc, log = finish(proc)
+    assert rc == 0, log[-3000:]
+    assert "W&B stopped working" in log
+    summary = summary_of(out)
+    assert summary["status"] == "ok" and summary["global_step"] == 60
+    rows = csv_rows(out)
+    assert max(int(r["step"]) for r in rows if r.get("train/loss")) >= 55
+    assert [r["step"] for r in rows if r.get("val/loss")] == ["19", "39", "59"]
+
+
+def test_wandb_disabled_runs_without_wandb(tmp_path):
+    summary = train(compose([*FAST, "logger=wandb", "logger.wandb.mode=disabled", "evaluate_after_fit=false",
+                             "trainer.max_steps=4", "trainer.val_check_interval=4"], tmp_path))
+    assert summary["status"] == "ok" and summary.get("wandb") is None
+    assert not (tmp_path / "wandb").exists() and (tmp_path / "csv" / "metrics.csv").exists()
+
+
+# -- 8. bad inputs ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("group, known", [("pe", ["rope", "alibi", "learned"]), ("model", ["micro", "tiny"]),
+                                          ("data", ["stdlib", "text_dir"])])
+def test_unknown_option_lists_the_available_ones(group, known, tmp_path):
+    with pytest.raises(MissingConfigException) as err:
+        compose([*FAST, f"{group}=bogus"], tmp_path)
+    assert "bogus" in str(err.value) and all(name in str(err.value) for name in known)
+
+
+BAD_INPUTS = [
+    # (overrides, the setting the message must name)
+    (["model.n_heads=3"], "model.n_heads"),
+    (["pe=rope", "model.d_model=36", "model.n_heads=4"], "pe.rotary_fraction"),
+    (["data.seq_len=0"], "data.seq_len"),
+    (["data.seq_len=-8"], "data.seq_len"),
+    (["data.batch_size=0"], "data.batch_size"),
+    (["trainer.max_steps=0"], "trainer.max_steps"),
+    (["eval.lengths=[0,1]"], "eval.lengths"),
+    (["probes.lengths=[-1]"], "probes.lengths"),
+    (["trainer=ddp_sim", "data.batch_size=7"], "data.batch_size"),
+    (["pe=learned", "pe.max_positions=16"], "pe.max_positions"),
+    (["optim.nonfinite=maybe"], "optim.nonfinite"),
+    (["callbacks.checkpoint.every_n_steps=0"], "callbacks.checkpoint.every_n_steps"),
+    (["debug.emulate_world_size=3"], "debug.emulate_world_size"),
+    (["ckpt_path={tmp}/nothing.ckpt"], "ckpt_path"),
+    (["data=text_dir"], "data.path"),
+    (["data=text_dir", "data.path={tmp}/missing"], "data.path"),
+    (["data=text_dir", "data.path={tmp}/empty"], "data.glob"),
+]
+
+
+@pytest.mark.parametrize("overrides, setting", BAD_INPUTS, ids=[" ".join(o) for o, _ in BAD_INPUTS])
+def test_bad_input_is_a_one_line_error_naming_the_setting_before_training(overrides, setting, tmp_path):
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "run"
+    cfg = compose([*FAST, "logger=csv", *[o.format(tmp=tmp_path) for o in overrides]], out)
+    with pytest.raises(Exception) as err:
+        train(cfg)
+    assert is_user_error(err.value), repr(err.value)  # printed as `Error: ...`, no traceback
+    message = str(err.value)
+    assert setting in message and "\n" not in message
+    summary = summary_of(out)
+    assert summary["status"] == "failed" and setting in summary["error"]
+    assert "model" not in summary and not (out / "checkpoints").exists()  # failed before any training
+
+
+@pytest.mark.parametrize("overrides, setting", [
+    (["model.d_model=64"], "model.d_model=32 in the checkpoint but 64 now"),
+    (["tokenizer=bpe"], "tokenizer.kind='byte' in the checkpoint but 'bpe' now"),
+    (["pe=alibi"], "pe.name='rope' in the checkpoint but 'alibi' now"),
+])
+def test_resuming_another_runs_checkpoint_is_refused_before_any_work(reference, overrides, setting, tmp_path):
+    ckpt = reference / "checkpoints" / "last.ckpt"
+    cfg = compose([*RESUME, "logger=csv", f"ckpt_path={ckpt}", *overrides], tmp_path)
+    with pytest.raises(CheckpointError, match=f"ckpt_path={ckpt} belongs to another run: .*{setting}"):
+        train(cfg)
+    assert "data" not in summary_of(tmp_path)  # refused before the data was built
+
+
+def test_truncated_checkpoint_is_a_clear_error(reference, tmp_path):
+    data = (reference / "checkpoints" / "last.ckpt").read_bytes()
+    bad = tmp_path / "truncated.ckpt"
+    bad.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=f"ckpt_path={bad} is not a readable checkpoint"):
+        train(compose([*RESUME, "logger=csv", f"ckpt_path={bad}"], tmp_path / "run"))
+
+
+@pytest.mark.slow
+def test_eval_py_prints_one_line_for_a_corrupted_checkpoint(reference, tmp_path):
+    data = (reference / "checkpoints" / "last.ckpt").read_bytes()
+    bad = tmp_path / "truncated.ckpt"
+    bad.write_bytes(data[: len(data) // 2])
+    res = run_cli([f"ckpt_path={bad}", f"paths.output_dir={tmp_path / 'eval'}", "logger=csv"], cwd=tmp_path,
+                  script="eval.py", env=ONE_THREAD, timeout=180)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert res.stderr.strip().splitlines()[-1].startswith(f"Error: ckpt_path={bad} is not a readable checkpoint")
+    assert summary_of(tmp_path / "eval")["status"] == "failed"
+
+
+def test_eval_of_a_checkpoint_with_another_encoding_or_vocabulary_is_refused(reference, tmp_path):
+    from pelab.evaluate import evaluate, merged_config
+    from pelab.train import ConfigError
+
+    ckpt = load(reference / "checkpoints" / "last.ckpt")
+    eval_cfg = compose(["pe=alibi"], config_name="eval", output_dir=tmp_path)
+    with pytest.raises(ConfigError, match="pe=alibi does not fit this checkpoint, trained with pe=rope"):
+        merged_config(ckpt["hyper_parameters"]["cfg"], eval_cfg, ["pe"])
+
+    # The tokenizer changed since training: the vocabulary no longer matches the weights.
+    ckpt["hyper_parameters"]["vocab_size"] = 300
+    other = tmp_path / "other-vocab.ckpt"
+    torch.save(ckpt, other)
+    cfg = compose([f"ckpt_path={other}", "logger=csv"], config_name="eval", output_dir=tmp_path / "eval")
+    with pytest.raises(ConfigError, match="vocabulary has 300 ids but its tokenizer now gives 257"):
+        evaluate(cfg)
+
+
+def test_probe_lengths_too_short_are_not_applicable(tmp_path):
+    summary = train(compose([*FAST, "logger=csv", "data.seq_len=8", "trainer.max_steps=2", "trainer.val_check_interval=2",
+                             "eval.lengths=[1]", "probes.lengths=[1]"], tmp_path))
+    assert summary["status"] == "ok"
+    assert math.isnan(summary["metrics"]["probe/kv/acc@8"]) and math.isnan(summary["metrics"]["probe/passkey/acc@8"])
+    rows = summary_of(tmp_path)["evaluation"]["probes"]["rows"]
+    assert all(r["note"].startswith("n/a") and "needs at least" in r["note"] for r in rows)
