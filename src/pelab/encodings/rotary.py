@@ -23,6 +23,7 @@ from collections.abc import Mapping
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from pelab.encodings.base import PositionEncoding, positions_as_float
 
@@ -126,20 +127,47 @@ def _validate_scaling(dim: int, scaling: str, factor: float, original_max_positi
 
 
 # ---- rotation ---------------------------------------------------------------------------------------
-def rotate_half(x: Tensor) -> Tensor:
-    """Half-split pairing: (x1, x2) -> (-x2, x1)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Half-split rotation of the first 2h channels of x (..., T, Dh) by cos, sin (..., T, h), in fp32:
+    (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin); channels past 2h pass through.
+
+    Why not ``x * cos + rotate_half(x) * sin``: that materialises the negated half, the concatenation and
+    two full products (and autograd keeps them); here each half is written once into one output buffer.
+    """
+    h = cos.shape[-1]
+    out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    x1, x2 = x[..., :h], x[..., h : 2 * h]
+    o1, o2 = out[..., :h], out[..., h : 2 * h]
+    torch.mul(x1, cos, out=o1).addcmul_(x2, sin, value=-1.0)
+    torch.mul(x2, cos, out=o2).addcmul_(x1, sin)
+    if 2 * h < x.shape[-1]:
+        out[..., 2 * h :] = x[..., 2 * h :]
+    return out.to(x.dtype)
+
+
+class _Rotary(torch.autograd.Function):
+    """_rotate with an explicit backward: the gradient of a rotation is the inverse rotation (sin -> -sin),
+    so neither pass saves x or any intermediate."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        ctx.save_for_backward(cos, sin)
+        return _rotate(x, cos, sin)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+        cos, sin = ctx.saved_tensors
+        return _rotate(grad, cos, -sin), None, None
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate the first cos.shape[-1] channels of x (..., T, Dh) in fp32; the rest pass through."""
-    d = cos.shape[-1]
-    xf = x.float()
-    rot = xf[..., :d] * cos + rotate_half(xf[..., :d]) * sin
-    if d < x.shape[-1]:
-        rot = torch.cat((rot, xf[..., d:]), dim=-1)
-    return rot.to(x.dtype)
+    """Rotate the first cos.shape[-1] channels of x (..., T, Dh) in fp32; the rest pass through.
+
+    cos, sin (..., T, d) in the half-split layout cat(f, f): only their first half is read.
+    """
+    h = cos.shape[-1] // 2
+    return _Rotary.apply(x, cos[..., :h], sin[..., :h])
 
 
 class RoPE(PositionEncoding):
