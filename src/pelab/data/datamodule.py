@@ -15,14 +15,22 @@ untouched, and an infinite stream never ends an "epoch" mid-run (the trainer sto
 Recall mix hook: with `recall_mix = p > 0`, a `mixer(n, length, rng) -> (n, length)` int array
 replaces the first n rows of each batch, where n ~ p * B (fractional part drawn from rng, so the
 expected fraction is exactly p). It receives the batch's own generator, so mixed batches are as
-deterministic as plain ones. Without an explicit `mixer`, `RecallMixer` (synthetic kv / passkey
-sequences from `pelab.data.recall.make_recall_batch`, "train" key space) is used. Every token of a
-mixed row is a training target (no answer-only loss mask).
+deterministic as plain ones. Without an explicit `mixer`, `RecallMixer` (synthetic sequences of the
+`recall_kinds` from `pelab.data.recall.make_recall_batch`, "train" key space, `recall_key_len` /
+`recall_value_len` hex chars) is used.
+
+Loss on mixed rows (`recall_loss`): "all" (default) = every token of a mixed row is a training
+target, like text. "answers" = only the answer tokens (the retrieved values / passkeys) are; the
+mixer then returns `(rows, answer_mask)`. The batch stays one `(B, T+1)` LongTensor: a token that is
+context only is stored as `-1 - id` (negative), and `inputs_and_targets(batch)` turns a batch into
+model inputs (ids) and targets (`IGNORE_INDEX` where not scored). Text rows are never marked.
+Why answer-only: a random hex key or value cannot be predicted, so with "all" most of a mixed row's
+loss is irreducible noise and the few retrieval targets carry little of the gradient.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import lightning as L
@@ -34,6 +42,19 @@ from pelab.data.cache import TokenCache, open_cache
 from pelab.data.corpora import SPLITS, build_corpus
 
 Mixer = Callable[[int, int, np.random.Generator], Any]
+
+IGNORE_INDEX = -100  # target of a position that is not scored (F.cross_entropy's default ignore_index)
+RECALL_LOSSES = ("all", "answers")
+
+
+def inputs_and_targets(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T+1) training batch -> inputs (B, T) ids, targets (B, T) ids or IGNORE_INDEX.
+
+    Negative entries (`-1 - id`, written under `recall_loss="answers"`) are fed as `id` but not scored.
+    """
+    ids = torch.where(batch < 0, -1 - batch, batch)  # (B, T+1)
+    targets = torch.where(batch[:, 1:] < 0, IGNORE_INDEX, batch[:, 1:])  # (B, T)
+    return ids[:, :-1], targets
 
 
 class DataConfigError(ValueError):
@@ -71,11 +92,12 @@ class TrainWindows(IterableDataset):
         max_steps: int | None = None,
         recall_mix: float = 0.0,
         mixer: Mixer | None = None,
+        recall_loss: str = "all",
     ):
         self.bin_path, self.dtype, self.n_tokens = bin_path, dtype, n_tokens
         self.seq_len, self.batch_size, self.seed, self.rank = seq_len, batch_size, seed, rank
         self.start_step, self.max_steps = start_step, max_steps
-        self.recall_mix, self.mixer = recall_mix, mixer
+        self.recall_mix, self.mixer, self.recall_loss = recall_mix, mixer, recall_loss
         self._mm: np.memmap | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -102,7 +124,12 @@ class TrainWindows(IterableDataset):
         want = self.recall_mix * self.batch_size
         n = min(self.batch_size, int(want) + int(rng.random() < want - int(want)))
         if n:
-            x[:n] = np.asarray(self.mixer(n, self.seq_len + 1, rng), dtype=np.int64)
+            out = self.mixer(n, self.seq_len + 1, rng)
+            rows, answers = out if isinstance(out, tuple) else (out, None)
+            x[:n] = np.asarray(rows, dtype=np.int64)
+            if self.recall_loss == "answers" and answers is not None:
+                context = ~np.asarray(answers, dtype=bool)  # (n, T+1): not a target
+                x[:n][context] = -1 - x[:n][context]
         return x
 
     def __iter__(self) -> Iterator[torch.Tensor]:
@@ -142,16 +169,48 @@ def fixed_windows(tokens: np.ndarray, seq_len: int, n_windows: int | None) -> to
 
 class RecallMixer:
     """Default `mixer`: rows of synthetic recall sequences (pelab.data.recall), seeded from the
-    batch's generator. A class (not a closure) so it pickles into DataLoader workers."""
+    batch's generator. A class (not a closure) so it pickles into DataLoader workers.
 
-    def __init__(self, tokenizer: Any):
-        self.tokenizer = tokenizer
+    kinds: which generators to mix ("kv", "passkey"); key_len / value_len: hex chars of kv keys /
+    values. With `answers=True` it returns `(rows, answer_mask)`, both (n, length)."""
 
-    def __call__(self, n: int, length: int, rng: np.random.Generator) -> np.ndarray:
+    def __init__(
+        self,
+        tokenizer: Any,
+        kinds: Sequence[str] = ("kv", "passkey"),
+        key_len: int = 3,
+        value_len: int = 3,
+        answers: bool = False,
+    ):
+        self.tokenizer, self.kinds = tokenizer, tuple(kinds)
+        self.key_len, self.value_len, self.answers = int(key_len), int(value_len), bool(answers)
+
+    def __call__(
+        self, n: int, length: int, rng: np.random.Generator
+    ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         from pelab.data.recall import make_recall_batch
 
-        rows = make_recall_batch(self.tokenizer, length - 1, n, int(rng.integers(2**62)))  # (n, length)
-        return np.asarray(rows, dtype=np.int64)
+        rows, mask = make_recall_batch(
+            self.tokenizer, length - 1, n, int(rng.integers(2**62)), kinds=self.kinds,
+            key_len=self.key_len, value_len=self.value_len, return_mask=True,
+        )  # (n, length) each
+        rows = np.asarray(rows, dtype=np.int64)
+        return (rows, mask.numpy()) if self.answers else rows
+
+
+def _check_recall(kinds: Sequence[str], key_len: int, value_len: int, loss: str) -> tuple[str, ...]:
+    from pelab.data.recall import KINDS
+
+    kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
+    if not kinds or any(k not in KINDS for k in kinds):
+        raise DataConfigError(f"data.recall_kinds={list(kinds)} must be a non-empty list of {list(KINDS)}")
+    if int(key_len) < 1 or int(value_len) < 1:
+        raise DataConfigError(
+            f"data.recall_key_len={key_len} and data.recall_value_len={value_len} must be >= 1 hex chars"
+        )
+    if loss not in RECALL_LOSSES:
+        raise DataConfigError(f"data.recall_loss={loss!r} must be one of {list(RECALL_LOSSES)}")
+    return kinds
 
 
 # ----------------------------------------------------------------------------- DataModule
@@ -167,6 +226,9 @@ class LMDataModule(L.LightningDataModule):
     max_steps: stop the training stream after this many batches (micro-steps); None = endless,
                which is what a Trainer wants (it stops at trainer.max_steps; with an endless
                stream `trainer.val_check_interval` must be an int number of steps).
+    recall_mix, recall_kinds, recall_key_len, recall_value_len, recall_loss: the synthetic recall
+               rows of the training mix (see the module docstring); defaults = both kinds, 3-char
+               keys and values, every token a target.
     """
 
     def __init__(
@@ -183,6 +245,10 @@ class LMDataModule(L.LightningDataModule):
         num_workers: int = 0,
         max_steps: int | None = None,
         mixer: Mixer | None = None,
+        recall_kinds: Sequence[str] = ("kv", "passkey"),
+        recall_key_len: int = 3,
+        recall_value_len: int = 3,
+        recall_loss: str = "all",
     ):
         super().__init__()
         if int(seq_len) <= 0:
@@ -191,6 +257,9 @@ class LMDataModule(L.LightningDataModule):
             raise DataConfigError(f"data.batch_size={batch_size} must be positive")
         if not 0.0 <= float(recall_mix) <= 1.0:
             raise DataConfigError(f"data.recall_mix={recall_mix} must be in [0, 1]")
+        self.recall_kinds = _check_recall(recall_kinds, recall_key_len, recall_value_len, recall_loss)
+        self.recall_key_len, self.recall_value_len = int(recall_key_len), int(recall_value_len)
+        self.recall_loss = str(recall_loss)
         self.source_cfg, self.tokenizer_cfg = _plain(source), _plain(tokenizer)
         self.seq_len, self.batch_size, self.seed = int(seq_len), int(batch_size), int(seed)
         self.cache_dir, self.val_windows = cache_dir, val_windows
@@ -213,6 +282,10 @@ class LMDataModule(L.LightningDataModule):
             "val_windows": d.get("val_windows", 64),
             "val_batch_size": d.get("val_batch_size"),
             "recall_mix": d.get("recall_mix", 0.0),
+            "recall_kinds": list(d.get("recall_kinds", ["kv", "passkey"])),
+            "recall_key_len": d.get("recall_key_len", 3),
+            "recall_value_len": d.get("recall_value_len", 3),
+            "recall_loss": d.get("recall_loss", "all"),
             "num_workers": d.get("num_workers", 0),
         }
         return cls(**{**kw, **overrides})
@@ -237,7 +310,10 @@ class LMDataModule(L.LightningDataModule):
         self.cache = cache
         self.tokenizer = cache.tokenizer
         if self.recall_mix > 0 and self.mixer is None:
-            self.mixer = RecallMixer(self.tokenizer)
+            self.mixer = RecallMixer(
+                self.tokenizer, self.recall_kinds, self.recall_key_len, self.recall_value_len,
+                answers=self.recall_loss == "answers",
+            )
         self.vocab_size: int = int(cache.meta["vocab_size"])
         self.eot_id: int = int(cache.meta["eot_id"])
         self.bytes_per_token: float = cache.bytes_per_token("val")
@@ -278,6 +354,7 @@ class LMDataModule(L.LightningDataModule):
             max_steps=self.max_steps,
             recall_mix=self.recall_mix,
             mixer=self.mixer,
+            recall_loss=self.recall_loss,
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -455,12 +455,13 @@ def make_recall_batch(
     key_len: int = 3,
     value_len: int = 3,
     return_mask: bool = False,
+    max_extra_queries: int = 3,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Training-mix batch: LongTensor (n, seq_len + 1) of synthetic recall sequences from the "train"
     space (kind drawn uniformly from ``kinds`` per row; kinds too long for ``seq_len`` are skipped, and
     ``RecallLengthError`` names the setting when none fits). ``rng``: a ``random.Random`` or an int seed.
     With ``return_mask`` also a BoolTensor (n, seq_len + 1) marking answer tokens (as targets: row
-    ``[:, 1:]`` aligns with the shifted targets).
+    ``[:, 1:]`` aligns with the shifted targets). ``max_extra_queries``: see ``make_recall_sequence``.
     """
     if isinstance(rng, int):
         rng = random.Random(rng)
@@ -486,6 +487,7 @@ def make_recall_batch(
                 filler_ids=filler_ids,
                 key_len=key_len,
                 value_len=value_len,
+                max_extra_queries=max_extra_queries,
             )
         except RecallLengthError as exc:  # this kind does not fit: use the others
             kinds.remove(kind)

@@ -79,6 +79,7 @@ def run_evaluation(
             samples_per_cell=int(pcfg.samples), seed=int(pcfg.seed),
             filler_ids=filler if pcfg.get("filler", "val") == "val" else None,
             device=device, train_len=train_len, batch_tokens=int(ecfg.batch_tokens),
+            key_len=int(pcfg.get("key_len", 3)), value_len=int(pcfg.get("value_len", 3)),
         )
         metrics.update(probes.metrics())
     if prefix:

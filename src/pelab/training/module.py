@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import SumMetric
 
+from pelab.data.datamodule import inputs_and_targets
 from pelab.model import GPT, build_model
 from pelab.training.reliability import NonFiniteError
 
@@ -101,7 +102,8 @@ class LMModule(L.LightningModule):
         torch.manual_seed(int(seq.generate_state(1, dtype=np.uint64)[0] >> 1))
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        x, y = batch[:, :-1], batch[:, 1:]  # (B, T), (B, T)
+        # (B, T), (B, T); targets that are IGNORE_INDEX (data.recall_loss=answers) are not scored
+        x, y = inputs_and_targets(batch)
         loss = self.nll(self(x), y)
         if self.global_step in self.inject_nan_at:  # testing aid: debug.inject_nan_at_step
             loss = loss * float("nan")
