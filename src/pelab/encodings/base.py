@@ -29,6 +29,9 @@ class PositionEncoding(nn.Module):
     has_bias: bool = False
     # True: score_bias(q_pos, k_pos) is the same for every layer, so the model computes it once per forward.
     bias_shared_across_layers: bool = True
+    # True: score_bias depends on q_pos - k_pos only (ALiBi, T5), so for consecutive positions the model
+    # computes one value per distance, (H, 2T-1), instead of one per (query, key) pair, (H, T, T).
+    bias_translation_invariant: bool = False
 
     def __init__(self, d_model: int, n_heads: int, **knobs) -> None:
         super().__init__()

@@ -46,6 +46,7 @@ class ALiBi(PositionEncoding):
 
     name = "alibi"
     has_bias = True
+    bias_translation_invariant = True
 
     def __init__(self, d_model: int, n_heads: int, **knobs):
         super().__init__(d_model, n_heads, **knobs)
@@ -91,6 +92,7 @@ class T5Bias(PositionEncoding):
 
     name = "t5_bias"
     has_bias = True
+    bias_translation_invariant = True
 
     def __init__(
         self,

@@ -37,7 +37,36 @@ class CausalBias:
     mask: Tensor
 
 
-BiasFn = Tensor | CausalBias | Callable[[int, int], Tensor]
+@dataclass(frozen=True)
+class DistanceBias:
+    """A translation-invariant bias + causal mask for T consecutive positions, as one value per distance:
+    ``table[:, n]`` is the bias at distance (query - key) = T-1-n, n = 0..2T-2, and -inf where that distance
+    is negative. The (C, K) mask of a query chunk is then a zero-copy strided view of it (``chunk``): memory
+    O(H*T) for any chunk, where materialising the bias costs O(H*chunk*T) per chunk and layer.
+    """
+
+    table: Tensor  # (H, 2T-1)
+    T: int
+
+    def chunk(self, q0: int, q1: int) -> Tensor:
+        """(1, H, q1-q0, q1) mask of queries q0..q1-1 against keys 0..q1-1, its rows in REVERSE query order.
+
+        Row r (query i = q1-1-r), key j reads table[T - q1 + r + j], whose distance is i - j: the view
+        steps +1 along both rows and keys (strides must be non-negative), hence the reversed rows."""
+        t = self.table
+        size, stride = (1, t.shape[0], q1 - q0, q1), (0, t.stride(0), 1, 1)
+        return t.as_strided(size, stride, t.storage_offset() + self.T - q1)
+
+
+def distance_bias(pe, T: int, device: torch.device) -> DistanceBias:
+    """The encoding's per-distance bias table for positions 0..T-1 (any start, by translation invariance)."""
+    keys = torch.arange(2 * T - 1, device=device)
+    query = torch.full((1,), T - 1, device=device)
+    values = pe.score_bias(query, keys)[:, 0]  # (H, 2T-1): distances T-1 .. -(T-1)
+    return DistanceBias(values.masked_fill(keys > T - 1, float("-inf")).contiguous(), T)
+
+
+BiasFn = Tensor | CausalBias | DistanceBias | Callable[[int, int], Tensor]
 
 # FlexAttention materialises a callable bias for the whole sequence; above this many elements
 # (H*T*T, times B for per-batch positions) the chunked SDPA path is used instead.
@@ -125,19 +154,27 @@ def chunked_biased_attention(
     outs = []
     for q0 in range(0, T, chunk_size):
         q1 = min(q0 + chunk_size, T)
+        qc, kc, vc = q[..., q0:q1, :], k[..., :q1, :], v[..., :q1, :]
+        if isinstance(bias_fn, DistanceBias):
+            # the chunk's mask lists queries in reverse order: flip the queries in and the outputs back
+            outs.append(_masked_attention(qc.flip(-2), kc, vc, bias_fn.chunk(q0, q1), dropout_p).flip(-2))
+            continue
         mask = _bias_chunk(bias_fn, q0, q1)  # (H | B,H, C, q1)
         if not isinstance(bias_fn, CausalBias):
             mask = causal_additive_mask(mask, q0)
         if mask.dim() == 3:
             # (1, H, C, K) view: SDPA takes its fused CPU kernel for 4-D masks, the math path for 3-D ones
             mask = mask.unsqueeze(0)
-        qc, kc, vc, mask = q[..., q0:q1, :], k[..., :q1, :], v[..., :q1, :], mask.to(q.dtype)
-        if mask.requires_grad and not q.is_cuda:
-            # a learned bias (T5) needs dL/dscores: SDPA would take its math path, which is slower
-            outs.append(explicit_attention(qc, kc, vc, mask, dropout_p))
-        else:
-            outs.append(F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, dropout_p=dropout_p))
+        outs.append(_masked_attention(qc, kc, vc, mask, dropout_p))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
+
+
+def _masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout_p: float) -> Tensor:
+    mask = mask.to(q.dtype)
+    if mask.requires_grad and not q.is_cuda:
+        # a learned bias (T5) needs dL/dscores: SDPA would take its math path, which is slower
+        return explicit_attention(q, k, v, mask, dropout_p)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
 
 def explicit_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout_p: float = 0.0) -> Tensor:
@@ -178,6 +215,8 @@ def _flex_biased_attention(q: Tensor, k: Tensor, v: Tensor, bias_fn: BiasFn, str
     T = q.shape[-2]
     if isinstance(bias_fn, CausalBias):
         bias = bias_fn.mask  # its -inf entries lie where the causal block mask masks anyway
+    elif isinstance(bias_fn, DistanceBias):
+        bias = bias_fn.chunk(0, T)[0].flip(-2)  # (H, T, T), rows back in query order
     elif isinstance(bias_fn, Tensor):
         bias = bias_fn
     else:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pelab.encodings.base import PositionEncoding
-from pelab.model.attention import BiasFn, causal_attention, causal_bias
+from pelab.model.attention import BiasFn, causal_attention, causal_bias, distance_bias
 
 # A shared (H, T, T) bias (times B for per-batch positions) is materialised once per forward up to this
 # many elements (256 MB in fp32); longer inputs compute it per query chunk inside attention instead.
@@ -171,14 +171,20 @@ class GPT(nn.Module):
             raise ValueError(f"pos must have shape ({T},) or ({B}, {T}); got {tuple(pos.shape)}")
         return pos.to(device=idx.device, dtype=torch.long), None
 
-    def score_bias(self, pos: Tensor) -> BiasFn | None:
-        """The encoding's score bias for this forward: a materialised tensor shared by all layers when small
-        enough, else a per-query-chunk callable (bounded memory)."""
+    def score_bias(self, pos: Tensor, consecutive: bool = False) -> BiasFn | None:
+        """The encoding's score bias for this forward, shared by all layers when small enough (else a
+        per-query-chunk callable: bounded memory). ``consecutive``: pos is start..start+T-1, so a
+        translation-invariant bias is one value per distance, (H, 2T-1), whatever T (CPU; the CUDA path
+        feeds FlexAttention a full bias)."""
         if not self.pe.has_bias:
             return None
         T = pos.shape[-1]
+        shared = self.pe.bias_shared_across_layers
+        per_distance = consecutive and self.pe.bias_translation_invariant and not pos.is_cuda
+        if shared and per_distance and self.config.n_heads * (2 * T - 1) <= self.max_shared_bias_elements:
+            return distance_bias(self.pe, T, pos.device)
         n_elements = self.config.n_heads * T * T * (pos.shape[0] if pos.dim() == 2 else 1)
-        if self.pe.bias_shared_across_layers and n_elements <= self.max_shared_bias_elements:
+        if shared and n_elements <= self.max_shared_bias_elements:
             # (H, T, T) or (B, H, T, T) + causal -inf, built once per forward; each layer only slices it
             return causal_bias(self.pe.score_bias(pos, pos))
         return self._chunk_bias_fn(pos)
@@ -194,13 +200,14 @@ class GPT(nn.Module):
     def forward(self, idx: Tensor, pos: Tensor | None = None, start: int = 0) -> Tensor:
         """idx (B, T) token ids -> logits (B, T, V) fp32. Positions: ``pos`` (T,) or (B, T), else
         arange(start, start + T)."""
+        consecutive = pos is None
         pos, max_position = self.positions(idx, pos, start)
         self.pe.check_positions(pos, max_position=max_position)  # raises PositionOutOfRange
         x = self.tok_emb(idx)  # (B, T, D)
         if self.pe.has_embed:
             x = self.pe.embed(x, pos)  # sum composition: still (B, T, D)
         x = self.drop(x)
-        bias = self.score_bias(pos)
+        bias = self.score_bias(pos, consecutive)
         for block in self.blocks:
             x = block(x, pos, self.pe, bias)
         return self.lm_head(self.ln_f(x)).float()
