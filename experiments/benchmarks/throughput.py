@@ -9,7 +9,8 @@ A step is forward + backward + AdamW on a random-token batch held in memory (dat
 Steps are interleaved so that every column sees the same machine load: per scheme one Lightning fit, and
 after each of its steps one step of the plain loop and of x-transformers on that scheme, and of both on
 ``nope`` (the reference of the encoding-overhead column). The first ``--warmup`` steps of each fit are
-dropped; the reported time is the median of the ``--steps`` timed ones, pooled over ``--rounds``.
+dropped; the reported time is the median of the ``--steps`` timed ones, pooled over ``--rounds``; the
+ratio columns are medians of per-step ratios between steps that ran back to back (drifts cancel).
 ``--clock cpu`` times process CPU time instead of wall time: on a shared machine, with ``--threads 1``,
 it does not count the time other processes hold the cores.
 
@@ -346,11 +347,29 @@ def sweep(a, device, peak, xt) -> tuple[dict, dict, dict]:
     return times, nope_times, fpts
 
 
+def paired(num: list[float], den: list[float]) -> float:
+    """Median of per-step ratios num[i] / den[i] of steps run back to back: slow load drifts cancel."""
+    return statistics.median(n / d for n, d in zip(num, den, strict=True))
+
+
 def summarise(a, times: dict, nope_times: dict, fpts: dict, peak: float | None) -> list[dict]:
+    """One row per (scheme, impl): median step, tokens/s, MFU, and the ratio columns, each the median of
+    per-step ratios between steps that ran back to back (see sweep):
+      vs_peer, vs_plain   speed relative to x-transformers / the plain loop on the same scheme;
+      overhead_vs_nope    extra step time over nope: plain and x-transformers against their nope steps
+                          interleaved with this scheme's; Lightning as (lightning / plain-nope in this fit)
+                          over (lightning / plain in the nope fit)."""
     rows = []
     for (scheme, impl), t in times.items():
         step = statistics.median(t)
         tps = a.batch * a.seq / step
+        peer, plain = times.get((scheme, "x-transformers")), times[scheme, "plain"]
+        if impl == "lightning":
+            in_fit = paired(t, nope_times[scheme, "plain"])
+            in_nope_fit = paired(times["nope", "lightning"], times["nope", "plain"])
+            overhead = in_fit / in_nope_fit - 1.0
+        else:
+            overhead = paired(t, nope_times[scheme, impl]) - 1.0
         rows.append(
             {
                 "scheme": scheme,
@@ -359,12 +378,12 @@ def summarise(a, times: dict, nope_times: dict, fpts: dict, peak: float | None) 
                 "tokens_per_s": tps,
                 "flops_per_token": fpts[scheme, impl],
                 "mfu": fpts[scheme, impl] * tps / peak if peak else None,
+                "vs_peer": paired(peer, t) if peer else None,
+                "vs_plain": paired(plain, t),
+                "overhead_vs_nope": overhead,
                 "step_ms_p25": _quantile(t, 0.25) * 1e3,
                 "step_ms_p75": _quantile(t, 0.75) * 1e3,
-                "n_steps": len(t),
-                "nope_step_ms": statistics.median(nope_times[scheme, impl]) * 1e3
-                if (scheme, impl) in nope_times
-                else None,
+                "steps_ms": [x * 1e3 for x in t],
             }
         )
     order = {impl: i for i, impl in enumerate(IMPLS)}
@@ -374,20 +393,6 @@ def summarise(a, times: dict, nope_times: dict, fpts: dict, peak: float | None) 
 
 def _quantile(x: list[float], q: float) -> float:
     return statistics.quantiles(x, n=100, method="inclusive")[int(q * 100) - 1] if len(x) > 1 else x[0]
-
-
-def add_ratios(rows: list[dict]) -> None:
-    """vs_peer, vs_plain: tokens/s ratios on the same scheme (interleaved steps). overhead_vs_nope: step time
-    over nope's -- for plain and x-transformers against the nope steps interleaved with this scheme's; for
-    Lightning against the nope fit (separate fits, so less robust to load changes)."""
-    by = {(r["scheme"], r["impl"]): r for r in rows}
-    for r in rows:
-        peer = by.get((r["scheme"], "x-transformers"))
-        plain = by.get((r["scheme"], "plain"))
-        r["vs_peer"] = r["tokens_per_s"] / peer["tokens_per_s"] if peer else None
-        r["vs_plain"] = r["tokens_per_s"] / plain["tokens_per_s"] if plain else None
-        nope_ms = r["nope_step_ms"] if r["nope_step_ms"] else by.get(("nope", r["impl"]), {}).get("step_ms")
-        r["overhead_vs_nope"] = r["step_ms"] / nope_ms - 1.0 if nope_ms else None
 
 
 def fmt(x: float | None, spec: str) -> str:
@@ -466,7 +471,6 @@ def main(argv: list[str] | None = None) -> dict:
         flush=True,
     )
     rows = summarise(a, *sweep(a, device, peak, xt), peak)
-    add_ratios(rows)
     print_table(rows, peak, peak_src, xt is not None)
     load_after = os.getloadavg()
     print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} (1-min)")
