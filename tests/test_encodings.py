@@ -83,7 +83,10 @@ def test_sinusoidal_matches_formula_elementwise():
             assert table[row, 2 * i].item() == pytest.approx(math.sin(angle), abs=2e-4 + 1e-6 * p)
             assert table[row, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=2e-4 + 1e-6 * p)
     x = torch.randn(3, len(positions), 16)
-    torch.testing.assert_close(pe.embed(x, torch.tensor(positions)), x + table)
+    assert pe.scale == 0.02  # default: the token embeddings' init std (see Sinusoidal)
+    torch.testing.assert_close(pe.embed(x, torch.tensor(positions)), x + 0.02 * table)
+    raw = build_encoding({"name": "sinusoidal", "scale": 1.0}, 16, 2)
+    torch.testing.assert_close(raw.embed(x, torch.tensor(positions)), x + table)
 
 
 def test_sinusoidal_shift_is_a_fixed_rotation():
