@@ -246,6 +246,7 @@ def test_optuna_runs_two_trials_and_returns_the_best(tmp_path):
     assert len(summaries) == 2 and {s["status"] for s in summaries} == {"ok"}
     lrs = [s["config"]["optim"]["lr"] for s in summaries]
     assert lrs[0] != lrs[1]  # the sampler proposed two learning rates
+    assert len({s["name"] for s in summaries}) == 2  # trial names carry the searched values
     result = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     best = min(summaries, key=lambda s: s["metrics"]["val/ppl"])
     assert result["best_value"] == pytest.approx(best["metrics"]["val/ppl"])
