@@ -115,6 +115,7 @@ def test_report_has_a_two_row_table_with_mean_and_std_over_seeds(sweep, tmp_path
         "Perplexity, sliding windows",
         "kv: accuracy",
         "passkey: lost-in-the-middle gap",
+        "kv: mean log-probability of the gold answer",
         "Runs",
     ):
         assert f"**{title}" in md or f"## {title}" in md, title

@@ -402,7 +402,11 @@ def probe_tables(rows: Sequence[Row], kind: str) -> list[Table]:
     gap = metric_table(
         rows, f"probe/{kind}/lim_gap@{{L}}", f"{kind}: lost-in-the-middle gap (edges − middle)"
     )
-    out += [t for t in (acc, gap) if t is not None]
+    # informative where accuracy sits at chance: how much probability the gold answer gets
+    logprob = metric_table(
+        rows, f"probe/{kind}/logprob@{{L}}", f"{kind}: mean log-probability of the gold answer tokens (mean over depths)"
+    )
+    out += [t for t in (acc, gap, logprob) if t is not None]
     for r in rows:
         p = probe_panel(r, kind)
         if p is None:
