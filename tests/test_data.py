@@ -433,6 +433,7 @@ def test_from_hydra_config(text_dir, tmp_path):
             "data=text_dir",
             f"data.path={text_dir}",
             "data.seq_len=24",
+            "data.recall_mix=0.0",  # 24-token windows are too short for a recall sequence
             "data.batch_size=3",
             "tokenizer=bpe",
             "tokenizer.vocab_size=300",
