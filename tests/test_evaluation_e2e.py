@@ -119,7 +119,7 @@ def test_scaling_a_non_rope_checkpoint_is_a_clear_error(tmp_path):
 
     cfg = compose(["pe.scaling.type=yarn"], config_name="eval", output_dir=tmp_path)
     train_cfg = OmegaConf.to_container(compose([*FAST, "pe=alibi"], tmp_path), resolve=True)
-    with pytest.raises(ConfigError, match="RoPE only"):
+    with pytest.raises(ConfigError, match="RoPE family .rope, xpos. only"):
         merged_config(train_cfg, cfg, ["pe.scaling.type"])
 
 

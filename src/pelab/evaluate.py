@@ -79,9 +79,10 @@ def merged_config(train_cfg: dict, cfg: DictConfig, keys: list[str]) -> DictConf
                 )
             continue
         value = OmegaConf.select(cfg, key)
-        if key.startswith("pe.scaling") and merged.pe.name != "rope":
+        if key.startswith("pe.scaling") and "scaling" not in merged.pe:
             raise ConfigError(
-                f"{key} applies to RoPE only; this checkpoint was trained with pe={merged.pe.name}. "
+                f"{key} applies to the RoPE family (rope, xpos) only; this checkpoint was trained with "
+                f"pe={merged.pe.name}. "
                 "Drop the pe.scaling overrides."
             )
         OmegaConf.update(merged, key, OmegaConf.to_container(value, resolve=True)
@@ -94,8 +95,10 @@ def scaling_variants(merged: DictConfig, sweep: list[str] | None) -> list[str | 
     """[None] = evaluate the (possibly overridden) config as is; else one variant per scaling type."""
     if not sweep:
         return [None]
-    if merged.pe.name != "rope":
-        raise ConfigError(f"scaling_sweep applies to RoPE only; this checkpoint uses pe={merged.pe.name}.")
+    if "scaling" not in merged.pe:
+        raise ConfigError(
+            f"scaling_sweep applies to the RoPE family (rope, xpos) only; this checkpoint uses pe={merged.pe.name}."
+        )
     unknown = [s for s in sweep if s not in SCALING_TYPES]
     if unknown:
         raise ConfigError(f"scaling_sweep has unknown types {unknown}; known: {list(SCALING_TYPES)}.")

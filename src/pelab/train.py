@@ -48,7 +48,7 @@ def validate_config(cfg: DictConfig) -> None:
         )
     if data.seq_len is None or int(data.seq_len) <= 0:
         raise ConfigError(f"data.seq_len={data.seq_len} must be a positive number of tokens.")
-    if pe.name == "rope":
+    if "rotary_fraction" in pe:  # the RoPE family (rope, xpos)
         rot = int(m.d_model // m.n_heads * float(pe.get("rotary_fraction", 1.0)))
         if rot % 2:
             raise ConfigError(

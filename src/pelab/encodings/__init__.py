@@ -1,6 +1,7 @@
 """Positional encodings behind one contract (see ``base.py``), selected by name from ``conf/pe/<name>.yaml``.
 
 Add a scheme: write a ``PositionEncoding`` subclass, register it in ``ENCODINGS``, add ``conf/pe/<name>.yaml``.
+Any scheme can be wrapped in randomized positions (Ruoss et al. 2023) with ``randomized.max_position``.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from typing import Any
 
 from pelab.encodings.absolute import Learned, NoPE, Sinusoidal
 from pelab.encodings.base import PositionEncoding, PositionOutOfRange
-from pelab.encodings.bias import ALiBi, T5Bias
-from pelab.encodings.rotary import RoPE
+from pelab.encodings.bias import FIRE, KERPLE, ALiBi, Sandwich, T5Bias
+from pelab.encodings.contextual import CoPE
+from pelab.encodings.randomized import Randomized
+from pelab.encodings.rotary import RoPE, XPos
 
 ENCODINGS: dict[str, type[PositionEncoding]] = {
     "nope": NoPE,
@@ -20,6 +23,11 @@ ENCODINGS: dict[str, type[PositionEncoding]] = {
     "t5_bias": T5Bias,
     "rope": RoPE,
     "alibi": ALiBi,
+    "xpos": XPos,
+    "kerple": KERPLE,
+    "sandwich": Sandwich,
+    "fire": FIRE,
+    "cope": CoPE,
 }
 
 
@@ -38,23 +46,37 @@ def _plain(cfg: Any) -> dict:
 
 
 def build_encoding(cfg: Any, d_model: int, n_heads: int) -> PositionEncoding:
-    """Build an encoding from ``{name: <scheme>, **knobs}`` (a dict or a DictConfig from conf/pe/)."""
+    """Build an encoding from ``{name: <scheme>, **knobs}`` (a dict or a DictConfig from conf/pe/);
+    ``randomized: {max_position: N}`` wraps it in randomized training positions (null = off)."""
     knobs = _plain(cfg)
     name = knobs.pop("name", None)
     if name not in ENCODINGS:
         raise ValueError(f"pe.name={name!r} is unknown; known encodings: {sorted(ENCODINGS)}")
-    return ENCODINGS[name](d_model, n_heads, **knobs)
+    randomized = knobs.pop("randomized", None) or {}
+    unknown = set(randomized) - {"max_position"}
+    if unknown:
+        raise ValueError(f"pe.randomized got unknown keys {sorted(unknown)}; known: ['max_position']")
+    pe = ENCODINGS[name](d_model, n_heads, **knobs)
+    if randomized.get("max_position") is not None:
+        return Randomized(pe, randomized["max_position"])
+    return pe
 
 
 __all__ = [
     "ENCODINGS",
     "ALiBi",
+    "CoPE",
+    "FIRE",
+    "KERPLE",
     "Learned",
     "NoPE",
     "PositionEncoding",
     "PositionOutOfRange",
     "RoPE",
+    "Randomized",
+    "Sandwich",
     "Sinusoidal",
     "T5Bias",
+    "XPos",
     "build_encoding",
 ]

@@ -1,11 +1,16 @@
-"""The position contract: one base class, three optional hooks.
+"""The position contract: one base class, optional hooks.
 
 An encoding fills any of
-  1. ``embed(x, pos)``          add a vector to the token embeddings   (sinusoidal, learned)
-  2. ``rotate(q, k, pos)``      rotate queries and keys                (RoPE family)
-  3. ``score_bias(q_pos, k_pos)`` add a per-head bias to attention logits (ALiBi, T5)
-and sets the matching ``has_*`` flag. The model calls the hooks whose flag is set and never asks
-which encoding it holds, so a new scheme is one module + one YAML file.
+  1. ``embed(x, pos)``            add a vector to the token embeddings   (sinusoidal, learned)
+  2. ``rotate(q, k, pos)``        rotate queries and keys                (RoPE, xPos)
+  3. ``score_bias(q_pos, k_pos)`` add a per-head bias to attention logits (ALiBi, T5, KERPLE, FIRE, Sandwich)
+  4. ``content_bias(q, k, q0)``   add a bias computed from this layer's q and k (CoPE: positions are
+                                  counts of gated keys, so they depend on content)
+and sets the matching ``has_*`` flag; and may
+  5. ``remap_positions(pos)``     replace the positions before the other hooks see them (randomized
+                                  positions in training); the default returns ``pos`` itself.
+The model calls the hooks whose flag is set and never asks which encoding it holds, so a new scheme is
+one module + one YAML file.
 
 Positions are a LongTensor ``pos`` of shape ``(T,)`` (shared by the batch) or ``(B, T)``.
 """
@@ -27,6 +32,7 @@ class PositionEncoding(nn.Module):
     has_embed: bool = False
     has_rotate: bool = False
     has_bias: bool = False
+    has_content_bias: bool = False
     # True: score_bias(q_pos, k_pos) is the same for every layer, so the model computes it once per forward.
     bias_shared_across_layers: bool = True
     # True: score_bias depends on q_pos - k_pos only (ALiBi, T5), so for consecutive positions the model
@@ -63,6 +69,17 @@ class PositionEncoding(nn.Module):
         Causal masking is not part of the bias: the attention code adds it.
         """
         raise NotImplementedError(f"pe={self.name} has no score bias (has_bias=False)")
+
+    def content_bias(self, q: Tensor, k: Tensor, q0: int) -> Tensor:
+        """q (B, H, C, Dh) of queries q0..q0+C-1, k (B, H, K, Dh) of keys 0..K-1 -> (B, H, C, K) bias.
+
+        Called per layer and per query chunk; entries of future keys are ignored (masked by attention).
+        """
+        raise NotImplementedError(f"pe={self.name} has no content bias (has_content_bias=False)")
+
+    def remap_positions(self, pos: Tensor) -> Tensor:
+        """Positions the other hooks will see; return ``pos`` itself (the same object) to keep them."""
+        return pos
 
     # ---- declarations -------------------------------------------------------------------------
     def num_learnable_params(self) -> int:

@@ -1,7 +1,9 @@
 """Score-bias schemes: a per-head function of (query position, key position) added to attention logits.
 
-Both are translation invariant and identical for every layer (``bias_shared_across_layers``), so the model
-computes the bias once per forward. Causal masking is added by the attention code, not here.
+All are identical for every layer (``bias_shared_across_layers``: one module per model, as T5 does), so
+the model computes the bias once per forward. ALiBi, T5, KERPLE and Sandwich depend on the distance
+i - j only (``bias_translation_invariant``); FIRE also on the query position i. Causal masking is added
+by the attention code, not here.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pelab.encodings.base import PositionEncoding
@@ -131,3 +134,180 @@ class T5Bias(PositionEncoding):
     def diagnostics(self, n_positions: int) -> dict:
         n = torch.arange(min(n_positions, self.max_distance + 1))
         return {"bias_by_distance": self.score_bias(n[-1:], n)[:, 0].detach().flip(-1).cpu()}  # (H, n)
+
+
+# ---- KERPLE ------------------------------------------------------------------------------------------
+def _inverse_softplus(y: Tensor) -> Tensor:
+    """x with softplus(x) = y (y > 0)."""
+    return y + torch.log(-torch.expm1(-y))
+
+
+class KERPLE(PositionEncoding):
+    """Kernelized relative positions (Chi et al. 2022), per head h and distance n = i - j >= 0:
+
+      log:   bias = -r1_h * log(1 + r2_h * n)
+      power: bias = -r1_h * n ** r2_h,  r2_h in (0, 2]
+
+    r1, r2 > 0 are learned. The paper clamps them after each step; here they are a softplus of free
+    parameters (power r2: 2 * sigmoid), which keeps them positive without a projection step. Init as the
+    paper's code: log r1 ~ U(0, 2), r2 ~ U(0, 1); power r1 ~ U(0, 1), r2 ~ U(0, 2).
+    """
+
+    name = "kerple"
+    has_bias = True
+    bias_translation_invariant = True
+    VARIANTS = ("log", "power")
+
+    def __init__(self, d_model: int, n_heads: int, variant: str = "log", eps: float = 1e-2, **knobs):
+        super().__init__(d_model, n_heads, **knobs)
+        if variant not in self.VARIANTS:
+            raise ValueError(f"pe.variant={variant!r} is unknown; choose one of {list(self.VARIANTS)}")
+        self.variant = variant
+        self.eps = float(eps)  # lower bound of the initial values, away from softplus' flat end
+        scale_r1, scale_r2 = (2.0, 1.0) if variant == "log" else (1.0, 2.0)
+        r1 = (torch.rand(n_heads) * scale_r1).clamp(min=self.eps)
+        r2 = (torch.rand(n_heads) * scale_r2).clamp(min=self.eps, max=2.0 - self.eps)
+        self.r1_raw = nn.Parameter(_inverse_softplus(r1))
+        if variant == "log":
+            self.r2_raw = nn.Parameter(_inverse_softplus(r2))
+        else:
+            self.r2_raw = nn.Parameter(torch.logit(r2 / 2.0))
+
+    def r1(self) -> Tensor:
+        return F.softplus(self.r1_raw.float())
+
+    def r2(self) -> Tensor:
+        if self.variant == "log":
+            return F.softplus(self.r2_raw.float())
+        return 2.0 * torch.sigmoid(self.r2_raw.float())
+
+    def score_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        n = _distance(q_pos, k_pos).clamp(min=0).to(torch.float32)  # (Tq, Tk) or (B, Tq, Tk)
+        shape = (-1, 1, 1) if n.dim() == 2 else (1, -1, 1, 1)
+        n = n if n.dim() == 2 else n[:, None]
+        r1, r2 = self.r1().view(shape), self.r2().view(shape)
+        if self.variant == "log":
+            return -r1 * torch.log1p(r2 * n)
+        # n**r2 at n = 0 is 0, but its r2-gradient 0 * log(0) is NaN: take the power of n >= 1 only
+        return -r1 * torch.where(n > 0, n.clamp(min=1.0).pow(r2), 0.0)
+
+    def diagnostics(self, n_positions: int) -> dict:
+        n = torch.arange(n_positions)
+        with torch.no_grad():
+            return {"bias_by_distance": self.score_bias(n[-1:], n)[:, 0].flip(-1).cpu()}  # (H, n)
+
+
+# ---- Sandwich ----------------------------------------------------------------------------------------
+def sandwich_slopes(n_heads: int) -> list[float]:
+    """Head h = 1..H divides the bias by its compression ratio 8h/H (Chi et al. 2023, as ALiBi's slopes)."""
+    return [n_heads / (8.0 * h) for h in range(1, n_heads + 1)]
+
+
+class Sandwich(PositionEncoding):
+    """Sandwich (Chi et al. 2023): the inner product of two sinusoidal embeddings of dimension d' as bias,
+
+      bias_h(n) = (sum_{i=1}^{d'/2} cos(n * w_i) - d'/2) * H / (8h),   w_i = base^(-2i/d'),  n = i - j,
+
+    i.e. p_m . p_n shifted so that distance 0 has bias 0 (and every other distance a negative one), and
+    scaled per head like ALiBi. No parameters.
+    """
+
+    name = "sandwich"
+    has_bias = True
+    bias_translation_invariant = True
+
+    def __init__(self, d_model: int, n_heads: int, dim: int | None = None, base: float = 10000.0, **knobs):
+        super().__init__(d_model, n_heads, **knobs)
+        self.dim = int(dim) if dim is not None else d_model
+        if self.dim < 2 or self.dim % 2:
+            raise ValueError(f"pe.dim (d') must be an even number >= 2; got {self.dim}")
+        self.base = float(base)
+        self.register_buffer("omega", self._omega(), persistent=False)
+        self.register_buffer("head_scale", torch.tensor(sandwich_slopes(n_heads)), persistent=False)
+
+    def _omega(self) -> Tensor:
+        i = torch.arange(1, self.dim // 2 + 1, dtype=torch.float64)
+        return (self.base ** (-2.0 * i / self.dim)).float()
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)  # keep the frequencies and scales fp32 under model.to(bf16)
+        self.omega = self._omega().to(self.omega.device)
+        self.head_scale = torch.tensor(sandwich_slopes(self.n_heads), device=self.omega.device)
+        return self
+
+    def score_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        n = _distance(q_pos, k_pos).to(torch.float32)  # (Tq, Tk) or (B, Tq, Tk)
+        # sum_i cos(n w_i) over d'/2 frequencies, a Tq*Tk*d'/2 temporary: computed per distance instead
+        lo, hi = int(n.min()), int(n.max())
+        d = torch.arange(lo, hi + 1, device=n.device, dtype=torch.float32)
+        per_distance = torch.cos(d[:, None] * self.omega).sum(-1) - self.dim / 2  # (hi-lo+1,)
+        index = (n - lo).long()
+        bias = per_distance[index]  # (Tq, Tk) or (B, Tq, Tk)
+        if bias.dim() == 2:
+            return bias * self.head_scale[:, None, None]
+        return bias[:, None] * self.head_scale[None, :, None, None]
+
+    def diagnostics(self, n_positions: int) -> dict:
+        n = torch.arange(n_positions)
+        return {"bias_by_distance": self.score_bias(n[-1:], n)[:, 0].flip(-1).cpu()}  # (H, n)
+
+
+# ---- FIRE --------------------------------------------------------------------------------------------
+class FIRE(PositionEncoding):
+    """Functional Interpolation for Relative Positions (Li et al. 2023):
+
+      bias(i, j) = MLP( psi(i - j) / psi(max(i, L)) ),   psi(x) = log(|c x| + 1),
+
+    MLP 1 -> hidden (ReLU) -> H. c (init 0.1) and the threshold L = |L_mult * init_L| (init_L 512, L_mult
+    init 1) are learned. Dividing by psi(max(i, L)) maps every distance of any query into [0, 1]: long
+    inputs are interpolated into the trained range instead of extrapolated. One module for all layers.
+    """
+
+    name = "fire"
+    has_bias = True
+
+    # rows of the (rows, Tk, hidden) MLP temporary per block: bounds memory at long evaluation lengths
+    MAX_HIDDEN_ELEMENTS = 16 * 2**20
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        mlp_width: int = 32,
+        init_c: float = 0.1,
+        init_L: float = 512.0,
+        eps: float = 1e-6,
+        **knobs,
+    ):
+        super().__init__(d_model, n_heads, **knobs)
+        if mlp_width < 1 or init_c <= 0 or init_L <= 0:
+            raise ValueError(
+                f"pe.mlp_width={mlp_width}, pe.init_c={init_c} and pe.init_L={init_L} must all be positive"
+            )
+        self.mlp = nn.Sequential(nn.Linear(1, mlp_width), nn.ReLU(), nn.Linear(mlp_width, n_heads))
+        self.c = nn.Parameter(torch.tensor(float(init_c)))
+        self.register_buffer("init_L", torch.tensor(float(init_L)))
+        self.L_multiplier = nn.Parameter(torch.tensor(1.0))
+        self.eps = float(eps)
+
+    def normalized_distance(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """psi(i - j) / psi(max(i, L)): (Tq, Tk) or (B, Tq, Tk), fp32, in [0, 1] for j <= i."""
+        qf, kf = q_pos.to(torch.float32), k_pos.to(torch.float32)
+        c = self.c.float()
+        dist = (qf[..., :, None] - kf[..., None, :]).clamp(min=0)  # future keys are masked anyway
+        threshold = (self.L_multiplier.float() * self.init_L.float()).abs()
+        normalizer = torch.log(torch.abs(c * torch.maximum(qf, threshold)) + 1) + self.eps  # (Tq,)
+        return torch.log(torch.abs(c * dist) + 1) / normalizer[..., :, None]
+
+    def score_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        x = self.normalized_distance(q_pos, k_pos)  # (..., Tq, Tk)
+        Tq, Tk = x.shape[-2:]
+        rows = max(1, self.MAX_HIDDEN_ELEMENTS // max(1, Tk * self.mlp[0].out_features))
+        blocks = [self.mlp(x[..., r : r + rows, :, None]) for r in range(0, Tq, rows)]  # (..., rows, Tk, H)
+        bias = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-3)
+        return bias.movedim(-1, -3).float()  # (..., H, Tq, Tk)
+
+    def diagnostics(self, n_positions: int) -> dict:
+        n = torch.arange(n_positions)
+        with torch.no_grad():  # the bias seen by the last query, by distance 0..n-1
+            return {"bias_by_distance": self.score_bias(n[-1:], n)[..., 0, :].flip(-1).cpu()}  # (H, n)

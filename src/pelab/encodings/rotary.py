@@ -1,5 +1,7 @@
 """Rotary position embedding (Su et al. 2021) and its context-extension scalings.
 
+Also here: p-RoPE (``frequency_fraction``) and xPos (``XPos``, RoPE with a distance decay).
+
 Pairing convention: half-split (GPT-NeoX / Hugging Face): channel i is paired with channel i + d/2 of the
 rotated block, and pair i turns by angle p * theta_i with theta_i = base^(-2i/d). Used everywhere here.
 
@@ -182,12 +184,15 @@ class RoPE(PositionEncoding):
         n_heads: int,
         base: float = 10000.0,
         rotary_fraction: float = 1.0,
+        frequency_fraction: float = 1.0,
         scaling: Mapping | None = None,
         **knobs,
     ):
         super().__init__(d_model, n_heads, **knobs)
         if not 0.0 < rotary_fraction <= 1.0:
             raise ValueError(f"pe.rotary_fraction must be in (0, 1]; got {rotary_fraction}")
+        if not 0.0 <= frequency_fraction <= 1.0:
+            raise ValueError(f"pe.frequency_fraction (p-RoPE's p) must be in [0, 1]; got {frequency_fraction}")
         self.base = float(base)
         self.rotary_fraction = float(rotary_fraction)
         self.rotary_dim = int(self.head_dim * rotary_fraction) // 2 * 2  # even: channels come in pairs
@@ -196,6 +201,9 @@ class RoPE(PositionEncoding):
                 f"pe.rotary_fraction={rotary_fraction} of head_dim={self.head_dim} leaves no channel pair "
                 "to rotate; raise pe.rotary_fraction or the head size"
             )
+        # p-RoPE (Barbero et al. 2024): keep the round(p * d/2) highest frequencies, set the rest to 0
+        self.frequency_fraction = float(frequency_fraction)
+        self.n_frequencies = round(self.frequency_fraction * self.rotary_dim / 2)
         self.register_buffer("inv_freq", base_inv_freq(self.rotary_dim, self.base).float(), persistent=False)
         self._memo: tuple | None = None  # (pos, key, cos, sin): reused by every layer of one forward
         self._version = 0
@@ -240,7 +248,7 @@ class RoPE(PositionEncoding):
             s["beta_fast"],
             s["beta_slow"],
         )
-        self.inv_freq = inv_freq.to(device=self.inv_freq.device, dtype=torch.float32)
+        self.inv_freq = self._keep_high(inv_freq).to(device=self.inv_freq.device, dtype=torch.float32)
         self._version += 1
         self._memo = None
 
@@ -260,7 +268,14 @@ class RoPE(PositionEncoding):
             d, self.base, self.scaling["factor"], self.scaling["original_max_position"], seq_len
         )  # 0-d tensor
         exponents = torch.arange(0, d, 2, dtype=torch.float32, device=pos.device) / d
-        return 1.0 / new_base**exponents
+        return self._keep_high(1.0 / new_base**exponents)
+
+    def _keep_high(self, inv_freq: Tensor) -> Tensor:
+        """p-RoPE: zero the lowest frequencies (the last pairs); a zero frequency leaves its pair unrotated."""
+        if self.n_frequencies == inv_freq.shape[-1]:
+            return inv_freq
+        keep = torch.arange(inv_freq.shape[-1], device=inv_freq.device) < self.n_frequencies
+        return inv_freq * keep
 
     def cos_sin(self, pos: Tensor) -> tuple[Tensor, Tensor]:
         """(T,) -> cos, sin (T, d); (B, T) -> (B, 1, T, d); fp32, times the attention factor.
@@ -289,5 +304,52 @@ class RoPE(PositionEncoding):
 
     def extra_repr(self) -> str:
         return (
-            f"{super().extra_repr()}, base={self.base}, rotary_dim={self.rotary_dim}, scaling={self.scaling}"
+            f"{super().extra_repr()}, base={self.base}, rotary_dim={self.rotary_dim}, "
+            f"frequencies={self.n_frequencies}/{self.rotary_dim // 2}, scaling={self.scaling}"
         )
+
+
+# ---- xPos -----------------------------------------------------------------------------------------------
+def xpos_zeta(dim: int) -> Tensor:
+    """Sun et al. 2022: zeta_i = (2i/d + 0.4) / 1.4 for pair i = 0..d/2-1, float64 (d/2,); all in (0, 1)."""
+    return (torch.arange(0, dim, 2, dtype=torch.float64) / dim + 0.4) / 1.4
+
+
+class XPos(RoPE):
+    """RoPE with an exponential decay: q_m times zeta^(m/scale_base), k_n times zeta^(-n/scale_base), so
+    q_m . k_n gains zeta^((m-n)/scale_base) -- decaying with distance for causal (m >= n) attention.
+
+    Positions are centred on the middle of the input before the powers are taken (as in torchscale):
+    the product depends on m - n only, and centring keeps zeta^(+-p/scale_base) inside fp32 at long inputs.
+    """
+
+    name = "xpos"
+
+    def __init__(self, d_model: int, n_heads: int, scale_base: float = 512.0, **knobs):
+        super().__init__(d_model, n_heads, **knobs)
+        if scale_base <= 0:
+            raise ValueError(f"pe.scale_base must be > 0; got {scale_base}")
+        self.scale_base = float(scale_base)
+        self.register_buffer("log_zeta", xpos_zeta(self.rotary_dim).log().float(), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        self.log_zeta = xpos_zeta(self.rotary_dim).log().to(device=self.inv_freq.device, dtype=torch.float32)
+        return self
+
+    def decay(self, pos: Tensor) -> Tensor:
+        """zeta^((p - centre)/scale_base): (T,) -> (T, d); (B, T) -> (B, 1, T, d), half-split layout, fp32."""
+        p = positions_as_float(pos)
+        centre = (p.amax(-1, keepdim=True) + p.amin(-1, keepdim=True)) / 2  # no host sync
+        scale = torch.exp((p - centre)[..., None] / self.scale_base * self.log_zeta)  # (..., T, d/2)
+        scale = torch.cat((scale, scale), dim=-1)
+        return scale[:, None] if pos.dim() == 2 else scale
+
+    def rotate(self, q: Tensor, k: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
+        cos, sin = self.cos_sin(pos)
+        scale = self.decay(pos)
+        q = apply_rotary(q, cos * scale, sin * scale)
+        return q, apply_rotary(k, cos / scale, sin / scale)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, scale_base={self.scale_base}"

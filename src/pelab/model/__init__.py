@@ -22,14 +22,18 @@ def build_model(model_cfg: Any, pe_cfg: Any, vocab_size: int, seq_len: int | Non
 
 def fill_training_length(pe: dict, seq_len: int | None) -> dict:
     """Settings left null in conf/pe/ that mean "the training length": RoPE scaling's
-    ``original_max_position`` and the learned table's ``max_positions``."""
+    ``original_max_position``, the learned table's ``max_positions`` (with randomized positions: their
+    ``max_position``, the largest position training reaches) and CoPE's ``npos_max``."""
     if seq_len is None:
         return pe
     scaling = pe.get("scaling")
     if isinstance(scaling, dict) and scaling.get("original_max_position") is None:
         pe["scaling"] = {**scaling, "original_max_position": int(seq_len)}
     if "max_positions" in pe and pe["max_positions"] is None:
-        pe["max_positions"] = int(seq_len)
+        randomized = pe.get("randomized") or {}
+        pe["max_positions"] = int(randomized.get("max_position") or seq_len)
+    if "npos_max" in pe and pe["npos_max"] is None:
+        pe["npos_max"] = int(seq_len)
     return pe
 
 

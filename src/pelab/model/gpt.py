@@ -81,10 +81,20 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
         if pe.has_rotate:
             q, k = pe.rotate(q, k, pos)
+        backend = "auto"
+        if pe.has_content_bias:
+            bias, backend = self._content_bias_fn(pe, q, k), "sdpa"  # learned, per layer: chunked SDPA path
         dropout_p = self.dropout if self.training else 0.0
-        y = causal_attention(q, k, v, bias, chunk_size=self.chunk_size, dropout_p=dropout_p)
+        y = causal_attention(q, k, v, bias, chunk_size=self.chunk_size, dropout_p=dropout_p, backend=backend)
         y = y.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
         return self.resid_drop(self.proj(y))
+
+    @staticmethod
+    def _content_bias_fn(pe: PositionEncoding, q: Tensor, k: Tensor) -> Callable[[int, int], Tensor]:
+        def bias_fn(q0: int, q1: int) -> Tensor:  # queries q0..q1-1 against keys 0..q1-1
+            return pe.content_bias(q[..., q0:q1, :], k[..., :q1, :], q0)
+
+        return bias_fn
 
 
 class MLP(nn.Module):
@@ -122,6 +132,10 @@ class GPT(nn.Module):
             raise ValueError(
                 f"the encoding was built for d_model={pe.d_model}, n_heads={pe.n_heads} but the model has "
                 f"d_model={config.d_model}, n_heads={config.n_heads}; build it with the model's sizes"
+            )
+        if pe.has_bias and pe.has_content_bias:
+            raise NotImplementedError(
+                f"pe={pe.name} sets both has_bias and has_content_bias; fold the score bias into content_bias"
             )
         self.config = config
         self.pe = pe
@@ -202,6 +216,9 @@ class GPT(nn.Module):
         arange(start, start + T)."""
         consecutive = pos is None
         pos, max_position = self.positions(idx, pos, start)
+        remapped = self.pe.remap_positions(pos)
+        if remapped is not pos:  # e.g. randomized positions in training: no longer start..start+T-1
+            pos, max_position, consecutive = remapped, None, False
         self.pe.check_positions(pos, max_position=max_position)  # raises PositionOutOfRange
         x = self.tok_emb(idx)  # (B, T, D)
         if self.pe.has_embed:
