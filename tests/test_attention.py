@@ -74,11 +74,12 @@ def test_entries_above_the_diagonal_are_ignored():
     )
 
 
-@pytest.mark.parametrize("name", ["alibi", "t5_bias"])
+@pytest.mark.parametrize("name", ["alibi", "t5_bias", "kerple", "sandwich", "fire"])
 def test_encoding_bias_and_gradients_match_reference(name):
-    """Real encoding biases, including gradients into the learned T5 table, through the chunked path."""
+    """Real encoding biases, including gradients into learned ones (T5 table, KERPLE r, FIRE MLP),
+    through the chunked path."""
     T = 45
-    pe = build_encoding({"name": name}, H * DH, H)
+    pe = build_encoding({"name": name, **({"init_L": 16.0} if name == "fire" else {})}, H * DH, H)
     pos = torch.arange(T)
     q, k, v = (t.requires_grad_() for t in qkv(T))
 

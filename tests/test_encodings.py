@@ -29,12 +29,20 @@ def rope(scaling: dict | None = None, d_model: int = D, n_heads: int = H, **knob
 
 
 # ---- registry and configs ----------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["nope", "sinusoidal", "learned", "t5_bias", "rope", "alibi"])
+def test_every_registered_encoding_has_a_yaml_and_every_yaml_is_registered():
+    assert sorted(p.stem for p in CONF_PE.glob("*.yaml")) == sorted(ENCODINGS)
+
+
+@pytest.mark.parametrize("name", sorted(ENCODINGS))
 def test_yaml_builds_and_has_expected_shapes(name):
     cfg = OmegaConf.load(CONF_PE / f"{name}.yaml")
     assert cfg.name == name
+    assert cfg.randomized.max_position is None  # every scheme can be wrapped; off by default
     pe = build_encoding(fill_training_length(OmegaConf.to_container(cfg), seq_len=64), D, H)
     assert isinstance(pe, ENCODINGS[name])
+    if pe.has_content_bias:
+        q, k = torch.randn(2, H, 7, D // H), torch.randn(2, H, 7, D // H)
+        assert pe.content_bias(q[..., 3:, :], k, 3).shape == (2, H, 4, 7)
     B, T = 2, 7
     pos = torch.arange(T)
     x = torch.randn(B, T, D)
@@ -65,11 +73,26 @@ def test_unknown_name_and_knob_are_clear_errors():
 
 @pytest.mark.parametrize(
     ("name", "expected"),
-    [("nope", 0), ("sinusoidal", 0), ("rope", 0), ("alibi", 0), ("learned", 64 * D), ("t5_bias", 32 * H)],
+    [
+        ("nope", 0),
+        ("sinusoidal", 0),
+        ("rope", 0),
+        ("alibi", 0),
+        ("learned", 64 * D),
+        ("t5_bias", 32 * H),
+        ("xpos", 0),
+        ("sandwich", 0),
+        ("kerple", 2 * H),  # r1, r2 per head
+        ("fire", (1 * 32 + 32) + (32 * H + H) + 2),  # MLP 1 -> 32 -> H, c, L multiplier
+        ("cope", 64 * (D // H)),  # npos_max x head_dim
+    ],
 )
 def test_num_learnable_params(name, expected):
-    pe = build_encoding({"name": name, **({"max_positions": 64} if name == "learned" else {})}, D, H)
+    knobs = {"learned": {"max_positions": 64}, "cope": {"npos_max": 64}}.get(name, {})
+    pe = build_encoding({"name": name, **knobs}, D, H)
     assert pe.num_learnable_params() == expected
+    wrapped = build_encoding({"name": name, **knobs, "randomized": {"max_position": 64}}, D, H)
+    assert wrapped.num_learnable_params() == expected  # the wrapper adds nothing
 
 
 # ---- sinusoidal -----------------------------------------------------------------------------------------
@@ -373,5 +396,10 @@ def test_encoding_report_and_figures(tmp_path):
     rep = encoding_report(build_encoding({"name": "t5_bias"}, 32, 4), 64)
     assert rep["hooks"] == ["score_bias"] and rep["num_learnable_params"] == 32 * 4
     assert "neighbour_cosine_mean" not in rep
+    for name in ("alibi", "t5_bias", "kerple", "sandwich", "fire"):
+        rep = encoding_report(build_encoding({"name": name}, 32, 4), 64, figures=True)
+        assert set(rep["figures"]) == {"bias_by_distance"}, name
+    rep = encoding_report(build_encoding({"name": "cope", "npos_max": 16}, 32, 4), 64, figures=True)
+    assert rep["hooks"] == ["content_bias"] and rep["figures"] == {}
     assert isinstance(plot_table_heatmap(torch.randn(8, 4)), Figure)
     assert isinstance(plot_neighbour_cosine({"a": torch.rand(7), "b": torch.rand(7)}), Figure)

@@ -28,6 +28,14 @@ SCHEMES = {
         "scaling": {"type": "yarn", "factor": 2.0, "original_max_position": 8},
     },
     "alibi": {"name": "alibi"},
+    "xpos": {"name": "xpos", "scale_base": 16.0},
+    "kerple_log": {"name": "kerple", "variant": "log"},
+    "kerple_power": {"name": "kerple", "variant": "power"},
+    "sandwich": {"name": "sandwich"},
+    "fire": {"name": "fire", "init_L": 8.0},
+    "cope": {"name": "cope", "npos_max": 8},
+    "p_rope": {"name": "rope", "frequency_fraction": 0.5},
+    "randomized_alibi": {"name": "alibi", "randomized": {"max_position": 256}},
 }
 
 
@@ -103,7 +111,8 @@ def test_absolute_encodings_are_summed_into_the_embedding(scheme):
 # ---- causality ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("scheme", "path"),
-    [(s, "default") for s in SCHEMES] + [("alibi", "chunked_bias"), ("t5_bias", "chunked_bias")],
+    [(s, "default") for s in SCHEMES]
+    + [(s, "chunked_bias") for s in ("alibi", "t5_bias", "kerple_log", "sandwich", "fire", "cope")],
 )
 def test_changing_token_t_never_changes_earlier_logits(scheme, path):
     model = micro(SCHEMES[scheme], attn_chunk_size=5)
@@ -119,9 +128,9 @@ def test_changing_token_t_never_changes_earlier_logits(scheme, path):
     assert (out[:, t:] - base[:, t:]).abs().amax(dim=-1).min() > 1e-6  # t and later do see it
 
 
-@pytest.mark.parametrize("scheme", ["alibi", "t5_bias"])
+@pytest.mark.parametrize("scheme", ["alibi", "t5_bias", "kerple_power", "sandwich", "fire"])
 def test_shared_and_chunked_bias_paths_agree_and_bias_is_built_once(scheme):
-    class Counting(ENCODINGS[scheme]):
+    class Counting(ENCODINGS[SCHEMES[scheme]["name"]]):
         calls = 0
 
         def score_bias(self, q_pos, k_pos):
@@ -218,14 +227,17 @@ def test_dropout_is_active_only_in_training():
     assert (model(idx) - model(idx)).abs().max() > 1e-4
 
 
-@pytest.mark.parametrize("scheme", ["learned", "t5_bias"])
+@pytest.mark.parametrize("scheme", ["learned", "t5_bias", "kerple_log", "kerple_power", "fire", "cope"])
 def test_gradients_reach_the_encoding_parameters(scheme):
     model = micro(SCHEMES[scheme]).train()
+    if scheme == "cope":  # zero-initialised table: the bias and its input gradient start at 0
+        torch.nn.init.normal_(model.pe.pos_emb)
     idx = tokens(2, 10)
     loss = nn.functional.cross_entropy(model(idx[:, :-1]).flatten(0, 1), idx[:, 1:].flatten())
     loss.backward()
+    for name, p in model.pe.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
     grad = next(model.pe.parameters()).grad
-    assert grad is not None and grad.abs().sum() > 0
     if scheme == "learned":  # only the rows of positions used (0..8) get a gradient
         assert grad[9:].abs().sum() == 0 and grad[:9].abs().sum(-1).min() > 0
 

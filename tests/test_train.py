@@ -13,6 +13,10 @@ from conftest import FAST, compose, offline_runs, run_cli, wandb_records, wandb_
 from pelab.train import ConfigError, train, validate_config
 
 ENCODINGS = ["nope", "sinusoidal", "learned", "t5_bias", "rope", "alibi"]
+# the extension schemes through the harness: the new hooks (content bias, position remap) under Lightning;
+# their formulas and a plain-loop training check per scheme are in tests/test_encodings_extended.py
+EXTENDED = [["pe=xpos"], ["pe=kerple"], ["pe=sandwich"], ["pe=fire"], ["pe=cope"],
+            ["pe=learned", "pe.randomized.max_position=256"]]
 
 
 def _train_losses(output_dir: Path) -> list[float]:
@@ -21,9 +25,10 @@ def _train_losses(output_dir: Path) -> list[float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pe", ENCODINGS)
-def test_every_encoding_trains_and_lowers_the_loss(pe, tmp_path):
-    cfg = compose([*FAST, f"pe={pe}", "logger=csv", "evaluate_after_fit=false", "trainer.max_steps=40",
+@pytest.mark.parametrize("overrides", [[f"pe={pe}"] for pe in ENCODINGS] + EXTENDED, ids=" ".join)
+def test_every_encoding_trains_and_lowers_the_loss(overrides, tmp_path):
+    pe = overrides[0].removeprefix("pe=")
+    cfg = compose([*FAST, *overrides, "logger=csv", "evaluate_after_fit=false", "trainer.max_steps=40",
                    "optim.lr=3e-3"], tmp_path)
     summary = train(cfg)
     assert summary["status"] == "ok"
@@ -43,6 +48,7 @@ def test_every_encoding_trains_and_lowers_the_loss(pe, tmp_path):
         (["pe=rope", "model.d_model=36", "model.n_heads=4"], "rotary_fraction"),
         (["data.seq_len=0"], "data.seq_len"),
         (["pe=learned", "pe.max_positions=16", "data.seq_len=32"], "pe.max_positions"),
+        (["pe=rope", "pe.randomized.max_position=16", "data.seq_len=32"], "pe.randomized.max_position"),
     ],
 )
 def test_invalid_settings_fail_before_training_naming_the_setting(overrides, setting, tmp_path):

@@ -41,7 +41,9 @@ log = logging.getLogger("pelab.report")
 
 REPORT_FILE = "report.md"
 # Display order of the encodings (others follow alphabetically).
-PE_ORDER = ["sinusoidal", "learned", "rope", "t5_bias", "alibi", "nope"]
+PE_ORDER = [
+    "sinusoidal", "learned", "rope", "xpos", "t5_bias", "alibi", "kerple", "sandwich", "fire", "cope", "nope"
+]
 # Config keys that never define a row: the seed is aggregated over, the rest is bookkeeping.
 IGNORED_KEYS = (
     "seed",

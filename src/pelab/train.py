@@ -55,6 +55,13 @@ def validate_config(cfg: DictConfig) -> None:
                 f"RoPE rotates channel pairs, but head_dim*pe.rotary_fraction={rot} is odd "
                 "(head_dim = model.d_model/model.n_heads); change model.n_heads or pe.rotary_fraction."
             )
+    randomized = (pe.get("randomized") or {}).get("max_position")
+    if randomized is not None and int(randomized) < int(data.seq_len):
+        raise ConfigError(
+            f"pe.randomized.max_position={randomized} < data.seq_len={data.seq_len}: randomized positions "
+            "are a subset of [0, max_position) and need at least seq_len of them; raise it (the paper uses "
+            "many times the training length) or set it to null to turn randomization off."
+        )
     if pe.get("max_positions") is not None and int(pe.max_positions) < int(data.seq_len):
         raise ConfigError(
             f"pe.max_positions={pe.max_positions} < data.seq_len={data.seq_len}: a learned table cannot "
@@ -351,7 +358,7 @@ def log_pe_diagnostics(run: Any, model: Any, seq_len: int, output_dir: Path) -> 
     from pelab.encodings.diagnostics import encoding_report
 
     report = encoding_report(model.pe, n_positions=seq_len, figures=True)
-    figs = {k: v for k, v in report.items() if hasattr(v, "savefig")}
+    figs = report.pop("figures", {})
     scalars = {f"pe/{k}": v for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     plot_dir = output_dir / "plots"
     plot_dir.mkdir(parents=True, exist_ok=True)

@@ -70,7 +70,8 @@ class ALiBi(PositionEncoding):
         return -self.slopes[None, :, None, None] * dist[:, None]  # (B, H, Tq, Tk)
 
     def diagnostics(self, n_positions: int) -> dict:
-        return {"slopes": self.slopes.detach().cpu()}
+        n = torch.arange(n_positions)
+        return {"slopes": self.slopes.detach().cpu(), "bias_by_distance": self.score_bias(n[-1:], n)[:, 0].flip(-1)}
 
 
 # ---- T5 relative bias --------------------------------------------------------------------------------

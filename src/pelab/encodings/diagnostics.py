@@ -4,6 +4,7 @@
 - cosine similarity between neighbouring positions of an absolute table (sinusoidal: high and constant,
   since PE(p+1) is a fixed rotation of PE(p); learned at init: near zero)
 - a heatmap of the table (position x dimension), as a matplotlib Figure
+- for score-bias schemes: the bias each head adds at distance 0..n-1 (as seen by the last query), plotted
 """
 
 from __future__ import annotations
@@ -56,11 +57,28 @@ def plot_neighbour_cosine(curves: Tensor | Mapping[str, Tensor], title: str = "n
     return fig
 
 
+def plot_bias_by_distance(bias: Tensor, title: str = "score bias by distance") -> Figure:
+    """One line per head: the bias (H, n) added to the logit of a key at distance 0..n-1."""
+    data = bias.detach().float().cpu().numpy()
+    fig = Figure(figsize=(6, 3.5))
+    ax = fig.subplots()
+    for h, values in enumerate(data):
+        ax.plot(values, label=f"head {h}")
+    ax.set_xlabel("distance i - j")
+    ax.set_ylabel("bias")
+    ax.set_title(title)
+    if len(data) <= 16:
+        ax.legend(fontsize="small", ncol=2)
+    fig.tight_layout()
+    return fig
+
+
 def encoding_report(pe: PositionEncoding, n_positions: int, figures: bool = False) -> dict:
     """Scalars (and optionally figures) describing an encoding; tables only exist for absolute schemes.
 
     Keys: name, num_learnable_params, max_positions, hooks, and when a table exists neighbour_cosine_{mean,
-    min,max} (and figures {"table_heatmap", "neighbour_cosine"} if ``figures``).
+    min,max}; with ``figures``: figures {"table_heatmap", "neighbour_cosine"} for a table,
+    {"bias_by_distance"} for a score bias.
     """
     report: dict = {
         "name": pe.name,
@@ -68,10 +86,17 @@ def encoding_report(pe: PositionEncoding, n_positions: int, figures: bool = Fals
         "max_positions": pe.max_positions,
         "hooks": [
             h
-            for h, used in (("embed", pe.has_embed), ("rotate", pe.has_rotate), ("score_bias", pe.has_bias))
+            for h, used in (
+                ("embed", pe.has_embed),
+                ("rotate", pe.has_rotate),
+                ("score_bias", pe.has_bias),
+                ("content_bias", pe.has_content_bias),
+            )
             if used
         ],
     }
+    if figures:
+        report["figures"] = {}
     with torch.no_grad():
         extras = pe.diagnostics(n_positions)
     table = extras.get("table")
@@ -89,4 +114,7 @@ def encoding_report(pe: PositionEncoding, n_positions: int, figures: bool = Fals
                     {pe.name: cos}, title=f"{pe.name} neighbour cosine"
                 ),
             }
+    bias = extras.get("bias_by_distance")
+    if figures and bias is not None:
+        report["figures"]["bias_by_distance"] = plot_bias_by_distance(bias, title=f"{pe.name} bias by distance")
     return report
