@@ -144,3 +144,22 @@ def test_resume_from_last_checkpoint_continues_at_the_saved_step(tmp_path):
                     "ckpt_path=auto"], tmp_path)
     summary = train(cfg2)
     assert summary["start_step"] == 15 and summary["global_step"] == 30
+
+
+def test_pe_diagnostics_figures_reach_disk_and_wandb(tmp_path):
+    """The start-of-run diagnostics: parameter count and the encoding's figures, on disk and in the W&B run."""
+    import wandb
+
+    from pelab.model import build_model
+    from pelab.train import log_pe_diagnostics
+
+    model = build_model({"n_layers": 1, "n_heads": 2, "d_model": 16}, {"name": "fire"}, vocab_size=8, seq_len=32)
+    run = wandb.init(mode="offline", dir=str(tmp_path), project="pelab-test", settings=wandb.Settings(silent=True))
+    log_pe_diagnostics(run, model, seq_len=32, output_dir=tmp_path)
+    run.finish()
+    assert (tmp_path / "plots" / "pe_bias_by_distance.png").stat().st_size > 5000
+    (path,) = offline_runs(tmp_path)
+    s = wandb_summary(path)["summary"]
+    assert s["pe/num_learnable_params"] == (32 + 32) + (32 * 2 + 2) + 2
+    history = [r for r in wandb_records(path) if r.get("type") == "history"]
+    assert any("pe/bias_by_distance" in json.dumps(h) for h in history)
