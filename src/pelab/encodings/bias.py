@@ -70,8 +70,7 @@ class ALiBi(PositionEncoding):
         return -self.slopes[None, :, None, None] * dist[:, None]  # (B, H, Tq, Tk)
 
     def diagnostics(self, n_positions: int) -> dict:
-        n = torch.arange(n_positions)
-        return {"slopes": self.slopes.detach().cpu(), "bias_by_distance": self.score_bias(n[-1:], n)[:, 0].flip(-1)}
+        return {"slopes": self.slopes.detach().cpu()}
 
 
 # ---- T5 relative bias --------------------------------------------------------------------------------
@@ -132,10 +131,6 @@ class T5Bias(PositionEncoding):
         dist = _distance(q_pos, k_pos).clamp(0, self.max_distance)
         return _heads_first(per_distance, dist).to(torch.float32)
 
-    def diagnostics(self, n_positions: int) -> dict:
-        n = torch.arange(min(n_positions, self.max_distance + 1))
-        return {"bias_by_distance": self.score_bias(n[-1:], n)[:, 0].detach().flip(-1).cpu()}  # (H, n)
-
 
 # ---- KERPLE ------------------------------------------------------------------------------------------
 def _inverse_softplus(y: Tensor) -> Tensor:
@@ -192,11 +187,6 @@ class KERPLE(PositionEncoding):
         # n**r2 at n = 0 is 0, but its r2-gradient 0 * log(0) is NaN: take the power of n >= 1 only
         return -r1 * torch.where(n > 0, n.clamp(min=1.0).pow(r2), 0.0)
 
-    def diagnostics(self, n_positions: int) -> dict:
-        n = torch.arange(n_positions)
-        with torch.no_grad():
-            return {"bias_by_distance": self.score_bias(n[-1:], n)[:, 0].flip(-1).cpu()}  # (H, n)
-
 
 # ---- Sandwich ----------------------------------------------------------------------------------------
 def sandwich_slopes(n_heads: int) -> list[float]:
@@ -247,10 +237,6 @@ class Sandwich(PositionEncoding):
         if bias.dim() == 2:
             return bias * self.head_scale[:, None, None]
         return bias[:, None] * self.head_scale[None, :, None, None]
-
-    def diagnostics(self, n_positions: int) -> dict:
-        n = torch.arange(n_positions)
-        return {"bias_by_distance": self.score_bias(n[-1:], n)[:, 0].flip(-1).cpu()}  # (H, n)
 
 
 # ---- FIRE --------------------------------------------------------------------------------------------
@@ -307,8 +293,3 @@ class FIRE(PositionEncoding):
         blocks = [self.mlp(x[..., r : r + rows, :, None]) for r in range(0, Tq, rows)]  # (..., rows, Tk, H)
         bias = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-3)
         return bias.movedim(-1, -3).float()  # (..., H, Tq, Tk)
-
-    def diagnostics(self, n_positions: int) -> dict:
-        n = torch.arange(n_positions)
-        with torch.no_grad():  # the bias seen by the last query, by distance 0..n-1
-            return {"bias_by_distance": self.score_bias(n[-1:], n)[..., 0, :].flip(-1).cpu()}  # (H, n)

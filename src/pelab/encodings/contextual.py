@@ -60,8 +60,5 @@ class CoPE(PositionEncoding):
         logits_int = torch.matmul(q.float(), self.pos_emb.float())  # (B, H, C, P)
         return interpolate_logits(logits_int, pos)
 
-    def diagnostics(self, n_positions: int) -> dict:
-        return {"pos_emb_norm": self.pos_emb.detach().norm(dim=0).cpu()}  # (P,) size of e[p] by position
-
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, npos_max={self.npos_max}"

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 
 import torch
@@ -114,7 +115,15 @@ def encoding_report(pe: PositionEncoding, n_positions: int, figures: bool = Fals
                     {pe.name: cos}, title=f"{pe.name} neighbour cosine"
                 ),
             }
-    bias = extras.get("bias_by_distance")
-    if figures and bias is not None:
+    if figures and pe.has_bias:
+        bias = bias_by_distance(pe, n_positions)
         report["figures"]["bias_by_distance"] = plot_bias_by_distance(bias, title=f"{pe.name} bias by distance")
     return report
+
+
+def bias_by_distance(pe: PositionEncoding, n_positions: int) -> Tensor:
+    """(H, n): the score bias of keys at distance 0..n-1 from the last query of positions 0..n-1."""
+    tensor = next(itertools.chain(pe.parameters(), pe.buffers()), None)
+    n = torch.arange(n_positions, device=tensor.device if tensor is not None else None)
+    with torch.no_grad():
+        return pe.score_bias(n[-1:], n)[:, 0].flip(-1).float().cpu()
