@@ -95,6 +95,17 @@ def test_kerple_log_and_power_match_paper_at_hand_points():
 
 
 @pytest.mark.parametrize("variant", ["log", "power"])
+def test_kerple_is_shift_invariant_and_decreasing(variant):
+    torch.manual_seed(0)
+    pe = build_encoding({"name": "kerple", "variant": variant}, D, H)
+    pos = torch.arange(40)
+    bias = pe.score_bias(pos, pos)
+    torch.testing.assert_close(pe.score_bias(pos + 777, pos + 777), bias)
+    row = bias[:, -1].flip(-1)  # (H, 40): distance 0..39 from the last query
+    assert (row[:, 1:] < row[:, :-1]).all()  # a kernel: more distant keys are penalised more
+
+
+@pytest.mark.parametrize("variant", ["log", "power"])
 def test_kerple_parameters_stay_positive_and_gradients_finite(variant):
     torch.manual_seed(0)
     pe = build_encoding({"name": "kerple", "variant": variant}, D, H)
