@@ -24,22 +24,37 @@ from torch import Tensor, nn
 from pelab.encodings.base import PositionEncoding
 
 
+def future_mask(q0: int, C: int, K: int, device=None) -> Tensor:
+    """(C, K) True where key j > query i, for queries q0..q0+C-1 and keys 0..K-1."""
+    q_idx = torch.arange(q0, q0 + C, device=device)
+    return torch.arange(K, device=device)[None, :] > q_idx[:, None]
+
+
 def cope_positions(gates: Tensor, q0: int) -> Tensor:
     """gates (..., C, K) of queries q0..q0+C-1 -> p_ij = sum_{t=j}^{i} g_it (0 for future keys j > i)."""
-    C, K = gates.shape[-2:]
-    q_idx = torch.arange(q0, q0 + C, device=gates.device)
-    future = torch.arange(K, device=gates.device)[None, :] > q_idx[:, None]  # (C, K)
-    gates = gates.masked_fill(future, 0.0)
-    return gates.flip(-1).cumsum(-1).flip(-1)  # suffix sums over keys
+    gates = gates.masked_fill(future_mask(q0, *gates.shape[-2:], device=gates.device), 0.0)
+    return suffix_sum(gates)
+
+
+def suffix_sum(gates: Tensor) -> Tensor:
+    """sum_{t >= j} g_t along the last dim, as total - prefix + g: one cumsum pass instead of
+    flip-cumsum-flip (two extra copies of a (B, H, C, K) tensor); the rounding error, ~K * 1e-7 of the
+    row sum, is far below the spacing of the integer positions it is interpolated between."""
+    prefix = gates.cumsum(-1)
+    return (prefix[..., -1:] - prefix).add_(gates)
 
 
 def interpolate_logits(logits_int: Tensor, pos: Tensor) -> Tensor:
-    """logits_int (..., C, P) = q . e[p] at integer p; pos (..., C, K) fractional -> (..., C, K)."""
-    floor = pos.floor()
-    w = pos - floor
-    lo = logits_int.gather(-1, floor.long())
-    hi = logits_int.gather(-1, pos.ceil().long())
-    return lo * (1.0 - w) + hi * w
+    """logits_int (..., C, P) = q . e[p] at integer p; pos (..., C, K) fractional in [0, P-1] -> (..., C, K).
+
+    (1 - w) * z[floor p] + w * z[floor p + 1] with w = p - floor p; at an integer p, w = 0 and the
+    upper index (clamped to P-1) does not matter."""
+    lo = pos.floor()
+    w = pos - lo
+    lo = lo.long()
+    hi = (lo + 1).clamp_(max=logits_int.shape[-1] - 1)
+    z_lo, z_hi = logits_int.gather(-1, lo), logits_int.gather(-1, hi)
+    return torch.lerp(z_lo, z_hi, w)
 
 
 class CoPE(PositionEncoding):
@@ -55,8 +70,10 @@ class CoPE(PositionEncoding):
 
     def content_bias(self, q: Tensor, k: Tensor, q0: int) -> Tensor:
         # q (B, H, C, Dh), k (B, H, K, Dh)
-        logits = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))  # (B, H, C, K)
-        pos = cope_positions(torch.sigmoid(logits.float()), q0).clamp(max=self.npos_max - 1)
+        logits = torch.matmul(q, k.transpose(-2, -1)).float().mul_(1.0 / math.sqrt(q.shape[-1]))  # (B, H, C, K)
+        # sigmoid(-inf) = 0: future keys do not count (in place: matmul's backward does not need its output)
+        logits.masked_fill_(future_mask(q0, *logits.shape[-2:], device=logits.device), float("-inf"))
+        pos = suffix_sum(torch.sigmoid(logits)).clamp_(max=self.npos_max - 1)
         logits_int = torch.matmul(q.float(), self.pos_emb.float())  # (B, H, C, P)
         return interpolate_logits(logits_int, pos)
 
