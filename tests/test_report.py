@@ -202,6 +202,37 @@ def test_report_rows_split_on_swept_settings_but_not_on_seeds(tmp_path):
     assert all(r.seeds == [0, 1] for r in rows)
 
 
+def test_report_labels_variants_and_fills_knobs_older_runs_lack(tmp_path):
+    def job(pe: dict, seed: int = 0):
+        cfg = {"pe": pe, "model": {"name": "tiny"}, "data": {"seq_len": 128}, "seed": seed}
+        return report.Job(tmp_path, "ok", {"config": cfg, "metrics": {"val/ppl": 10.0}})
+
+    old_rope = job({"name": "rope", "base": 10000.0})  # written before frequency_fraction / randomized existed
+    new_rope = job({"name": "rope", "base": 10000.0, "frequency_fraction": 1.0, "randomized": {"max_position": None}},
+                   seed=1)
+    jobs = [
+        job({"name": "rope", "base": 10000.0, "frequency_fraction": 0.75, "randomized": {"max_position": None}}),
+        job({"name": "rope", "base": 10000.0, "frequency_fraction": 1.0, "randomized": {"max_position": 2048}}),
+        new_rope,
+        old_rope,
+        job({"name": "kerple", "variant": "power"}),
+        job({"name": "kerple", "variant": "log"}),
+        job({"name": "alibi"}),
+    ]
+    rows, _ = report.group_rows(jobs)
+    assert [r.label for r in rows] == [
+        "rope",  # the old and the new plain runs are one row: two seeds
+        "rope pe.frequency_fraction=0.75",
+        "rope pe.randomized.max_position=2048",
+        "alibi",
+        "kerple",
+        "kerple pe.variant=power",
+    ]
+    assert rows[0].seeds == [0, 1]
+    assert report.pe_defaults("xpos")["pe.frequency_fraction"] == 1.0  # inherited from RoPE
+    assert report.pe_defaults("xpos")["pe.scale_base"] == 512.0
+
+
 def test_report_without_summaries_is_a_clear_error(tmp_path, capsys):
     assert report.main([str(tmp_path)]) == 2
     assert "no summary.json" in capsys.readouterr().err

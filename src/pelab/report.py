@@ -160,6 +160,31 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: json.dumps(d) if isinstance(d, list) else d}
 
 
+def pe_defaults(name: Any) -> dict[str, Any]:
+    """Flattened ``pe.*`` defaults of an encoding, from its constructors' signatures (scalar knobs only)
+    plus ``pe.randomized.max_position`` = None: what a run made before a knob existed ran with."""
+    import inspect
+
+    from pelab.encodings import ENCODINGS
+
+    defaults: dict[str, Any] = {"pe.randomized.max_position": None}
+    cls = ENCODINGS.get(name) if isinstance(name, str) else None
+    for klass in reversed(cls.__mro__ if cls else ()):  # subclasses (XPos) override parents (RoPE)
+        if "__init__" not in vars(klass):
+            continue
+        for p in inspect.signature(klass.__init__).parameters.values():
+            if p.default is not p.empty and isinstance(p.default, (int, float, str, bool)):
+                defaults[f"pe.{p.name}"] = p.default
+    return defaults
+
+
+def settings(job: Job) -> dict[str, Any]:
+    """The job's flattened config, with ``pe.*`` knobs it lacks filled by their defaults (runs made by
+    older code compare equal to new runs that leave those knobs alone)."""
+    flat = flatten(job.config)
+    return {**pe_defaults(flat.get("pe.name")), **flat} if "pe.name" in flat else flat
+
+
 @dataclass
 class Row:
     """One table row: the jobs (seeds) of one setting."""
@@ -179,7 +204,7 @@ class Row:
 
 def varying_keys(jobs: Sequence[Job]) -> list[str]:
     """Config keys (flattened) with more than one value across `jobs`, bookkeeping keys excluded."""
-    flat = [flatten(j.config) for j in jobs]
+    flat = [settings(j) for j in jobs]
     keys = sorted(set().union(*flat)) if flat else []
     return [k for k in keys if not _ignored(k) and len({repr(f.get(k)) for f in flat}) > 1]
 
@@ -195,7 +220,7 @@ def row_keys(jobs: Sequence[Job]) -> tuple[list[str], list[str]]:
     """(extra, label_keys): the varying keys besides BASE_KEYS that define rows (those not already
     determined by BASE_KEYS, e.g. pe.base follows pe.name), and the fewest of them that tell the rows
     apart (keys that vary together, like the settings of two different sweeps, are named once)."""
-    flat = [flatten(j.config) for j in jobs]
+    flat = [settings(j) for j in jobs]
 
     def n_groups(keys: Sequence[str]) -> int:
         return len({tuple(repr(f.get(k)) for k in keys) for f in flat})
@@ -219,22 +244,27 @@ def group_rows(jobs: Sequence[Job]) -> tuple[list[Row], list[str]]:
     varying = varying_keys(jobs)
     shown = ["pe.name"] + [k for k in BASE_KEYS[1:] if k in varying] + label_keys
     rows: dict[tuple, Row] = {}
+    variant: dict[tuple, bool] = {}  # does the label name an encoding knob (a variant of the scheme)?
     for job in jobs:
-        f = flatten(job.config)
+        f = settings(job)
         key = tuple(f.get(k) for k in BASE_KEYS + extra)
         if key not in rows:
             rows[key] = Row(_label(f, shown), key, job.train_len, [])
+            variant[key] = rows[key].label != _label(f, [k for k in shown if not k.startswith("pe.")])
         rows[key].jobs.append(job)
 
     def order(row: Row) -> tuple:
         pe = row.key[0]
         rank = PE_ORDER.index(pe) if pe in PE_ORDER else len(PE_ORDER)
-        return (str(row.key[2]), row.train_len or 0, rank, str(pe), *map(_sortable, row.key[3:]))
+        # the plain scheme before its variants
+        return (str(row.key[2]), row.train_len or 0, rank, str(pe), variant[row.key], *map(_sortable, row.key[3:]))
 
     return sorted(rows.values(), key=order), shown
 
 
 def _sortable(v: Any) -> tuple:
+    if v is None:  # a knob left unset (the plain scheme) sorts before its variants
+        return (-1, 0.0, "")
     return (0, float(v), "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0.0, str(v))
 
 
@@ -243,8 +273,13 @@ def _value(v: Any) -> str:
 
 
 def _label(flat: dict, shown: list[str]) -> str:
+    """pe.name, then the shown keys; an encoding knob is named only where it is set (not None) and
+    differs from the encoding's default: "rope", "rope pe.frequency_fraction=0.75", "kerple pe.variant=power"."""
     parts = [str(flat.get("pe.name"))]
+    defaults = pe_defaults(flat.get("pe.name"))
     for k in shown[1:]:
+        if k.startswith("pe.") and (flat.get(k) is None or (k in defaults and flat.get(k) == defaults[k])):
+            continue
         v = _value(flat.get(k))
         parts.append(f"L={v}" if k == "data.seq_len" else (v if k == "model.name" else f"{k}={v}"))
     return " ".join(parts)
