@@ -23,6 +23,25 @@ def _figure(w: float = 6.0, h: float = 4.0) -> Figure:
     return fig
 
 
+def _styles(n: int) -> list[dict]:
+    """n distinguishable line styles: tab10's colours, then the same colours dashed with other markers
+    (14 encodings in one plot otherwise share colours)."""
+    colors = colormaps["tab10"].colors
+    variants = [("-", "o"), ("--", "s"), (":", "^")]
+    return [
+        {"color": colors[i % 10], "linestyle": variants[i // 10 % 3][0], "marker": variants[i // 10 % 3][1]}
+        for i in range(n)
+    ]
+
+
+def _legend(ax, n_series: int) -> None:
+    """Inside the axes for a few lines; outside on the right when many would cover the data."""
+    if n_series <= 6:
+        ax.legend(fontsize=8)
+    else:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+
+
 def _finite(x: float | None) -> bool:
     return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
 
@@ -35,16 +54,16 @@ def plot_ppl_vs_length(
 ) -> Figure:
     """One line per label (e.g. encoding) of ppl by length; log y, log2 x, the training length marked.
     NaN / inf points (not applicable, diverged) are skipped."""
-    fig = _figure()
+    fig = _figure(8.5 if len(results) > 6 else 6.0, 4.0)
     ax = fig.add_subplot()
     all_x: set[int] = set()
-    for label, curve in results.items():
+    for (label, curve), style in zip(results.items(), _styles(len(results))):
         pts = sorted((int(L), float(p)) for L, p in curve.items() if _finite(p) and p > 0)
         if not pts:
             continue
         xs, ys = zip(*pts)
         all_x.update(xs)
-        ax.plot(xs, ys, marker="o", label=str(label))
+        ax.plot(xs, ys, label=str(label), **style)
     ax.axvline(train_len, color="grey", linestyle="--", linewidth=1, label=f"train length {train_len}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -56,7 +75,7 @@ def plot_ppl_vs_length(
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend(ax, len(results) + 1)
     return fig
 
 
@@ -78,25 +97,27 @@ def plot_loss_by_position(
     title: str = "Loss by token position",
 ) -> Figure:
     """Mean NLL by position in the window, one line per label; the training length marked.
-    ``smooth``: moving-average width (None = about 1/64 of the longest curve); the raw curve is drawn faint."""
-    fig = _figure(7.0, 4.0)
+    ``smooth``: moving-average width (None = about 1/64 of the longest curve); the raw curve is drawn faint
+    (up to 6 lines)."""
+    fig = _figure(9.0 if len(curves) > 6 else 7.0, 4.0)
     ax = fig.add_subplot()
     longest = max((len(c) for c in curves.values()), default=0)
     k = smooth if smooth is not None else max(1, longest // 64)
-    for label, ys in curves.items():
+    for (label, ys), style in zip(curves.items(), _styles(len(curves))):
         ys = [float(y) for y in ys]
         if not any(_finite(y) for y in ys):
             continue
         xs = list(range(len(ys)))
-        (line,) = ax.plot(xs, _moving_average(ys, k), label=str(label), linewidth=1.5)
-        if k > 1:
+        style = {k_: v for k_, v in style.items() if k_ != "marker"}  # thousands of points: no markers
+        (line,) = ax.plot(xs, _moving_average(ys, k), label=str(label), linewidth=1.5, **style)
+        if k > 1 and len(curves) <= 6:  # the raw curves of many lines would hide the smoothed ones
             ax.plot(xs, ys, color=line.get_color(), alpha=0.2, linewidth=0.7)
     ax.axvline(train_len, color="grey", linestyle="--", linewidth=1, label=f"train length {train_len}")
     ax.set_xlabel("token position in window")
     ax.set_ylabel("mean NLL (nats)" + (f", smoothed over {k}" if k > 1 else ""))
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend(ax, len(curves) + 1)
     return fig
 
 
