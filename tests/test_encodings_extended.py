@@ -185,7 +185,7 @@ def test_fire_blocked_mlp_equals_one_block():
 # ---- CoPE ---------------------------------------------------------------------------------------------
 def test_cope_positions_are_suffix_sums_of_gates():
     gates = torch.tensor([[0.5, 0.9, 0.2], [0.1, 0.3, 0.7]])  # queries 1, 2 (q0 = 1) against keys 0..2
-    pos = cope_positions(gates, q0=1)
+    pos = cope_positions(torch.logit(gates.double()), q0=1)  # the gates are sigmoid(logits)
     # query 1: key 2 is in the future (gate ignored): p_10 = 0.5 + 0.9, p_11 = 0.9
     assert pos[0].tolist() == pytest.approx([1.4, 0.9, 0.0])
     # query 2: p_20 = 0.1 + 0.3 + 0.7, p_21 = 0.3 + 0.7, p_22 = 0.7
@@ -230,7 +230,7 @@ def test_p_rope_drops_the_lowest_frequencies():
     assert p_rope.inv_freq[2:].tolist() == [0.0] * (n_pairs - 2)
     q, k = torch.randn(1, H, 5, Dh), torch.randn(1, H, 5, Dh)
     pos = torch.arange(100, 105)
-    rq, rk = p_rope.rotate(q, k, pos)
+    rq, _ = p_rope.rotate(q, k, pos)
     fq, _ = full.rotate(q, k, pos)
     dropped = [2, 3, 2 + n_pairs, 3 + n_pairs]  # half-split: pair i is channels i and i + Dh/2
     torch.testing.assert_close(rq[..., dropped], q[..., dropped])  # not rotated
@@ -325,3 +325,17 @@ def test_new_scheme_is_causal_and_learns(pe_cfg):
     with torch.no_grad():
         torch.testing.assert_close(model(x)[:, :25], model(y)[:, :25])  # the future does not leak back
         assert not torch.allclose(model(x)[:, 25:], model(y)[:, 25:])
+
+
+def test_xpos_decay_tables_computed_once_per_forward(monkeypatch):
+    from pelab.encodings.rotary import XPos
+
+    calls = []
+    original = XPos.decay
+    monkeypatch.setattr(XPos, "decay", lambda self, pos: calls.append(1) or original(self, pos))
+    model = build_model(MICRO, {"name": "xpos"}, vocab_size=20).eval()
+    idx = torch.randint(0, 20, (2, 9))
+    out = model(idx)
+    assert len(calls) == 1  # shared by both layers
+    torch.testing.assert_close(model(idx), out)
+    assert len(calls) == 2  # a new forward (new positions tensor) recomputes

@@ -22,6 +22,7 @@ aggregated into one row.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import math
@@ -160,9 +161,11 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: json.dumps(d) if isinstance(d, list) else d}
 
 
+@functools.cache
 def pe_defaults(name: Any) -> dict[str, Any]:
     """Flattened ``pe.*`` defaults of an encoding, from its constructors' signatures (scalar knobs only)
-    plus ``pe.randomized.max_position`` = None: what a run made before a knob existed ran with."""
+    plus ``pe.randomized.max_position`` = None: what a run made before a knob existed ran with.
+    Cached (called per job and per label): treat the dict as read-only."""
     import inspect
 
     from pelab.encodings import ENCODINGS

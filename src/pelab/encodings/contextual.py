@@ -22,18 +22,15 @@ import torch
 from torch import Tensor, nn
 
 from pelab.encodings.base import PositionEncoding
+from pelab.model.attention import future_mask
 
 
-def future_mask(q0: int, C: int, K: int, device=None) -> Tensor:
-    """(C, K) True where key j > query i, for queries q0..q0+C-1 and keys 0..K-1."""
-    q_idx = torch.arange(q0, q0 + C, device=device)
-    return torch.arange(K, device=device)[None, :] > q_idx[:, None]
-
-
-def cope_positions(gates: Tensor, q0: int) -> Tensor:
-    """gates (..., C, K) of queries q0..q0+C-1 -> p_ij = sum_{t=j}^{i} g_it (0 for future keys j > i)."""
-    gates = gates.masked_fill(future_mask(q0, *gates.shape[-2:], device=gates.device), 0.0)
-    return suffix_sum(gates)
+def cope_positions(logits: Tensor, q0: int) -> Tensor:
+    """logits q_i.k_j/sqrt(Dh) (..., C, K) of queries q0..q0+C-1 -> p_ij = sum_{t=j}^{i} sigmoid(logit_it),
+    0 for future keys j > i. Overwrites ``logits`` (its future entries become -inf, sigmoid(-inf) = 0):
+    one (B, H, C, K) copy fewer; matmul's backward does not need its output."""
+    logits.masked_fill_(future_mask(q0, *logits.shape[-2:], device=logits.device), float("-inf"))
+    return suffix_sum(torch.sigmoid(logits))
 
 
 def suffix_sum(gates: Tensor) -> Tensor:
@@ -71,9 +68,7 @@ class CoPE(PositionEncoding):
     def content_bias(self, q: Tensor, k: Tensor, q0: int) -> Tensor:
         # q (B, H, C, Dh), k (B, H, K, Dh)
         logits = torch.matmul(q, k.transpose(-2, -1)).float().mul_(1.0 / math.sqrt(q.shape[-1]))  # (B, H, C, K)
-        # sigmoid(-inf) = 0: future keys do not count (in place: matmul's backward does not need its output)
-        logits.masked_fill_(future_mask(q0, *logits.shape[-2:], device=logits.device), float("-inf"))
-        pos = suffix_sum(torch.sigmoid(logits)).clamp_(max=self.npos_max - 1)
+        pos = cope_positions(logits, q0).clamp_(max=self.npos_max - 1)
         logits_int = torch.matmul(q.float(), self.pos_emb.float())  # (B, H, C, P)
         return interpolate_logits(logits_int, pos)
 

@@ -331,10 +331,12 @@ class XPos(RoPE):
             raise ValueError(f"pe.scale_base must be > 0; got {scale_base}")
         self.scale_base = float(scale_base)
         self.register_buffer("log_zeta", xpos_zeta(self.rotary_dim).log().float(), persistent=False)
+        self._scaled_memo: tuple | None = None  # (cos it was derived from, q tables, k tables)
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
         self.log_zeta = xpos_zeta(self.rotary_dim).log().to(device=self.inv_freq.device, dtype=torch.float32)
+        self._scaled_memo = None
         return self
 
     def decay(self, pos: Tensor) -> Tensor:
@@ -347,9 +349,16 @@ class XPos(RoPE):
 
     def rotate(self, q: Tensor, k: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
         cos, sin = self.cos_sin(pos)
-        scale = self.decay(pos)
-        q = apply_rotary(q, cos * scale, sin * scale)
-        return q, apply_rotary(k, cos / scale, sin / scale)
+        # the scaled tables are derived from cos/sin: recomputed exactly when cos_sin recomputes (once per
+        # forward; under torch.compile, every call, as cos_sin itself)
+        memo = self._scaled_memo
+        if memo is None or memo[0] is not cos:
+            scale = self.decay(pos)
+            memo = (cos, (cos * scale, sin * scale), (cos / scale, sin / scale))
+            if not torch.compiler.is_compiling():
+                self._scaled_memo = memo
+        _, q_tables, k_tables = memo
+        return apply_rotary(q, *q_tables), apply_rotary(k, *k_tables)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, scale_base={self.scale_base}"

@@ -131,12 +131,15 @@ def _bias_chunk(bias_fn: BiasFn, q0: int, q1: int) -> Tensor:
     return bias
 
 
+def future_mask(q0: int, C: int, K: int, device: torch.device | None = None) -> Tensor:
+    """(C, K) True where key j > query i, for queries q0..q0+C-1 and keys 0..K-1."""
+    q_idx = torch.arange(q0, q0 + C, device=device)
+    return torch.arange(K, device=device)[None, :] > q_idx[:, None]
+
+
 def causal_additive_mask(bias: Tensor, q0: int) -> Tensor:
     """bias (..., C, K) for queries q0..q0+C-1 -> bias with -inf where key index > query index."""
-    C, K = bias.shape[-2:]
-    q_idx = torch.arange(q0, q0 + C, device=bias.device)
-    future = torch.arange(K, device=bias.device)[None, :] > q_idx[:, None]  # (C, K)
-    return bias.masked_fill(future, float("-inf"))
+    return bias.masked_fill(future_mask(q0, *bias.shape[-2:], device=bias.device), float("-inf"))
 
 
 def causal_bias(bias: Tensor) -> CausalBias:
