@@ -22,6 +22,14 @@ def _distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
     return q_pos[..., :, None] - k_pos[..., None, :]
 
 
+def _with_heads(per_head: Tensor, pairs: Tensor) -> tuple[Tensor, Tensor]:
+    """per_head (H,) and pairs (Tq, Tk) | (B, Tq, Tk) as broadcastable views in the heads-first layout:
+    (H, 1, 1) and (1, Tq, Tk), or (1, H, 1, 1) and (B, 1, Tq, Tk)."""
+    if pairs.dim() == 2:
+        return per_head[:, None, None], pairs[None]
+    return per_head[None, :, None, None], pairs[:, None]
+
+
 def _heads_first(per_head: Tensor, index: Tensor) -> Tensor:
     """per_head (H, N) gathered at index (Tq, Tk) -> (H, Tq, Tk); index (B, Tq, Tk) -> (B, H, Tq, Tk)."""
     out = per_head[:, index]
@@ -64,10 +72,8 @@ class ALiBi(PositionEncoding):
         return self
 
     def score_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        dist = _distance(q_pos, k_pos).to(torch.float32)  # (Tq, Tk) or (B, Tq, Tk)
-        if dist.dim() == 2:
-            return -self.slopes[:, None, None] * dist  # (H, Tq, Tk)
-        return -self.slopes[None, :, None, None] * dist[:, None]  # (B, H, Tq, Tk)
+        slopes, dist = _with_heads(self.slopes, _distance(q_pos, k_pos).to(torch.float32))
+        return -slopes * dist  # (H, Tq, Tk) or (B, H, Tq, Tk)
 
     def diagnostics(self, n_positions: int) -> dict:
         return {"slopes": self.slopes.detach().cpu()}
@@ -179,9 +185,8 @@ class KERPLE(PositionEncoding):
 
     def score_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         n = _distance(q_pos, k_pos).clamp(min=0).to(torch.float32)  # (Tq, Tk) or (B, Tq, Tk)
-        shape = (-1, 1, 1) if n.dim() == 2 else (1, -1, 1, 1)
-        n = n if n.dim() == 2 else n[:, None]
-        r1, r2 = self.r1().view(shape), self.r2().view(shape)
+        r1, _ = _with_heads(self.r1(), n)
+        r2, n = _with_heads(self.r2(), n)
         if self.variant == "log":
             return -r1 * torch.log1p(r2 * n)
         # n**r2 at n = 0 is 0, but its r2-gradient 0 * log(0) is NaN: take the power of n >= 1 only
@@ -233,10 +238,8 @@ class Sandwich(PositionEncoding):
         d = torch.arange(lo, hi + 1, device=n.device, dtype=torch.float32)
         per_distance = torch.cos(d[:, None] * self.omega).sum(-1) - self.dim / 2  # (hi-lo+1,)
         index = (n - lo).long()
-        bias = per_distance[index]  # (Tq, Tk) or (B, Tq, Tk)
-        if bias.dim() == 2:
-            return bias * self.head_scale[:, None, None]
-        return bias[:, None] * self.head_scale[None, :, None, None]
+        scale, bias = _with_heads(self.head_scale, per_distance[index])
+        return bias * scale  # (H, Tq, Tk) or (B, H, Tq, Tk)
 
 
 # ---- FIRE --------------------------------------------------------------------------------------------
