@@ -20,7 +20,7 @@ from pelab.encodings.diagnostics import (
 from pelab.encodings.rotary import rope_attention_factor, rope_inv_freq
 from pelab.model import fill_training_length
 
-CONF_PE = Path(__file__).resolve().parents[1] / "conf" / "pe"
+CONF_PE = Path(__file__).resolve().parents[1] / "src" / "pelab" / "conf" / "pe"
 D, H = 32, 4
 
 

@@ -14,7 +14,7 @@ from pelab.encodings import ENCODINGS, PositionEncoding, PositionOutOfRange, bui
 from pelab.encodings.rotary import RoPE
 from pelab.model import GPT, GPTConfig, build_model
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "src" / "pelab" / "conf"
 V = 50
 SCHEMES = {
     "nope": {"name": "nope"},

@@ -20,7 +20,7 @@ from conftest import FAST, ROOT, compose, offline_runs, run_cli, wandb_records
 from pelab import dashboard, report
 from pelab.summary import as_float
 
-ENCODINGS = {p.stem for p in (ROOT / "conf" / "pe").glob("*.yaml")}
+ENCODINGS = {p.stem for p in (ROOT / "src" / "pelab" / "conf" / "pe").glob("*.yaml")}
 # The shared multirun: rope, alibi x seeds 0, 1; evaluated at 32, 64, 128 tokens; probes at 32, 64.
 SWEEP_ARGS = [
     *FAST,
@@ -305,7 +305,7 @@ def _compose_hydra(overrides: list[str]):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(ROOT / "src" / "pelab" / "conf"), version_base="1.3"):
         return hydra_compose(config_name="train", overrides=overrides, return_hydra_config=True)
 
 

@@ -28,7 +28,8 @@ from pelab.summary import command_line, versions, write_summary
 
 log = logging.getLogger("pelab.train")
 
-CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+# The configs ship inside the package (package data), so an installed wheel finds them too.
+CONF_DIR = str(Path(__file__).resolve().parent / "conf")
 # sysexits.h EX_TEMPFAIL: "temporary failure, retry" (same value as pelab.training.reliability).
 PREEMPTED_EXIT_CODE = 75
 
