@@ -24,6 +24,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from pelab.errors import ConfigError
 from pelab.summary import command_line, versions, write_summary
 
 log = logging.getLogger("pelab.train")
@@ -32,10 +33,6 @@ log = logging.getLogger("pelab.train")
 CONF_DIR = str(Path(__file__).resolve().parent / "conf")
 # sysexits.h EX_TEMPFAIL: "temporary failure, retry" (same value as pelab.training.reliability).
 PREEMPTED_EXIT_CODE = 75
-
-
-class ConfigError(ValueError):
-    """A setting that cannot work; the message names the key to change."""
 
 
 # -- configuration ---------------------------------------------------------------------------------
