@@ -105,3 +105,13 @@ def wandb_records(run_path: Path) -> list[dict]:
 
 def offline_runs(folder: Path) -> list[Path]:
     return sorted(folder.rglob("offline-run-*"))
+
+
+def rotate(pe, q, k, pos):
+    """An encoding's rotation of q, k at positions ``pos`` (its per-forward state prepared first)."""
+    return pe.rotate(q, k, pe.prepare(pos))
+
+
+def embed(pe, x, pos):
+    """What an encoding adds to token vectors x at positions ``pos``."""
+    return pe.embed(x, pe.prepare(pos))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.profiler import profile
 
 from pelab.encodings import build_encoding
 from pelab.model.attention import (
@@ -150,3 +151,123 @@ def test_flex_self_check_rejects_a_wrong_kernel(monkeypatch):
     with pytest.warns(UserWarning, match="disagrees"):
         assert not _flex_matches_sdpa(good + 0.01, q, k, v, bias)
     assert attention._flex_state["failed"]  # auto dispatch now skips flex for this process
+
+
+# ---- the CPU fast paths (benchmarked in experiments/benchmarks) are exact ---------------------------------
+def _kernels(fn) -> set[str]:
+    with profile() as prof:
+        fn()
+    return {e.key for e in prof.key_averages()}
+
+
+def test_shared_bias_takes_the_fused_cpu_kernel_and_matches_reference():
+    """A (H, T, T) bias is passed to SDPA as a 4-D view: the fused (flash) CPU kernel, not the math path,
+    with the reference attention's numbers and gradients."""
+    torch.manual_seed(0)
+    B, H, T, Dh = 2, 3, 40, 8
+    q, k, v = (torch.randn(B, H, T, Dh, requires_grad=True) for _ in range(3))
+    bias = torch.randn(H, T, T)
+    out = causal_attention(q, k, v, causal_bias(bias), chunk_size=16)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    ref = reference_attention(q, k, v, bias)
+    ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, atol=1e-5, rtol=1e-5)
+    used = _kernels(lambda: causal_attention(q, k, v, causal_bias(bias)).sum().backward())
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in used
+    assert "aten::_scaled_dot_product_attention_math" not in used
+
+
+@pytest.mark.parametrize("chunk", [10, 64])
+def test_learned_bias_takes_the_explicit_path_with_reference_gradients(chunk):
+    """A bias that requires grad (T5's table) goes through explicit_attention, in query chunks, with the
+    reference attention's output and gradients (bias and q, k, v)."""
+    torch.manual_seed(1)
+    B, H, T, Dh = 2, 2, 24, 8
+    q, k, v = (torch.randn(B, H, T, Dh, requires_grad=True) for _ in range(3))
+    bias = torch.randn(H, T, T, requires_grad=True)
+    out = causal_attention(q, k, v, causal_bias(bias), chunk_size=chunk)
+    ref = reference_attention(q, k, v, bias)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    grads = torch.autograd.grad(out.square().sum(), (bias, q, k, v))
+    ref_grads = torch.autograd.grad(ref.square().sum(), (bias, q, k, v))
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    g = grads[0]
+    used = _kernels(lambda: causal_attention(q, k, v, causal_bias(bias), chunk_size=chunk).sum().backward())
+    assert "aten::_scaled_dot_product_attention_math" not in used
+    assert g.triu(1).abs().max() == 0  # future keys get no gradient
+    assert g.tril().abs().sum() > 0
+
+
+
+
+
+def test_rope_rotation_passes_gradcheck_in_float64():
+    from pelab.encodings.rotary import apply_rotary
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 5, 8, dtype=torch.float64, requires_grad=True)
+    f = torch.rand(5, 3, dtype=torch.float64) * 6
+    cos, sin = torch.cat((f, f), -1).cos(), torch.cat((f, f), -1).sin()  # 6 of 8 channels rotated
+    # fp32 math inside (as in training), so compare against finite differences at fp32 precision
+    assert torch.autograd.gradcheck(lambda t: apply_rotary(t, cos, sin).double(), (x,), eps=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "t5_bias"])
+@pytest.mark.parametrize("chunk", [4, 7, 64])
+def test_per_distance_bias_matches_the_full_bias_and_reference(scheme, chunk):
+    """The (H, 2T-1) per-distance table, viewed per query chunk, gives the reference attention's output and
+    gradients (q, k, v and T5's learned table) for every chunking."""
+    from pelab.encodings import build_encoding
+    from pelab.model.attention import DistanceBias, distance_bias
+
+    torch.manual_seed(0)
+    B, H, T, Dh = 2, 4, 19, 8
+    pe = build_encoding({"name": scheme}, d_model=H * Dh, n_heads=H)
+    with torch.no_grad():
+        for p in pe.parameters():  # T5's N(0, d^-0.5) init is small: make the bias matter
+            p.mul_(10)
+    pos = torch.arange(T)
+    table = distance_bias(pe, T, pos.device)
+    assert isinstance(table, DistanceBias) and table.table.shape == (H, 2 * T - 1)
+    full = causal_bias(pe.score_bias(pos, pos)).mask  # (H, T, T) with -inf above the diagonal
+    torch.testing.assert_close(table.chunk(5, 12)[0].flip(-2), full[:, 5:12, :12])
+
+    q, k, v = (torch.randn(B, H, T, Dh, requires_grad=True) for _ in range(3))
+    params = [q, k, v, *pe.parameters()]
+    out = causal_attention(q, k, v, distance_bias(pe, T, pos.device), chunk_size=chunk)
+    ref = reference_attention(q, k, v, pe.score_bias(pos, pos))
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    w = torch.randn_like(ref)
+    for got, want in zip(
+        torch.autograd.grad((out * w).sum(), params), torch.autograd.grad((ref * w).sum(), params)
+    ):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "t5_bias"])
+def test_model_default_positions_use_the_per_distance_bias_with_identical_logits(scheme):
+    """Default positions (start..start+T-1) take the per-distance path; explicit positions the full (H, T, T)
+    bias; logits and gradients agree, with and without a start offset."""
+    from pelab.encodings import build_encoding
+    from pelab.model.attention import CausalBias, DistanceBias
+    from pelab.model.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=50, n_layers=2, n_heads=2, d_model=16, attn_chunk_size=6)
+    model = GPT(config, build_encoding({"name": scheme}, 16, 2))
+    idx = torch.randint(0, 50, (2, 15))
+    for start in (0, 40):
+        pos = torch.arange(start, start + 15)
+        assert isinstance(model.pe.bias(pos, consecutive=True), DistanceBias)
+        assert isinstance(model.pe.bias(pos, consecutive=False), CausalBias)
+        fast = model(idx, start=start)
+        slow = model(idx, pos=pos)
+        torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+        params = [p for p in model.parameters() if p.requires_grad]
+        g_fast = torch.autograd.grad(fast.square().mean(), params)
+        g_slow = torch.autograd.grad(slow.square().mean(), params)
+        for a, b in zip(g_fast, g_slow):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

@@ -9,10 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import rotate
 from pelab.encodings import build_encoding
+from pelab.encodings.base import random_sorted_positions
 from pelab.encodings.bias import KERPLE, sandwich_slopes
 from pelab.encodings.contextual import cope_positions, interpolate_logits
-from pelab.encodings.randomized import Randomized, random_sorted_positions
 from pelab.encodings.rotary import xpos_zeta
 from pelab.model import build_model
 
@@ -23,7 +24,7 @@ MICRO = {"n_layers": 2, "n_heads": H, "d_model": D, "attn_chunk_size": 512}
 
 def _scores(pe, q, k, pos):
     """(H, T, T) attention logits (without 1/sqrt(Dh)) after the encoding's rotation, for q, k (1, H, T, Dh)."""
-    rq, rk = pe.rotate(q, k, pos)
+    rq, rk = rotate(pe, q, k, pos)
     return (rq @ rk.transpose(-2, -1))[0]
 
 
@@ -200,12 +201,13 @@ def test_cope_interpolates_between_integer_positions():
 
 def test_cope_content_bias_matches_the_paper_loop_and_chunks():
     torch.manual_seed(0)
-    pe = build_encoding({"name": "cope", "npos_max": 4}, D, H)
+    pe = build_encoding({"name": "cope", "max_position": 4}, D, H)
     with torch.no_grad():
         pe.pos_emb.normal_()
     T = 9
     q, k = torch.randn(1, H, T, Dh), torch.randn(1, H, T, Dh)
-    full = pe.content_bias(q, k, 0)
+    state = pe.prepare(torch.arange(k.shape[-2]))
+    full = pe.content_bias(q, k, 0, state)
     e = pe.pos_emb.t()  # (P, Dh)
     for h in range(H):
         for i in range(T):
@@ -216,7 +218,7 @@ def test_cope_content_bias_matches_the_paper_loop_and_chunks():
                 expected = (1 - w) * (q[0, h, i] @ e[lo]) + w * (q[0, h, i] @ e[hi])
                 assert full[0, h, i, j].item() == pytest.approx(expected.item(), abs=1e-4)
     # a query chunk q0..q1-1 against keys 0..q1-1 gives the same rows
-    torch.testing.assert_close(pe.content_bias(q[..., 4:7, :], k[..., :7, :], 4), full[..., 4:7, :7])
+    torch.testing.assert_close(pe.content_bias(q[..., 4:7, :], k[..., :7, :], 4, state), full[..., 4:7, :7])
 
 
 # ---- p-RoPE -------------------------------------------------------------------------------------------
@@ -230,14 +232,14 @@ def test_p_rope_drops_the_lowest_frequencies():
     assert p_rope.inv_freq[2:].tolist() == [0.0] * (n_pairs - 2)
     q, k = torch.randn(1, H, 5, Dh), torch.randn(1, H, 5, Dh)
     pos = torch.arange(100, 105)
-    rq, _ = p_rope.rotate(q, k, pos)
-    fq, _ = full.rotate(q, k, pos)
+    rq, _ = rotate(p_rope, q, k, pos)
+    fq, _ = rotate(full, q, k, pos)
     dropped = [2, 3, 2 + n_pairs, 3 + n_pairs]  # half-split: pair i is channels i and i + Dh/2
     torch.testing.assert_close(rq[..., dropped], q[..., dropped])  # not rotated
     kept = [0, 1, n_pairs, 1 + n_pairs]
     torch.testing.assert_close(rq[..., kept], fq[..., kept])
     nope = build_encoding({"name": "rope", "frequency_fraction": 0.0}, D, H)
-    torch.testing.assert_close(nope.rotate(q, k, pos)[0], q)  # p = 0 is NoPE
+    torch.testing.assert_close(rotate(nope, q, k, pos)[0], q)  # p = 0 is NoPE
     with pytest.raises(ValueError, match="frequency_fraction"):
         build_encoding({"name": "rope", "frequency_fraction": 1.5}, D, H)
 
@@ -254,35 +256,37 @@ def test_random_positions_sorted_unique_in_range():
         random_sorted_positions(100, (128,))
 
 
-def test_randomized_wrapper_remaps_only_in_training():
+def test_randomized_positions_remap_only_in_training():
     torch.manual_seed(0)
     pe = build_encoding({"name": "rope", "randomized": {"max_position": 4096}}, D, H)
-    assert isinstance(pe, Randomized) and pe.name == "rope" and pe.has_rotate and not pe.has_bias
     pos = torch.arange(128)
     pe.train()
-    a, b = pe.remap_positions(pos), pe.remap_positions(pos)
-    assert a.shape == (128,) and not torch.equal(a, b) and a.max() >= 128
+    a, b = pe.prepare(pos), pe.prepare(pos)
+    assert a.pos.shape == (128,) and not torch.equal(a.pos, b.pos) and a.pos.max() >= 128
+    torch.testing.assert_close(a.tables[0][0], pe.cos_sin(a.pos)[0])  # the tables follow the drawn positions
     pe.eval()
-    assert pe.remap_positions(pos) is pos  # evaluation: ordinary positions, untouched
-    with pytest.raises(ValueError, match="randomized got unknown keys"):
+    assert pe.prepare(pos).pos is pos  # evaluation: ordinary positions, untouched
+    with pytest.raises(ValueError, match=r"pe.randomized.max_len is not a setting"):
         build_encoding({"name": "rope", "randomized": {"max_len": 10}}, D, H)
+    with pytest.raises(ValueError, match=r"pe.randomized.max_position=64 must be at least the training length"):
+        build_encoding({"name": "rope", "randomized": {"max_position": 64}}, D, H, train_length=128)
 
 
 def test_randomized_model_trains_on_random_positions_and_evaluates_on_ordinary_ones():
     torch.manual_seed(0)
-    # learned table: null max_positions follows the largest position training can reach
-    model = build_model(MICRO, {"name": "learned", "max_positions": None, "randomized": {"max_position": 256}},
-                        vocab_size=20, seq_len=16)
-    assert model.pe.inner.weight.num_embeddings == 256
-    plain = build_model(MICRO, {"name": "learned", "max_positions": 256}, vocab_size=20, seq_len=16)
-    plain.load_state_dict({k.replace("pe.inner.", "pe."): v for k, v in model.state_dict().items()})
+    # learned table: null max_position follows the largest position training can reach
+    model = build_model(MICRO, {"name": "learned", "max_position": None, "randomized": {"max_position": 256}},
+                        vocab_size=20, train_length=16)
+    assert model.pe.weight.num_embeddings == 256
+    plain = build_model(MICRO, {"name": "learned", "max_position": 256}, vocab_size=20, train_length=16)
+    plain.load_state_dict(model.state_dict())  # randomized positions add no parameters
     idx = torch.randint(0, 20, (2, 16))
     model.eval()
     plain.eval()
     torch.testing.assert_close(model(idx), plain(idx))  # eval: positions 0..15, as the plain model
     model.train()
     seen = []
-    model.pe.inner.embed = lambda x, pos: seen.append(pos) or x  # record what the wrapped scheme sees
+    model.pe.embed = lambda x, state: seen.append(state.pos) or x  # record the positions the scheme sees
     model(idx)
     model(idx)
     assert len(seen) == 2 and not torch.equal(seen[0], seen[1])
@@ -296,7 +300,7 @@ NEW = [
     {"name": "kerple", "variant": "power"},
     {"name": "sandwich"},
     {"name": "fire"},
-    {"name": "cope", "npos_max": None},
+    {"name": "cope", "max_position": None},
     {"name": "rope", "frequency_fraction": 0.5},
     {"name": "alibi", "randomized": {"max_position": 512}},
 ]
@@ -305,7 +309,7 @@ NEW = [
 @pytest.mark.parametrize("pe_cfg", NEW, ids=lambda c: "-".join(str(v) for v in c.values()))
 def test_new_scheme_is_causal_and_learns(pe_cfg):
     torch.manual_seed(0)
-    model = build_model(MICRO, dict(pe_cfg), vocab_size=32, seq_len=32)
+    model = build_model(MICRO, dict(pe_cfg), vocab_size=32, train_length=32)
     half = torch.randint(0, 32, (8, 16))
     data = torch.cat([half, half, half[:, :1]], dim=1)  # second half repeats the first: copyable
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)

@@ -170,7 +170,7 @@ def test_loss_by_position_is_the_mean_over_longest_windows():
 
 
 def test_learned_past_its_table_is_nan_with_note_not_an_exception():
-    model = micro_gpt("learned", max_positions=TRAIN_LEN)
+    model = micro_gpt("learned", max_position=TRAIN_LEN)
     res = evaluate_extrapolation(model, span(64), [16, 32, 64], TRAIN_LEN, bytes_per_token=1.0)
     m = res.metrics()
     assert math.isfinite(m["extrap/ppl@16"]) and math.isfinite(m["extrap/ppl_sliding@16"])

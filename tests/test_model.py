@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra.utils import get_class
 from omegaconf import OmegaConf
 from torch import nn
 
-from pelab.encodings import ENCODINGS, PositionEncoding, PositionOutOfRange, build_encoding
+from conftest import embed
+from pelab.encodings import PositionOutOfRange, build_encoding, resolve_pe_config
 from pelab.encodings.rotary import RoPE
 from pelab.model import GPT, GPTConfig, build_model
 
@@ -19,13 +21,14 @@ V = 50
 SCHEMES = {
     "nope": {"name": "nope"},
     "sinusoidal": {"name": "sinusoidal"},
-    "learned": {"name": "learned", "max_positions": 64},
+    "learned": {"name": "learned", "max_position": 64},
     "t5_bias": {"name": "t5_bias", "num_buckets": 8, "max_distance": 16},
     "rope": {"name": "rope"},
     "rope_yarn_partial": {
         "name": "rope",
         "rotary_fraction": 0.5,
-        "scaling": {"type": "yarn", "factor": 2.0, "original_max_position": 8},
+        "scaling": {"type": "yarn", "factor": 2.0},
+        "train_length": 8,
     },
     "alibi": {"name": "alibi"},
     "xpos": {"name": "xpos", "scale_base": 16.0},
@@ -33,7 +36,7 @@ SCHEMES = {
     "kerple_power": {"name": "kerple", "variant": "power"},
     "sandwich": {"name": "sandwich"},
     "fire": {"name": "fire", "init_L": 8.0},
-    "cope": {"name": "cope", "npos_max": 8},
+    "cope": {"name": "cope", "max_position": 8},
     "p_rope": {"name": "rope", "frequency_fraction": 0.5},
     "randomized_alibi": {"name": "alibi", "randomized": {"max_position": 256}},
 }
@@ -103,7 +106,7 @@ def test_absolute_encodings_are_summed_into_the_embedding(scheme):
     model.blocks[0].register_forward_pre_hook(lambda mod, args: seen.update(x=args[0]))
     model(idx, start=3)
     pos = torch.arange(3, 12)
-    table = model.pe.embed(torch.zeros(1, 9, 32), pos)[0]  # (T, D): what the encoding adds
+    table = embed(model.pe, torch.zeros(1, 9, 32), pos)[0]  # (T, D): what the encoding adds
     assert seen["x"].shape == (2, 9, 32)  # width unchanged: a sum, not a concatenation
     torch.testing.assert_close(seen["x"], model.tok_emb(idx) + table)
 
@@ -117,7 +120,7 @@ def test_absolute_encodings_are_summed_into_the_embedding(scheme):
 def test_changing_token_t_never_changes_earlier_logits(scheme, path):
     model = micro(SCHEMES[scheme], attn_chunk_size=5)
     if path == "chunked_bias":
-        model.max_shared_bias_elements = 0  # force the per-query-chunk bias
+        model.pe.max_bias_elements = 0  # force the per-query-chunk bias
     T, t = 13, 6
     idx = tokens(2, T)
     base = model(idx)
@@ -130,7 +133,9 @@ def test_changing_token_t_never_changes_earlier_logits(scheme, path):
 
 @pytest.mark.parametrize("scheme", ["alibi", "t5_bias", "kerple_power", "sandwich", "fire"])
 def test_shared_and_chunked_bias_paths_agree_and_bias_is_built_once(scheme):
-    class Counting(ENCODINGS[SCHEMES[scheme]["name"]]):
+    cfg = resolve_pe_config(SCHEMES[scheme], d_model=32, n_heads=2, train_length=None)
+
+    class Counting(get_class(cfg.pop("_target_"))):
         calls = 0
 
         def score_bias(self, q_pos, k_pos):
@@ -139,12 +144,11 @@ def test_shared_and_chunked_bias_paths_agree_and_bias_is_built_once(scheme):
 
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=V, n_layers=3, n_heads=2, d_model=32, attn_chunk_size=4)
-    knobs = {k: v for k, v in SCHEMES[scheme].items() if k != "name"}
-    model = GPT(config, Counting(32, 2, **knobs)).eval()
+    model = GPT(config, Counting(32, 2, **cfg)).eval()
     idx = tokens(2, 11)
     shared = model(idx)
     assert Counting.calls == 1  # once per forward, shared by the 3 layers
-    model.max_shared_bias_elements = 0
+    model.pe.max_bias_elements = 0
     Counting.calls = 0
     chunked = model(idx)
     assert Counting.calls == 3 * math.ceil(11 / 4)  # per layer and query chunk: bounded memory
@@ -159,7 +163,9 @@ def test_rope_tables_computed_once_per_forward():
             type(self).computed += 1
             return super()._inv_freq_for(pos)
 
-    model = GPT(GPTConfig(vocab_size=V, n_layers=3, n_heads=2, d_model=32), Counting(32, 2)).eval()
+    cfg = resolve_pe_config({"name": "rope"}, d_model=32, n_heads=2, train_length=None)
+    cfg.pop("_target_")
+    model = GPT(GPTConfig(vocab_size=V, n_layers=3, n_heads=2, d_model=32), Counting(32, 2, **cfg)).eval()
     model(tokens())
     model(tokens())
     assert Counting.computed == 2  # one cos/sin table per forward, reused by the 3 layers
@@ -167,9 +173,9 @@ def test_rope_tables_computed_once_per_forward():
 
 # ---- positions the encoding cannot represent ---------------------------------------------------------------
 def test_learned_raises_clear_error_beyond_table():
-    model = micro({"name": "learned", "max_positions": 16})
+    model = micro({"name": "learned", "max_position": 16})
     model(tokens(1, 16))  # positions 0..15 fit
-    with pytest.raises(PositionOutOfRange, match=r"pe.max_positions=16.*got position 16"):
+    with pytest.raises(PositionOutOfRange, match=r"pe.max_position=16.*got position 16"):
         model(tokens(1, 17))
     with pytest.raises(PositionOutOfRange, match="got position 20"):
         model(tokens(1, 8), start=13)
@@ -190,24 +196,21 @@ def test_rope_scaling_switch_on_a_trained_state_dict():
     reference = trained(idx)
     for scaling in (
         {"type": "linear", "factor": 4.0},
-        {"type": "yarn", "factor": 4.0, "original_max_position": 8},
-        {"type": "dynamic_ntk", "factor": 4.0, "original_max_position": 8},
+        {"type": "yarn", "factor": 4.0},
+        {"type": "dynamic_ntk", "factor": 4.0},
     ):
-        scaled = micro({"name": "rope", "scaling": scaling}, seed=1)
+        scaled = micro({"name": "rope", "scaling": scaling, "train_length": 8}, seed=1)
         scaled.load_state_dict(state)  # strict: same keys whatever the scaling
         assert (scaled(idx) - reference).abs().max() > 1e-3
-        scaled.pe.set_scaling(type="none", factor=1.0)
-        torch.testing.assert_close(scaled(idx), reference)
-    # factor 1 behaves as none; in place on the trained model too
-    trained.pe.set_scaling(type="yarn", factor=1.0, original_max_position=8)
-    torch.testing.assert_close(trained(idx), reference)
-    trained.pe.set_scaling(type="ntk", factor=8.0)
-    assert (trained(idx) - reference).abs().max() > 1e-3
+    # factor 1 behaves as none
+    same = micro({"name": "rope", "scaling": {"type": "yarn", "factor": 1.0}, "train_length": 8}, seed=1)
+    same.load_state_dict(state)
+    torch.testing.assert_close(same(idx), reference)
 
 
 # ---- parameters, init, tying, dropout, training signal ---------------------------------------------------
 def test_params_init_and_weight_tying():
-    nope, learned = micro({"name": "nope"}), micro({"name": "learned", "max_positions": 64})
+    nope, learned = micro({"name": "nope"}), micro({"name": "learned", "max_position": 64})
     assert learned.lm_head.weight is learned.tok_emb.weight
     assert learned.num_params(exclude_embedding=False) - nope.num_params(exclude_embedding=False) == 64 * 32
     assert learned.num_params() == nope.num_params()  # the table is excluded, the tied head is not
@@ -242,28 +245,56 @@ def test_gradients_reach_the_encoding_parameters(scheme):
         assert grad[9:].abs().sum() == 0 and grad[:9].abs().sum(-1).min() > 0
 
 
-# ---- a new scheme is one module + one YAML, no model change ------------------------------------------------
-class LogDistanceBias(PositionEncoding):
-    """Example new scheme (KERPLE-log-like): bias = -r_h * log(1 + distance), r_h learned."""
+# ---- a new scheme is one module + one YAML, no other file changes ----------------------------------------
+NEW_SCHEME = """
+from dataclasses import dataclass
 
-    name = "log_distance"
+import torch
+from torch import nn
+
+from pelab.encodings import PEConfig, PositionEncoding
+
+
+class LogDistanceBias(PositionEncoding):
+    \"\"\"Example new scheme (KERPLE-log-like): bias = -r_h * log(1 + distance), r_h learned.\"\"\"
+
     has_bias = True
 
-    def __init__(self, d_model: int, n_heads: int, init: float = 1.0, **knobs):
-        super().__init__(d_model, n_heads, **knobs)
+    @dataclass
+    class Config(PEConfig):
+        init: float = 1.0
+
+    def __init__(self, d_model, n_heads, *, init, **common):
+        super().__init__(d_model, n_heads, **common)
         self.r = nn.Parameter(torch.full((n_heads,), float(init)))
 
     def score_bias(self, q_pos, k_pos):
         dist = (q_pos[..., :, None] - k_pos[..., None, :]).clamp(min=0).float()
         return -self.r[:, None, None] * torch.log1p(dist)
+"""
 
 
-def test_adding_a_scheme_needs_no_model_change(monkeypatch):
-    monkeypatch.setitem(ENCODINGS, "log_distance", LogDistanceBias)
-    yaml = OmegaConf.create("name: log_distance\ninit: 0.5\n")  # stands in for conf/pe/log_distance.yaml
-    model = micro(yaml)
-    assert isinstance(model.pe, LogDistanceBias) and model.pe.num_learnable_params() == 2
+def write_new_scheme(folder) -> str:
+    """A scheme in a module of its own outside pelab, and its conf/pe YAML; returns the config folder."""
+    (folder / "log_distance_pe.py").write_text(NEW_SCHEME)
+    (folder / "conf" / "pe").mkdir(parents=True)
+    (folder / "conf" / "pe" / "log_distance.yaml").write_text(
+        "_target_: log_distance_pe.LogDistanceBias\nname: log_distance\ninit: 0.5\n"
+        "train_length: null\nrandomized:\n  max_position: null\n")
+    return str(folder / "conf")
+
+
+def test_adding_a_scheme_needs_no_other_file(tmp_path, monkeypatch):
+    from conftest import compose
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    conf = write_new_scheme(tmp_path)
+    cfg = compose(["pe=log_distance", f"hydra.searchpath=[file://{conf}]", "model=micro"])
+    model = build_model(cfg.model, cfg.pe, V, train_length=12)
+    assert type(model.pe).__name__ == "LogDistanceBias" and model.pe.num_learnable_params() == 2
     idx = tokens()
     assert model(idx).shape == (2, 12, V)
     pos = torch.arange(12)
     assert model.pe.score_bias(pos, pos)[0, 5, 2].item() == pytest.approx(-0.5 * math.log(4))
+    with pytest.raises(ValueError, match="pe.init: Value 'abc'"):  # typed by its own schema
+        build_model(cfg.model, {**cfg.pe, "init": "abc"}, V, train_length=12)

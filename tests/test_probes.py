@@ -160,7 +160,7 @@ def test_run_probes_with_the_oracle_fills_every_cell():
 
 
 def test_position_out_of_range_and_too_short_lengths_are_nan_cells_with_notes():
-    model = micro_gpt("learned", max_positions=128)
+    model = micro_gpt("learned", max_position=128)
     res = run_probes(
         model,
         TOK,

@@ -153,7 +153,7 @@ def test_pe_diagnostics_figures_reach_disk_and_wandb(tmp_path):
     from pelab.model import build_model
     from pelab.train import log_pe_diagnostics
 
-    model = build_model({"n_layers": 1, "n_heads": 2, "d_model": 16}, {"name": "fire"}, vocab_size=8, seq_len=32)
+    model = build_model({"n_layers": 1, "n_heads": 2, "d_model": 16}, {"name": "fire"}, vocab_size=8, train_length=32)
     run = wandb.init(mode="offline", dir=str(tmp_path), project="pelab-test", settings=wandb.Settings(silent=True))
     log_pe_diagnostics(run, model, seq_len=32, output_dir=tmp_path)
     run.finish()

@@ -7,7 +7,7 @@ Each (scheme, length) runs in a fresh subprocess, so its peak RSS (VmHWM from /p
 ru_maxrss) is that case's alone: interpreter + torch + model + one evaluation forward. The forward is the
 real evaluation path: ``score_windows`` (pelab.evaluation.extrapolation) on one window of ``length``
 tokens under ``torch.no_grad()`` -- full logits (T, V), per-token fp32 cross-entropy, per-position sums.
-``learned`` gets ``pe.max_positions = length`` (its table must cover the evaluated positions).
+``learned`` gets ``pe.max_position = length`` (its table must cover the evaluated positions).
 """
 
 from __future__ import annotations
@@ -58,10 +58,10 @@ def run_case(a: argparse.Namespace) -> dict:
     scheme, length = a.case[0], int(a.case[1])
     pe = {"name": scheme}
     if scheme == "learned":
-        pe["max_positions"] = length
+        pe["max_position"] = length
     model_cfg = {"n_layers": a.layers, "n_heads": a.heads, "d_model": a.d, "attn_chunk_size": a.chunk}
     torch.manual_seed(0)
-    model = build_model(model_cfg, pe, a.vocab, seq_len=a.train_len).eval()
+    model = build_model(model_cfg, pe, a.vocab, a.train_len).eval()
     tokens = torch.randint(0, a.vocab, (length + 1,))
     sums, counts = torch.zeros(length, dtype=torch.float64), torch.zeros(length, dtype=torch.float64)
     rss_before = (status_kib("VmRSS") or 0) * 1024

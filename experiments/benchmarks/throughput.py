@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))  # run from a checkout without installing
 
 from pelab.training.callbacks import GPU_PEAK_FLOPS
+from pelab.encodings import default_pe_config
 from pelab.training.module import LMModule, build_model, flops_per_token
 
 SCHEMES = ("nope", "rope", "alibi", "t5_bias", "learned", "sinusoidal")
@@ -65,16 +66,10 @@ OPTIM = {
 
 
 # ---- configuration ---------------------------------------------------------------------------------------
-def pe_config(scheme: str, seq: int) -> dict:
-    """conf/pe/<scheme>.yaml defaults; the learned table sized to the training length."""
-    cfg: dict = {"name": scheme}
-    if scheme == "rope":
-        cfg.update(base=10000.0, rotary_fraction=1.0, scaling={"type": "none", "factor": 1.0})
-    elif scheme == "learned":
-        cfg.update(max_positions=seq)
-    elif scheme == "t5_bias":
-        cfg.update(num_buckets=32, max_distance=128)
-    return cfg
+def pe_config(scheme: str) -> dict:
+    """conf/pe/<scheme>.yaml as it is; settings that mean "the training length" (a learned table's size)
+    are filled from the training length when the model is built."""
+    return default_pe_config(scheme)
 
 
 def model_config(a: argparse.Namespace) -> dict:
@@ -241,7 +236,7 @@ def fit_lightning(scheme: str, batches: list[Tensor], a, device, peak, others: l
     cfg = {
         "data": {"seq_len": a.seq},
         "model": model_config(a),
-        "pe": pe_config(scheme, a.seq),
+        "pe": pe_config(scheme),
         "optim": OPTIM,
         "compile": a.compile,
     }
@@ -302,7 +297,7 @@ def make_steppers(scheme: str, a, device, xt, batches: list[Tensor]) -> dict[str
     """plain: the model Lightning trains (same builder, same seed) in a hand-written loop; the peer."""
     clock = CLOCKS[a.clock]
     torch.manual_seed(0)
-    model = build_model(model_config(a), pe_config(scheme, a.seq), a.vocab, a.seq).to(device)
+    model = build_model(model_config(a), pe_config(scheme), a.vocab, a.seq).to(device)
     opt = adamw(model, device, lambda n: n.startswith("pe."))
     steppers = {"plain": Stepper("plain", model, opt, batches, a, device, clock)}
     if xt is not None:

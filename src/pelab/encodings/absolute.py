@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
-from pelab.encodings.base import PositionEncoding, positions_as_float
+from pelab.encodings.base import PEConfig, PositionEncoding, PositionState, check, positions_as_float
+from pelab.errors import ConfigError
 
 
 class NoPE(PositionEncoding):
     """No positional signal: order comes only from the causal mask (Haviv et al. 2022)."""
-
-    name = "nope"
 
 
 def sinusoidal_table(pos: Tensor, d_model: int, base: float = 10000.0) -> Tensor:
@@ -32,13 +33,21 @@ class Sinusoidal(PositionEncoding):
     200 steps: val ppl 872 at 1.0, 499 at D^-0.5, 227 at 0.02; conf/pe/sinusoidal.yaml).
     """
 
-    name = "sinusoidal"
     has_embed = True
 
-    def __init__(self, d_model: int, n_heads: int, base: float = 10000.0, scale: float = 0.02, **knobs):
-        super().__init__(d_model, n_heads, **knobs)
-        if d_model % 2:
-            raise ValueError(f"pe=sinusoidal needs an even model.d_model (sin/cos pairs); got {d_model}")
+    @dataclass
+    class Config(PEConfig):
+        base: float = 10000.0
+        scale: float = 0.02  # multiplier on the added vector (see the class docstring)
+
+        def validate(self, d_model: int, n_heads: int) -> None:
+            super().validate(d_model, n_heads)
+            check(self.base > 1, "base", self.base, "must be > 1")
+            if d_model % 2:
+                raise ConfigError(f"model.d_model={d_model} must be even for pe=sinusoidal (sin/cos pairs)")
+
+    def __init__(self, d_model: int, n_heads: int, *, base: float, scale: float, **common):
+        super().__init__(d_model, n_heads, **common)
         self.base = float(base)
         self.scale = float(scale)
 
@@ -46,36 +55,53 @@ class Sinusoidal(PositionEncoding):
         """(T,) or (B, T) positions -> (T, D) or (B, T, D) fp32 vectors of the formula (before ``scale``)."""
         return sinusoidal_table(pos, self.d_model, self.base)
 
-    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
-        return x + (self.scale * self.table(pos)).to(x.dtype)  # sum composition; broadcasts (T, D) over the batch
+    def embed(self, x: Tensor, state: PositionState) -> Tensor:
+        return x + (self.scale * self.table(state.pos)).to(x.dtype)  # sum composition; broadcasts (T, D) over the batch
 
     def diagnostics(self, n_positions: int) -> dict:
         return {"table": self.table(torch.arange(n_positions))}
 
 
 class Learned(PositionEncoding):
-    """A trained vector per position (GPT-2): ``nn.Embedding(max_positions, D)``, init N(0, 0.02).
+    """A trained vector per position (GPT-2): ``nn.Embedding(max_position, D)``, init N(0, init_std).
 
-    Positions >= max_positions have no row: the model raises PositionOutOfRange (checked once per forward
+    Positions >= max_position have no row: the model raises PositionOutOfRange (checked once per forward
     by ``GPT.forward`` through ``check_positions``; ``embed`` itself does not re-check, to avoid a sync).
     """
 
-    name = "learned"
     has_embed = True
 
-    def __init__(
-        self, d_model: int, n_heads: int, max_positions: int = 1024, init_std: float = 0.02, **knobs
-    ):
-        super().__init__(d_model, n_heads, **knobs)
-        if int(max_positions) <= 0:
-            raise ValueError(f"pe.max_positions must be positive; got {max_positions}")
-        self.max_positions = int(max_positions)
-        self.weight = nn.Embedding(self.max_positions, d_model)
+    @dataclass
+    class Config(PEConfig):
+        # Rows of the table; null = the largest position training reaches: the training length, or with
+        # randomized positions their range.
+        max_position: int | None = None
+        init_std: float = 0.02
+
+        def resolve(self, train_length: int | None) -> None:
+            super().resolve(train_length)
+            if self.max_position is None:
+                self.max_position = self.randomized.max_position or self.train_length
+
+        def validate(self, d_model: int, n_heads: int) -> None:
+            super().validate(d_model, n_heads)
+            check(self.max_position is not None and self.max_position >= 1, "max_position", self.max_position,
+                  "must be a positive number of table rows")
+            reach = max(self.train_length or 0, self.randomized.max_position or 0)
+            check(self.max_position >= reach, "max_position", self.max_position,
+                  f"cannot hold the {reach} positions training reaches (data.seq_len / pe.randomized."
+                  "max_position); raise pe.max_position or leave it null")
+            check(self.init_std > 0, "init_std", self.init_std, "must be > 0")
+
+    def __init__(self, d_model: int, n_heads: int, *, max_position: int, init_std: float, **common):
+        super().__init__(d_model, n_heads, **common)
+        self.max_position = int(max_position)
+        self.weight = nn.Embedding(self.max_position, d_model)
         nn.init.normal_(self.weight.weight, mean=0.0, std=init_std)
 
-    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
-        return x + self.weight(pos).to(x.dtype)  # (T, D) or (B, T, D)
+    def embed(self, x: Tensor, state: PositionState) -> Tensor:
+        return x + self.weight(state.pos).to(x.dtype)  # (T, D) or (B, T, D)
 
     def diagnostics(self, n_positions: int) -> dict:
-        n = min(n_positions, self.max_positions)
+        n = min(n_positions, self.max_position)
         return {"table": self.weight.weight[:n].detach().float().cpu()}

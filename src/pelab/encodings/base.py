@@ -1,65 +1,189 @@
-"""The position contract: one base class, optional hooks.
+"""The position contract: one base class, optional hooks, and the typed config each encoding owns.
 
 An encoding fills any of
-  1. ``embed(x, pos)``            add a vector to the token embeddings   (sinusoidal, learned)
-  2. ``rotate(q, k, pos)``        rotate queries and keys                (RoPE, xPos)
-  3. ``score_bias(q_pos, k_pos)`` add a per-head bias to attention logits (ALiBi, T5, KERPLE, FIRE, Sandwich)
-  4. ``content_bias(q, k, q0)``   add a bias computed from this layer's q and k (CoPE: positions are
-                                  counts of gated keys, so they depend on content)
-and sets the matching ``has_*`` flag; and may
-  5. ``remap_positions(pos)``     replace the positions before the other hooks see them (randomized
-                                  positions in training); the default returns ``pos`` itself.
-The model calls the hooks whose flag is set and never asks which encoding it holds, so a new scheme is
-one module + one YAML file.
+  1. ``embed(x, state)``             add a vector to the token embeddings   (sinusoidal, learned)
+  2. ``rotate(q, k, state)``         rotate queries and keys                (RoPE, xPos)
+  3. ``score_bias(q_pos, k_pos)``    a per-head bias on attention logits    (ALiBi, T5, KERPLE, FIRE, Sandwich)
+  4. ``content_bias(q, k, q0, state)`` a bias computed from a layer's q and k (CoPE: positions are counts of
+                                     gated keys, so they depend on content)
+and sets the matching ``has_*`` flag. The model calls ``prepare(pos)`` once per forward; it returns a
+``PositionState`` -- the positions after any remapping (randomized positions in training), the rotary
+tables and the score bias -- which the model hands to every layer, as Hugging Face models pass
+``position_embeddings``. Nothing is cached between forwards. The model never asks which encoding it holds,
+so a new scheme is one module (class + config dataclass) + one YAML file with its ``_target_``.
+
+Each encoding's settings are a dataclass (``PEConfig`` subclass, the class attribute ``Config``): the
+schema of ``conf/pe/<name>.yaml`` (types and defaults), ``resolve(train_length)`` (fills the settings
+that mean "the training length") and ``validate(d_model, n_heads)`` (range checks, one-line errors naming
+``pe.<key>``), and capabilities the harness asks instead of names (``supports_scaling``,
+``runtime_keys``).
 
 Positions are a LongTensor ``pos`` of shape ``(T,)`` (shared by the batch) or ``(B, T)``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
 import torch
+from omegaconf import MISSING
 from torch import Tensor, nn
+
+from pelab.errors import ConfigError
+from pelab.model.attention import BiasFn, causal_bias, distance_bias
+
+# A (H, T, T) bias (times B for per-batch positions) is materialised once per forward up to this many
+# elements (256 MB in fp32); longer inputs compute it per query chunk inside attention instead.
+MAX_BIAS_ELEMENTS = 64 * 2**20
 
 
 class PositionOutOfRange(ValueError):
     """A position the encoding cannot represent (e.g. past the end of a learned table)."""
 
 
+def check(ok: bool, key: str, value: Any, need: str) -> None:
+    """One-line config error naming the key: ``pe.<key>=<value> <need>``."""
+    if not ok:
+        raise ConfigError(f"pe.{key}={value} {need}")
+
+
+@dataclass
+class RandomizedConfig:
+    """Randomized positions (Ruoss et al. 2023): in training the T positions are a sorted random subset
+    of [0, max_position); null = off."""
+
+    max_position: int | None = None
+
+
+@dataclass
+class PEConfig:
+    """Settings every encoding has; a scheme subclasses it with its own knobs (the schema of its YAML)."""
+
+    _target_: str = MISSING  # the PositionEncoding subclass
+    name: str = MISSING  # label (run names, reports)
+    # The training length the encoding is fitted to (RoPE scaling's original length, the default size of
+    # a learned table); null = data.seq_len, filled by resolve().
+    train_length: int | None = None
+    randomized: RandomizedConfig = field(default_factory=RandomizedConfig)
+
+    # Capabilities the harness asks instead of names.
+    supports_scaling: ClassVar[bool] = False  # pe.scaling.* (context extension) can change at evaluation
+    runtime_keys: ClassVar[tuple[str, ...]] = ()  # pe keys a checkpoint may be resumed/evaluated with changed
+
+    def resolve(self, train_length: int | None) -> None:
+        """Fill the settings left null that mean "the training length"."""
+        if self.train_length is None and train_length is not None:
+            self.train_length = int(train_length)
+
+    def validate(self, d_model: int, n_heads: int) -> None:
+        """Range checks of the resolved settings; raise ConfigError naming the key."""
+        check(self.train_length is None or self.train_length >= 1, "train_length", self.train_length,
+              "must be a positive number of tokens (or null = data.seq_len)")
+        n = self.randomized.max_position
+        if n is not None:
+            check(n >= (self.train_length or 1), "randomized.max_position", n,
+                  f"must be at least the training length {self.train_length}: randomized positions are a "
+                  "sorted subset of [0, max_position) (the paper uses many times the training length); "
+                  "null turns them off")
+
+
+@dataclass
+class PositionState:
+    """What ``prepare`` computes once per forward for every layer."""
+
+    pos: Tensor  # (T,) or (B, T) positions after remapping
+    tables: Any = None  # what rotate() reads (RoPE: (cos, sin) for q and for k)
+    bias: BiasFn | None = None  # score bias + causal mask, shared by all layers
+
+
+def random_sorted_positions(max_position: int, shape: tuple[int, ...], device=None) -> Tensor:
+    """Sorted, distinct positions in [0, max_position): shape (..., T), each row its own draw."""
+    *batch, T = shape
+    if T > max_position:
+        raise ValueError(
+            f"pe.randomized.max_position={max_position} is shorter than the {T}-token input; "
+            "it must be at least the training length (the paper uses many times it)"
+        )
+    scores = torch.rand(*batch, max_position, device=device)
+    return scores.topk(T, dim=-1).indices.sort(dim=-1).values  # T distinct indices, sorted
+
+
 class PositionEncoding(nn.Module):
     """Base class: every hook is a no-op; subclasses override the ones they need."""
 
-    name: str = "base"
-    has_embed: bool = False
-    has_rotate: bool = False
-    has_bias: bool = False
-    has_content_bias: bool = False
-    # True: score_bias(q_pos, k_pos) is the same for every layer, so the model computes it once per forward.
-    bias_shared_across_layers: bool = True
-    # True: score_bias depends on q_pos - k_pos only (ALiBi, T5), so for consecutive positions the model
-    # computes one value per distance, (H, 2T-1), instead of one per (query, key) pair, (H, T, T).
-    bias_translation_invariant: bool = False
+    Config: ClassVar[type[PEConfig]] = PEConfig
+    has_embed: ClassVar[bool] = False
+    has_rotate: ClassVar[bool] = False
+    has_bias: ClassVar[bool] = False
+    has_content_bias: ClassVar[bool] = False
+    # True: score_bias depends on q_pos - k_pos only (ALiBi, T5), so for consecutive positions the bias is
+    # one value per distance, (H, 2T-1), instead of one per (query, key) pair, (H, T, T).
+    bias_translation_invariant: ClassVar[bool] = False
 
-    def __init__(self, d_model: int, n_heads: int, **knobs) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        name: str,
+        train_length: int | None = None,
+        randomized: dict | None = None,
+    ) -> None:
         super().__init__()
-        if knobs:
-            raise ValueError(
-                f"pe={self.name} got unknown settings {sorted(knobs)}; remove them from conf/pe/{self.name}.yaml"
-            )
-        if d_model <= 0 or n_heads <= 0 or d_model % n_heads != 0:
-            raise ValueError(
-                f"model.d_model={d_model} must be a positive multiple of model.n_heads={n_heads}"
-            )
+        self.name = name
         self.d_model = d_model
         self.n_heads = n_heads
         self.head_dim = d_model // n_heads
-        self.max_positions: int | None = None  # None = unbounded
+        self.train_length = train_length
+        self.randomized_max_position: int | None = (randomized or {}).get("max_position")
+        self.max_position: int | None = None  # positions >= this cannot be represented; None = unbounded
+        self.max_bias_elements = MAX_BIAS_ELEMENTS
+
+    # ---- once per forward -----------------------------------------------------------------------
+    def prepare(self, pos: Tensor, consecutive: bool = False, max_position: int | None = None) -> PositionState:
+        """Positions -> the state every layer reads. ``consecutive``: pos is start..start+T-1 (enables the
+        per-distance bias); ``max_position``: the largest position when known without a device sync."""
+        if self.randomized_max_position is not None and self.training:
+            pos = random_sorted_positions(self.randomized_max_position, tuple(pos.shape), pos.device)
+            consecutive, max_position = False, None
+        self.check_positions(pos, max_position)
+        return PositionState(
+            pos=pos,
+            tables=self.rotary_tables(pos) if self.has_rotate else None,
+            bias=self.bias(pos, consecutive) if self.has_bias else None,
+        )
+
+    def rotary_tables(self, pos: Tensor) -> Any:
+        """What ``rotate`` needs for these positions, computed once per forward (has_rotate)."""
+        raise NotImplementedError(f"pe={self.name} has no rotation (has_rotate=False)")
+
+    def bias(self, pos: Tensor, consecutive: bool) -> BiasFn:
+        """The score bias of this forward for every layer: one value per distance for a translation-invariant
+        bias of consecutive positions (O(H*T)); else the full (H, T, T) bias + causal mask when it is small
+        enough; else a per-query-chunk callable (bounded memory). The CUDA path feeds FlexAttention a full
+        bias, so it skips the per-distance form."""
+        T = pos.shape[-1]
+        per_distance = consecutive and self.bias_translation_invariant and not pos.is_cuda
+        if per_distance and self.n_heads * (2 * T - 1) <= self.max_bias_elements:
+            return distance_bias(self, T, pos.device)
+        if self.n_heads * T * T * (pos.shape[0] if pos.dim() == 2 else 1) <= self.max_bias_elements:
+            return causal_bias(self.score_bias(pos, pos))
+        return self._chunk_bias_fn(pos)
+
+    def _chunk_bias_fn(self, pos: Tensor) -> Callable[[int, int], Tensor]:
+        def bias_fn(q0: int, q1: int) -> Tensor:  # queries q0..q1-1 against keys 0..q1-1
+            return self.score_bias(pos[..., q0:q1], pos[..., :q1])
+
+        return bias_fn
 
     # ---- hooks (no-ops by default) -------------------------------------------------------------
-    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
+    def embed(self, x: Tensor, state: PositionState) -> Tensor:
         """(B, T, D) token vectors -> (B, T, D)."""
         return x
 
-    def rotate(self, q: Tensor, k: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
+    def rotate(self, q: Tensor, k: Tensor, state: PositionState) -> tuple[Tensor, Tensor]:
         """q, k (B, H, T, Dh) -> rotated q, k (same shapes and dtypes)."""
         return q, k
 
@@ -70,16 +194,12 @@ class PositionEncoding(nn.Module):
         """
         raise NotImplementedError(f"pe={self.name} has no score bias (has_bias=False)")
 
-    def content_bias(self, q: Tensor, k: Tensor, q0: int) -> Tensor:
+    def content_bias(self, q: Tensor, k: Tensor, q0: int, state: PositionState) -> Tensor:
         """q (B, H, C, Dh) of queries q0..q0+C-1, k (B, H, K, Dh) of keys 0..K-1 -> (B, H, C, K) bias.
 
         Called per layer and per query chunk; entries of future keys are ignored (masked by attention).
         """
         raise NotImplementedError(f"pe={self.name} has no content bias (has_content_bias=False)")
-
-    def remap_positions(self, pos: Tensor) -> Tensor:
-        """Positions the other hooks will see; return ``pos`` itself (the same object) to keep them."""
-        return pos
 
     # ---- declarations -------------------------------------------------------------------------
     def num_learnable_params(self) -> int:
@@ -92,17 +212,17 @@ class PositionEncoding(nn.Module):
         model with its default ``arange(start, start + T)`` -- skip the device->host sync of ``pos.max()``.
         Unbounded encodings return immediately.
         """
-        if self.max_positions is None:
+        if self.max_position is None:
             return
         if max_position is None:
             if pos is None or pos.numel() == 0:
                 return
             max_position = int(pos.max().item())  # host sync: only for bounded encodings with explicit pos
-        if max_position >= self.max_positions:
+        if max_position >= self.max_position:
             raise PositionOutOfRange(
-                f"{self.name} positions end at {self.max_positions - 1} "
-                f"(pe.max_positions={self.max_positions}); got position {max_position}. "
-                f"Evaluate within the table or train with a larger pe.max_positions"
+                f"{self.name} positions end at {self.max_position - 1} "
+                f"(pe.max_position={self.max_position}); got position {max_position}. "
+                f"Evaluate within the table or train with a larger pe.max_position"
             )
 
     def diagnostics(self, n_positions: int) -> dict:
@@ -110,7 +230,8 @@ class PositionEncoding(nn.Module):
         return {}
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, n_heads={self.n_heads}, max_positions={self.max_positions}"
+        extra = f", randomized.max_position={self.randomized_max_position}" if self.randomized_max_position else ""
+        return f"d_model={self.d_model}, n_heads={self.n_heads}, max_position={self.max_position}{extra}"
 
 
 def positions_as_float(pos: Tensor) -> Tensor:

@@ -1,7 +1,7 @@
 """Score-bias schemes: a per-head function of (query position, key position) added to attention logits.
 
-All are identical for every layer (``bias_shared_across_layers``: one module per model, as T5 does), so
-the model computes the bias once per forward. ALiBi, T5, KERPLE and Sandwich depend on the distance
+All are identical for every layer (one module per model, as T5 does), so the bias is computed once per
+forward (``PositionEncoding.prepare``). ALiBi, T5, KERPLE and Sandwich depend on the distance
 i - j only (``bias_translation_invariant``); FIRE also on the query position i. Causal masking is added
 by the attention code, not here.
 """
@@ -9,12 +9,13 @@ by the attention code, not here.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pelab.encodings.base import PositionEncoding
+from pelab.encodings.base import PEConfig, PositionEncoding, check
 
 
 def _distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
@@ -55,12 +56,11 @@ def alibi_slopes(n_heads: int) -> list[float]:
 class ALiBi(PositionEncoding):
     """Linear biases: bias[h, i, j] = -m_h * (i - j) for key j <= query i; slopes fixed, not learned."""
 
-    name = "alibi"
     has_bias = True
     bias_translation_invariant = True
 
-    def __init__(self, d_model: int, n_heads: int, **knobs):
-        super().__init__(d_model, n_heads, **knobs)
+    def __init__(self, d_model: int, n_heads: int, **common):
+        super().__init__(d_model, n_heads, **common)
         self.register_buffer(
             "slopes", torch.tensor(alibi_slopes(n_heads), dtype=torch.float32), persistent=False
         )
@@ -99,25 +99,25 @@ class T5Bias(PositionEncoding):
     N(0, init_std) with init_std = d_model^-0.5 by default, like Hugging Face's T5.
     """
 
-    name = "t5_bias"
     has_bias = True
     bias_translation_invariant = True
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        num_buckets: int = 32,
-        max_distance: int = 128,
-        init_std: float | None = None,
-        **knobs,
-    ):
-        super().__init__(d_model, n_heads, **knobs)
-        if num_buckets < 2 or max_distance <= num_buckets // 2:
-            raise ValueError(
-                f"pe.num_buckets={num_buckets} must be >= 2 and pe.max_distance={max_distance} must exceed "
-                f"num_buckets // 2"
-            )
+    @dataclass
+    class Config(PEConfig):
+        num_buckets: int = 32
+        max_distance: int = 128  # distances >= this share the last bucket
+        init_std: float | None = None  # null = d_model^-0.5 (as Hugging Face T5)
+
+        def validate(self, d_model: int, n_heads: int) -> None:
+            super().validate(d_model, n_heads)
+            check(self.num_buckets >= 2, "num_buckets", self.num_buckets, "must be >= 2")
+            check(self.max_distance > self.num_buckets // 2, "max_distance", self.max_distance,
+                  f"must exceed pe.num_buckets // 2 = {self.num_buckets // 2} (the exact buckets)")
+            check(self.init_std is None or self.init_std > 0, "init_std", self.init_std, "must be > 0 or null")
+
+    def __init__(self, d_model: int, n_heads: int, *, num_buckets: int, max_distance: int,
+                 init_std: float | None, **common):
+        super().__init__(d_model, n_heads, **common)
         self.num_buckets = int(num_buckets)
         self.max_distance = int(max_distance)
         self.table = nn.Embedding(self.num_buckets, n_heads)
@@ -155,15 +155,23 @@ class KERPLE(PositionEncoding):
     paper's code: log r1 ~ U(0, 2), r2 ~ U(0, 1); power r1 ~ U(0, 1), r2 ~ U(0, 2).
     """
 
-    name = "kerple"
     has_bias = True
     bias_translation_invariant = True
     VARIANTS = ("log", "power")
 
-    def __init__(self, d_model: int, n_heads: int, variant: str = "log", eps: float = 1e-2, **knobs):
-        super().__init__(d_model, n_heads, **knobs)
-        if variant not in self.VARIANTS:
-            raise ValueError(f"pe.variant={variant!r} is unknown; choose one of {list(self.VARIANTS)}")
+    @dataclass
+    class Config(PEConfig):
+        variant: str = "log"  # log | power
+        eps: float = 0.01  # smallest initial r1, r2
+
+        def validate(self, d_model: int, n_heads: int) -> None:
+            super().validate(d_model, n_heads)
+            check(self.variant in KERPLE.VARIANTS, "variant", self.variant,
+                  f"is unknown; choose one of {list(KERPLE.VARIANTS)}")
+            check(0 < self.eps < 1, "eps", self.eps, "must be in (0, 1)")
+
+    def __init__(self, d_model: int, n_heads: int, *, variant: str, eps: float, **common):
+        super().__init__(d_model, n_heads, **common)
         self.variant = variant
         self.eps = float(eps)  # lower bound of the initial values, away from softplus' flat end
         scale_r1, scale_r2 = (2.0, 1.0) if variant == "log" else (1.0, 2.0)
@@ -208,15 +216,23 @@ class Sandwich(PositionEncoding):
     scaled per head like ALiBi. No parameters.
     """
 
-    name = "sandwich"
     has_bias = True
     bias_translation_invariant = True
 
-    def __init__(self, d_model: int, n_heads: int, dim: int | None = None, base: float = 10000.0, **knobs):
-        super().__init__(d_model, n_heads, **knobs)
+    @dataclass
+    class Config(PEConfig):
+        dim: int | None = None  # d'; null = model.d_model
+        base: float = 10000.0
+
+        def validate(self, d_model: int, n_heads: int) -> None:
+            super().validate(d_model, n_heads)
+            dim = self.dim if self.dim is not None else d_model
+            check(dim >= 2 and dim % 2 == 0, "dim", dim, "(d') must be an even number >= 2")
+            check(self.base > 1, "base", self.base, "must be > 1")
+
+    def __init__(self, d_model: int, n_heads: int, *, dim: int | None, base: float, **common):
+        super().__init__(d_model, n_heads, **common)
         self.dim = int(dim) if dim is not None else d_model
-        if self.dim < 2 or self.dim % 2:
-            raise ValueError(f"pe.dim (d') must be an even number >= 2; got {self.dim}")
         self.base = float(base)
         self.register_buffer("omega", self._omega(), persistent=False)
         self.register_buffer("head_scale", torch.tensor(sandwich_slopes(n_heads)), persistent=False)
@@ -253,27 +269,26 @@ class FIRE(PositionEncoding):
     inputs are interpolated into the trained range instead of extrapolated. One module for all layers.
     """
 
-    name = "fire"
     has_bias = True
 
     # rows of the (rows, Tk, hidden) MLP temporary per block: bounds memory at long evaluation lengths
     MAX_HIDDEN_ELEMENTS = 16 * 2**20
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        mlp_width: int = 32,
-        init_c: float = 0.1,
-        init_L: float = 512.0,
-        eps: float = 1e-6,
-        **knobs,
-    ):
-        super().__init__(d_model, n_heads, **knobs)
-        if mlp_width < 1 or init_c <= 0 or init_L <= 0:
-            raise ValueError(
-                f"pe.mlp_width={mlp_width}, pe.init_c={init_c} and pe.init_L={init_L} must all be positive"
-            )
+    @dataclass
+    class Config(PEConfig):
+        mlp_width: int = 32
+        init_c: float = 0.1
+        init_L: float = 512.0
+        eps: float = 1e-6
+
+        def validate(self, d_model: int, n_heads: int) -> None:
+            super().validate(d_model, n_heads)
+            for key in ("mlp_width", "init_c", "init_L", "eps"):
+                check(getattr(self, key) > 0, key, getattr(self, key), "must be > 0")
+
+    def __init__(self, d_model: int, n_heads: int, *, mlp_width: int, init_c: float, init_L: float, eps: float,
+                 **common):
+        super().__init__(d_model, n_heads, **common)
         self.mlp = nn.Sequential(nn.Linear(1, mlp_width), nn.ReLU(), nn.Linear(mlp_width, n_heads))
         self.c = nn.Parameter(torch.tensor(float(init_c)))
         self.register_buffer("init_L", torch.tensor(float(init_L)))

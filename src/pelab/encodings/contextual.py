@@ -6,22 +6,23 @@ For query i and key j <= i (per head, from this layer's q and k):
   p_ij = sum_{t=j}^{i} g_it                     contextual position of j seen from i (fractional)
   bias_ij = (1 - w) * (q_i . e[floor p_ij]) + w * (q_i . e[ceil p_ij]),   w = p_ij - floor p_ij
 
-with p clamped to npos_max - 1 and e a learned (npos_max, Dh) table, initialised to zero as in the
+with p clamped to max_position - 1 and e a learned (max_position, Dh) table, initialised to zero as in the
 paper's code. The bias depends on content, so it is the ``content_bias`` hook: the attention computes
 it per layer and per query chunk. Used on its own (no other position signal), as in the paper.
 
 Deviation: the paper gives each layer its own table e; here one table serves all layers (the contract
-gives an encoding no layer index), so parameters are npos_max * Dh per model, not per layer.
+gives an encoding no layer index), so parameters are max_position * Dh per model, not per layer.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from pelab.encodings.base import PositionEncoding
+from pelab.encodings.base import PEConfig, PositionEncoding, PositionState, check
 from pelab.model.attention import future_mask
 
 
@@ -55,22 +56,33 @@ def interpolate_logits(logits_int: Tensor, pos: Tensor) -> Tensor:
 
 
 class CoPE(PositionEncoding):
-    name = "cope"
     has_content_bias = True
 
-    def __init__(self, d_model: int, n_heads: int, npos_max: int = 128, **knobs):
-        super().__init__(d_model, n_heads, **knobs)
-        if npos_max is None or int(npos_max) < 2:
-            raise ValueError(f"pe.npos_max must be an integer >= 2; got {npos_max}")
-        self.npos_max = int(npos_max)
-        self.pos_emb = nn.Parameter(torch.zeros(self.head_dim, self.npos_max))  # e^T: (Dh, P)
+    @dataclass
+    class Config(PEConfig):
+        max_position: int | None = None  # positions clamp at max_position - 1; null = the training length
 
-    def content_bias(self, q: Tensor, k: Tensor, q0: int) -> Tensor:
+        def resolve(self, train_length: int | None) -> None:
+            super().resolve(train_length)
+            if self.max_position is None:
+                self.max_position = self.train_length
+
+        def validate(self, d_model: int, n_heads: int) -> None:
+            super().validate(d_model, n_heads)
+            check(self.max_position is not None and self.max_position >= 2, "max_position", self.max_position,
+                  "must be an integer >= 2 (or null = the training length)")
+
+    def __init__(self, d_model: int, n_heads: int, *, max_position: int, **common):
+        super().__init__(d_model, n_heads, **common)
+        self.n_positions = int(max_position)  # clamps (never out of range): not the bounded max_position
+        self.pos_emb = nn.Parameter(torch.zeros(self.head_dim, self.n_positions))  # e^T: (Dh, P)
+
+    def content_bias(self, q: Tensor, k: Tensor, q0: int, state: PositionState) -> Tensor:
         # q (B, H, C, Dh), k (B, H, K, Dh)
         logits = torch.matmul(q, k.transpose(-2, -1)).float().mul_(1.0 / math.sqrt(q.shape[-1]))  # (B, H, C, K)
-        pos = cope_positions(logits, q0).clamp_(max=self.npos_max - 1)
+        pos = cope_positions(logits, q0).clamp_(max=self.n_positions - 1)
         logits_int = torch.matmul(q.float(), self.pos_emb.float())  # (B, H, C, P)
         return interpolate_logits(logits_int, pos)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, npos_max={self.npos_max}"
+        return f"{super().extra_repr()}, positions={self.n_positions}"

@@ -1,6 +1,6 @@
 """Diagnostics logged at the start of a run (the classic "what does a position embedding look like" lesson).
 
-- learnable parameters the encoding adds (learned: max_positions x D, t5_bias: num_buckets x heads, else 0)
+- learnable parameters the encoding adds (learned: max_position x D, t5_bias: num_buckets x heads, else 0)
 - cosine similarity between neighbouring positions of an absolute table (sinusoidal: high and constant,
   since PE(p+1) is a fixed rotation of PE(p); learned at init: near zero)
 - a heatmap of the table (position x dimension), as a matplotlib Figure
@@ -77,14 +77,14 @@ def plot_bias_by_distance(bias: Tensor, title: str = "score bias by distance") -
 def encoding_report(pe: PositionEncoding, n_positions: int, figures: bool = False) -> dict:
     """Scalars (and optionally figures) describing an encoding; tables only exist for absolute schemes.
 
-    Keys: name, num_learnable_params, max_positions, hooks, and when a table exists neighbour_cosine_{mean,
+    Keys: name, num_learnable_params, max_position, hooks, and when a table exists neighbour_cosine_{mean,
     min,max}; with ``figures``: figures {"table_heatmap", "neighbour_cosine"} for a table,
     {"bias_by_distance"} for a score bias.
     """
     report: dict = {
         "name": pe.name,
         "num_learnable_params": pe.num_learnable_params(),
-        "max_positions": pe.max_positions,
+        "max_position": pe.max_position,
         "hooks": [
             h
             for h, used in (

@@ -5,7 +5,7 @@ Also here: p-RoPE (``frequency_fraction``) and xPos (``XPos``, RoPE with a dista
 Pairing convention: half-split (GPT-NeoX / Hugging Face): channel i is paired with channel i + d/2 of the
 rotated block, and pair i turns by angle p * theta_i with theta_i = base^(-2i/d). Used everywhere here.
 
-Scalings (s = factor, L = original_max_position = the training length, d = rotary dims), as pure functions
+Scalings (s = factor, L = original_max_position = pe.train_length, the training length, d = rotary dims), as pure functions
 so the tests can check them against the published formulas:
   none         theta_i
   linear       theta_i / s                                   (position interpolation, Chen et al. 2023)
@@ -14,23 +14,23 @@ so the tests can check them against the published formulas:
   yarn         NTK-by-parts ramp between theta_i and theta_i/s, and cos/sin times 0.1*ln(s) + 1 (Peng et al.)
 
 The inverse frequencies are a non-persistent buffer: they are not in the state_dict, so scaling can be
-switched at evaluation time (``set_scaling`` or building the model with another ``pe.scaling``) on a
-checkpoint trained without it.
+switched at evaluation time (building the model with another ``pe.scaling``) on a checkpoint trained
+without it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from pelab.encodings.base import PositionEncoding, positions_as_float
+from pelab.encodings.base import PEConfig, PositionEncoding, PositionState, check, positions_as_float
 
 SCALING_TYPES = ("none", "linear", "ntk", "dynamic_ntk", "yarn")
-_SCALING_KEYS = ("type", "factor", "original_max_position", "beta_fast", "beta_slow")
 
 
 # ---- pure functions: frequencies and attention factor --------------------------------------------------
@@ -88,8 +88,8 @@ def rope_inv_freq(
     beta_slow: float = 1.0,
     seq_len: int | None = None,
 ) -> Tensor:
-    """Inverse frequencies (dim/2,) float64 for a scaling type; ``seq_len`` is used by dynamic_ntk only."""
-    _validate_scaling(dim, scaling, factor, original_max_position)
+    """Inverse frequencies (dim/2,) float64 for a scaling type; ``seq_len`` is used by dynamic_ntk only.
+    The settings are checked once, by ``RoPEConfig.validate``."""
     if scaling == "none":
         return base_inv_freq(dim, base)
     if scaling == "linear":
@@ -100,6 +100,8 @@ def rope_inv_freq(
         if seq_len is None:
             return base_inv_freq(dim, base)
         return base_inv_freq(dim, dynamic_ntk_base(dim, base, factor, original_max_position, int(seq_len)))
+    if scaling != "yarn":
+        raise ValueError(f"unknown RoPE scaling {scaling!r}; known: {list(SCALING_TYPES)}")
     # yarn: keep theta_i for fast pairs (gamma=0), interpolate theta_i/s for slow ones (gamma=1)
     theta = base_inv_freq(dim, base)
     low, high = yarn_correction_range(dim, base, original_max_position, beta_fast, beta_slow)
@@ -112,20 +114,6 @@ def rope_attention_factor(scaling: str = "none", factor: float = 1.0) -> float:
     if scaling == "yarn" and factor > 1.0:
         return 0.1 * math.log(factor) + 1.0
     return 1.0
-
-
-def _validate_scaling(dim: int, scaling: str, factor: float, original_max_position: int | None) -> None:
-    if scaling not in SCALING_TYPES:
-        raise ValueError(f"pe.scaling.type={scaling!r} is unknown; choose one of {list(SCALING_TYPES)}")
-    if factor <= 0:
-        raise ValueError(f"pe.scaling.factor must be > 0; got {factor}")
-    if scaling in ("ntk", "dynamic_ntk") and dim <= 2:
-        raise ValueError(f"pe.scaling.type={scaling} needs more than 2 rotary dims; got {dim}")
-    if scaling in ("dynamic_ntk", "yarn") and original_max_position is None:
-        raise ValueError(
-            f"pe.scaling.type={scaling} needs pe.scaling.original_max_position (the training length); "
-            "it is null -- set it, or let the training harness fill it from data.seq_len"
-        )
 
 
 # ---- rotation ---------------------------------------------------------------------------------------
@@ -172,90 +160,90 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return _Rotary.apply(x, cos[..., :h], sin[..., :h])
 
 
+@dataclass
+class ScalingConfig:
+    """Context-extension scaling of the rotary frequencies (see the module docstring); switchable at
+    evaluation time on a checkpoint trained without it."""
+
+    type: str = "none"  # none | linear | ntk | dynamic_ntk | yarn
+    factor: float = 1.0  # s
+    beta_fast: float = 32.0  # yarn ramp: pairs with >= beta_fast rotations within L keep their frequency
+    beta_slow: float = 1.0  # yarn ramp: pairs with < beta_slow rotations within L are fully interpolated
+
+
+@dataclass
+class RoPEConfig(PEConfig):
+    base: float = 10000.0
+    rotary_fraction: float = 1.0  # rotate the first fraction of each head's channels (partial rotary)
+    frequency_fraction: float = 1.0  # p-RoPE: the fraction of the highest frequencies that rotate
+    scaling: ScalingConfig = field(default_factory=ScalingConfig)
+
+    supports_scaling: ClassVar[bool] = True
+    runtime_keys: ClassVar[tuple[str, ...]] = ("scaling",)  # frequencies are not in the state dict
+
+    def validate(self, d_model: int, n_heads: int) -> None:
+        super().validate(d_model, n_heads)
+        check(self.base > 1, "base", self.base, "must be > 1")
+        check(0.0 < self.rotary_fraction <= 1.0, "rotary_fraction", self.rotary_fraction, "must be in (0, 1]")
+        check(0.0 <= self.frequency_fraction <= 1.0, "frequency_fraction", self.frequency_fraction,
+              "(p-RoPE's p) must be in [0, 1]")
+        rotary = rotary_dim(d_model // n_heads, self.rotary_fraction)
+        check(rotary >= 2, "rotary_fraction", self.rotary_fraction,
+              f"of head_dim={d_model // n_heads} (model.d_model/model.n_heads) leaves no channel pair to "
+              "rotate; raise pe.rotary_fraction or the head size")
+        s = self.scaling
+        check(s.type in SCALING_TYPES, "scaling.type", s.type, f"is unknown; choose one of {list(SCALING_TYPES)}")
+        check(s.factor > 0, "scaling.factor", s.factor, "must be > 0 (1 = no scaling)")
+        check(s.type not in ("ntk", "dynamic_ntk") or rotary > 2, "scaling.type", s.type,
+              f"needs more than 2 rotary dims; head_dim * pe.rotary_fraction gives {rotary}")
+        check(s.type not in ("dynamic_ntk", "yarn") or self.train_length is not None, "scaling.type", s.type,
+              "needs pe.train_length (the training length); it is null -- set it, or let the harness fill it "
+              "from data.seq_len")
+
+
+def rotary_dim(head_dim: int, rotary_fraction: float) -> int:
+    """Rotated channels per head: the fraction of head_dim, rounded down to an even number (pairs)."""
+    return int(head_dim * rotary_fraction) // 2 * 2
+
+
 class RoPE(PositionEncoding):
     """Rotary embedding on q and k, optionally on the first ``rotary_fraction`` of each head's channels."""
 
-    name = "rope"
+    Config = RoPEConfig
     has_rotate = True
 
     def __init__(
         self,
         d_model: int,
         n_heads: int,
-        base: float = 10000.0,
-        rotary_fraction: float = 1.0,
-        frequency_fraction: float = 1.0,
-        scaling: Mapping | None = None,
-        **knobs,
+        *,
+        base: float,
+        rotary_fraction: float,
+        frequency_fraction: float,
+        scaling: dict,
+        **common,
     ):
-        super().__init__(d_model, n_heads, **knobs)
-        if not 0.0 < rotary_fraction <= 1.0:
-            raise ValueError(f"pe.rotary_fraction must be in (0, 1]; got {rotary_fraction}")
-        if not 0.0 <= frequency_fraction <= 1.0:
-            raise ValueError(f"pe.frequency_fraction (p-RoPE's p) must be in [0, 1]; got {frequency_fraction}")
+        super().__init__(d_model, n_heads, **common)
         self.base = float(base)
-        self.rotary_fraction = float(rotary_fraction)
-        self.rotary_dim = int(self.head_dim * rotary_fraction) // 2 * 2  # even: channels come in pairs
-        if self.rotary_dim < 2:
-            raise ValueError(
-                f"pe.rotary_fraction={rotary_fraction} of head_dim={self.head_dim} leaves no channel pair "
-                "to rotate; raise pe.rotary_fraction or the head size"
-            )
+        self.rotary_dim = rotary_dim(self.head_dim, rotary_fraction)
         # p-RoPE (Barbero et al. 2024): keep the round(p * d/2) highest frequencies, set the rest to 0
-        self.frequency_fraction = float(frequency_fraction)
-        self.n_frequencies = round(self.frequency_fraction * self.rotary_dim / 2)
-        self.register_buffer("inv_freq", base_inv_freq(self.rotary_dim, self.base).float(), persistent=False)
-        self._memo: tuple | None = None  # (pos, key, cos, sin): reused by every layer of one forward
-        self._version = 0
-        self.set_scaling(**dict(scaling or {}))
+        self.n_frequencies = round(float(frequency_fraction) * self.rotary_dim / 2)
+        self.scaling = dict(scaling)
+        self.attention_factor = rope_attention_factor(self.scaling["type"], self.scaling["factor"])
+        self.register_buffer("inv_freq", self._scaled_inv_freq(), persistent=False)
 
-    def set_scaling(
-        self,
-        type: str | None = None,  # mirrors the config key pe.scaling.type
-        factor: float | None = None,
-        original_max_position: int | None = None,
-        beta_fast: float | None = None,
-        beta_slow: float | None = None,
-        **unknown,
-    ) -> None:
-        """Switch the scaling (e.g. at evaluation time). Arguments left as None keep their current value
-        (defaults: none, 1.0, null, 32, 1)."""
-        if unknown:
-            raise ValueError(f"pe.scaling got unknown keys {sorted(unknown)}; known: {list(_SCALING_KEYS)}")
-        old = getattr(self, "scaling", {})
-        new = {
-            "type": type if type is not None else old.get("type", "none"),
-            "factor": float(factor) if factor is not None else old.get("factor", 1.0),
-            "original_max_position": int(original_max_position)
-            if original_max_position is not None
-            else old.get("original_max_position"),
-            "beta_fast": float(beta_fast) if beta_fast is not None else old.get("beta_fast", 32.0),
-            "beta_slow": float(beta_slow) if beta_slow is not None else old.get("beta_slow", 1.0),
-        }
-        _validate_scaling(self.rotary_dim, new["type"], new["factor"], new["original_max_position"])
-        self.scaling = new
-        self.attention_factor = rope_attention_factor(new["type"], new["factor"])
-        self._refresh_inv_freq()
-
-    def _refresh_inv_freq(self) -> None:
+    def _scaled_inv_freq(self) -> Tensor:
+        """(d/2,) fp32 inverse frequencies under the scaling (dynamic_ntk: its l <= L value), p-RoPE applied."""
         s = self.scaling
         inv_freq = rope_inv_freq(
-            self.rotary_dim,
-            self.base,
-            s["type"],
-            s["factor"],
-            s["original_max_position"],
-            s["beta_fast"],
-            s["beta_slow"],
+            self.rotary_dim, self.base, s["type"], s["factor"], self.train_length, s["beta_fast"], s["beta_slow"]
         )
-        self.inv_freq = self._keep_high(inv_freq).to(device=self.inv_freq.device, dtype=torch.float32)
-        self._version += 1
-        self._memo = None
+        return self._keep_high(inv_freq).float()
 
     def _apply(self, fn, recurse=True):
         # model.to(bfloat16) would round the frequencies; recompute them in fp32 on the new device instead
         super()._apply(fn, recurse)
-        self._refresh_inv_freq()
+        self.inv_freq = self._scaled_inv_freq().to(self.inv_freq.device)
         return self
 
     def _inv_freq_for(self, pos: Tensor) -> Tensor:
@@ -263,10 +251,7 @@ class RoPE(PositionEncoding):
         if self.scaling["type"] != "dynamic_ntk":
             return self.inv_freq
         d = self.rotary_dim
-        seq_len = pos.max() + 1
-        new_base = dynamic_ntk_base(
-            d, self.base, self.scaling["factor"], self.scaling["original_max_position"], seq_len
-        )  # 0-d tensor
+        new_base = dynamic_ntk_base(d, self.base, self.scaling["factor"], self.train_length, pos.max() + 1)
         exponents = torch.arange(0, d, 2, dtype=torch.float32, device=pos.device) / d
         return self._keep_high(1.0 / new_base**exponents)
 
@@ -278,15 +263,7 @@ class RoPE(PositionEncoding):
         return inv_freq * keep
 
     def cos_sin(self, pos: Tensor) -> tuple[Tensor, Tensor]:
-        """(T,) -> cos, sin (T, d); (B, T) -> (B, 1, T, d); fp32, times the attention factor.
-
-        Computed once per forward and reused by every layer: the memo is keyed on the identity (and
-        version) of the position tensor, which the model passes unchanged to all layers.
-        """
-        key = (self._version, pos._version, pos.device, torch.is_inference_mode_enabled())
-        compiling = torch.compiler.is_compiling()
-        if not compiling and self._memo is not None and self._memo[0] is pos and self._memo[1] == key:
-            return self._memo[2], self._memo[3]
+        """(T,) -> cos, sin (T, d); (B, T) -> (B, 1, T, d); fp32, times the attention factor."""
         freqs = positions_as_float(pos)[..., None] * self._inv_freq_for(pos)  # (..., T, d/2)
         emb = torch.cat((freqs, freqs), dim=-1)  # (..., T, d) half-split layout
         cos, sin = emb.cos(), emb.sin()
@@ -294,13 +271,16 @@ class RoPE(PositionEncoding):
             cos, sin = cos * self.attention_factor, sin * self.attention_factor
         if pos.dim() == 2:  # (B, T, d) -> (B, 1, T, d): broadcast over heads
             cos, sin = cos[:, None], sin[:, None]
-        if not compiling:
-            self._memo = (pos, key, cos, sin)
         return cos, sin
 
-    def rotate(self, q: Tensor, k: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
-        cos, sin = self.cos_sin(pos)
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    def rotary_tables(self, pos: Tensor) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+        """(cos, sin) for q and for k: the same tables for RoPE."""
+        cos_sin = self.cos_sin(pos)
+        return cos_sin, cos_sin
+
+    def rotate(self, q: Tensor, k: Tensor, state: PositionState) -> tuple[Tensor, Tensor]:
+        q_tables, k_tables = state.tables
+        return apply_rotary(q, *q_tables), apply_rotary(k, *k_tables)
 
     def extra_repr(self) -> str:
         return (
@@ -323,20 +303,22 @@ class XPos(RoPE):
     the product depends on m - n only, and centring keeps zeta^(+-p/scale_base) inside fp32 at long inputs.
     """
 
-    name = "xpos"
+    @dataclass
+    class Config(RoPEConfig):
+        scale_base: float = 512.0
 
-    def __init__(self, d_model: int, n_heads: int, scale_base: float = 512.0, **knobs):
+        def validate(self, d_model: int, n_heads: int) -> None:
+            super().validate(d_model, n_heads)
+            check(self.scale_base > 0, "scale_base", self.scale_base, "must be > 0")
+
+    def __init__(self, d_model: int, n_heads: int, *, scale_base: float, **knobs):
         super().__init__(d_model, n_heads, **knobs)
-        if scale_base <= 0:
-            raise ValueError(f"pe.scale_base must be > 0; got {scale_base}")
         self.scale_base = float(scale_base)
         self.register_buffer("log_zeta", xpos_zeta(self.rotary_dim).log().float(), persistent=False)
-        self._scaled_memo: tuple | None = None  # (cos it was derived from, q tables, k tables)
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
         self.log_zeta = xpos_zeta(self.rotary_dim).log().to(device=self.inv_freq.device, dtype=torch.float32)
-        self._scaled_memo = None
         return self
 
     def decay(self, pos: Tensor) -> Tensor:
@@ -347,18 +329,11 @@ class XPos(RoPE):
         scale = torch.cat((scale, scale), dim=-1)
         return scale[:, None] if pos.dim() == 2 else scale
 
-    def rotate(self, q: Tensor, k: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
+    def rotary_tables(self, pos: Tensor) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+        """RoPE's tables times the decay for q, divided by it for k."""
         cos, sin = self.cos_sin(pos)
-        # the scaled tables are derived from cos/sin: recomputed exactly when cos_sin recomputes (once per
-        # forward; under torch.compile, every call, as cos_sin itself)
-        memo = self._scaled_memo
-        if memo is None or memo[0] is not cos:
-            scale = self.decay(pos)
-            memo = (cos, (cos * scale, sin * scale), (cos / scale, sin / scale))
-            if not torch.compiler.is_compiling():
-                self._scaled_memo = memo
-        _, q_tables, k_tables = memo
-        return apply_rotary(q, *q_tables), apply_rotary(k, *k_tables)
+        scale = self.decay(pos)
+        return (cos * scale, sin * scale), (cos / scale, sin / scale)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, scale_base={self.scale_base}"

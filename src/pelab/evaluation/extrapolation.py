@@ -65,7 +65,7 @@ def is_position_out_of_range(exc: BaseException) -> bool:
 
 def not_applicable_note(exc: BaseException) -> str:
     """Short table note for a length the encoding cannot represent, from the exception message:
-    "n/a — learned positions end at 255 (pe.max_positions=256)"."""
+    "n/a — learned positions end at 255 (pe.max_position=256)"."""
     msg = str(exc).strip().split(";")[0].strip() or type(exc).__name__
     return f"n/a — {msg}"
 

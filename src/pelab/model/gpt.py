@@ -1,8 +1,8 @@
 """A small decoder-only GPT (nanoGPT-style) whose positions come only from a PositionEncoding.
 
-The model calls the encoding's hooks by their flags (has_embed / has_rotate / has_bias) and never asks
-which encoding it holds. Per forward, position-dependent work is done once and shared by all layers:
-the score bias (when small enough to materialise) and, inside RoPE, the cos/sin tables.
+The model calls the encoding's hooks by their flags (has_embed / has_rotate / has_content_bias) and never
+asks which encoding it holds. Per forward, ``pe.prepare(pos)`` does the position-dependent work once
+(rotary tables, score bias) and its ``PositionState`` is passed to every layer explicitly.
 """
 
 from __future__ import annotations
@@ -10,17 +10,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pelab.encodings.base import PositionEncoding
-from pelab.model.attention import BiasFn, causal_attention, causal_bias, distance_bias
+from pelab.model.attention import causal_attention
 
-# A shared (H, T, T) bias (times B for per-batch positions) is materialised once per forward up to this
-# many elements (256 MB in fp32); longer inputs compute it per query chunk inside attention instead.
-MAX_SHARED_BIAS_ELEMENTS = 64 * 2**20
+if TYPE_CHECKING:  # the encodings import model.attention: no import at run time, no cycle
+    from pelab.encodings.base import PositionEncoding, PositionState
 
 
 @dataclass
@@ -75,24 +74,25 @@ class CausalSelfAttention(nn.Module):
         self.resid_drop = nn.Dropout(config.dropout)
         self.chunk_size = config.attn_chunk_size
 
-    def forward(self, x: Tensor, pos: Tensor, pe: PositionEncoding, bias: BiasFn | None) -> Tensor:
+    def forward(self, x: Tensor, pe: PositionEncoding, state: PositionState) -> Tensor:
         B, T, D = x.shape
         # (B, T, 3D) -> 3 x (B, H, T, Dh)
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
         if pe.has_rotate:
-            q, k = pe.rotate(q, k, pos)
-        backend = "auto"
+            q, k = pe.rotate(q, k, state)
+        bias, backend = state.bias, "auto"
         if pe.has_content_bias:
-            bias, backend = self._content_bias_fn(pe, q, k), "sdpa"  # learned, per layer: chunked SDPA path
+            bias, backend = self._content_bias_fn(pe, q, k, state), "sdpa"  # per layer: chunked SDPA path
         dropout_p = self.dropout if self.training else 0.0
         y = causal_attention(q, k, v, bias, chunk_size=self.chunk_size, dropout_p=dropout_p, backend=backend)
         y = y.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
         return self.resid_drop(self.proj(y))
 
     @staticmethod
-    def _content_bias_fn(pe: PositionEncoding, q: Tensor, k: Tensor) -> Callable[[int, int], Tensor]:
+    def _content_bias_fn(pe: PositionEncoding, q: Tensor, k: Tensor, state: PositionState
+                         ) -> Callable[[int, int], Tensor]:
         def bias_fn(q0: int, q1: int) -> Tensor:  # queries q0..q1-1 against keys 0..q1-1
-            return pe.content_bias(q[..., q0:q1, :], k[..., :q1, :], q0)
+            return pe.content_bias(q[..., q0:q1, :], k[..., :q1, :], q0, state)
 
         return bias_fn
 
@@ -119,8 +119,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.d_model, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: Tensor, pos: Tensor, pe: PositionEncoding, bias: BiasFn | None) -> Tensor:
-        x = x + self.attn(self.ln_1(x), pos, pe, bias)
+    def forward(self, x: Tensor, pe: PositionEncoding, state: PositionState) -> Tensor:
+        x = x + self.attn(self.ln_1(x), pe, state)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -139,7 +139,6 @@ class GPT(nn.Module):
             )
         self.config = config
         self.pe = pe
-        self.max_shared_bias_elements = MAX_SHARED_BIAS_ELEMENTS
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
@@ -185,46 +184,16 @@ class GPT(nn.Module):
             raise ValueError(f"pos must have shape ({T},) or ({B}, {T}); got {tuple(pos.shape)}")
         return pos.to(device=idx.device, dtype=torch.long), None
 
-    def score_bias(self, pos: Tensor, consecutive: bool = False) -> BiasFn | None:
-        """The encoding's score bias for this forward, shared by all layers when small enough (else a
-        per-query-chunk callable: bounded memory). ``consecutive``: pos is start..start+T-1, so a
-        translation-invariant bias is one value per distance, (H, 2T-1), whatever T (CPU; the CUDA path
-        feeds FlexAttention a full bias)."""
-        if not self.pe.has_bias:
-            return None
-        T = pos.shape[-1]
-        shared = self.pe.bias_shared_across_layers
-        per_distance = consecutive and self.pe.bias_translation_invariant and not pos.is_cuda
-        if shared and per_distance and self.config.n_heads * (2 * T - 1) <= self.max_shared_bias_elements:
-            return distance_bias(self.pe, T, pos.device)
-        n_elements = self.config.n_heads * T * T * (pos.shape[0] if pos.dim() == 2 else 1)
-        if shared and n_elements <= self.max_shared_bias_elements:
-            # (H, T, T) or (B, H, T, T) + causal -inf, built once per forward; each layer only slices it
-            return causal_bias(self.pe.score_bias(pos, pos))
-        return self._chunk_bias_fn(pos)
-
-    def _chunk_bias_fn(self, pos: Tensor) -> Callable[[int, int], Tensor]:
-        pe = self.pe
-
-        def bias_fn(q0: int, q1: int) -> Tensor:  # queries q0..q1-1 against keys 0..q1-1
-            return pe.score_bias(pos[..., q0:q1], pos[..., :q1])
-
-        return bias_fn
-
     def forward(self, idx: Tensor, pos: Tensor | None = None, start: int = 0) -> Tensor:
         """idx (B, T) token ids -> logits (B, T, V) fp32. Positions: ``pos`` (T,) or (B, T), else
         arange(start, start + T)."""
         consecutive = pos is None
         pos, max_position = self.positions(idx, pos, start)
-        remapped = self.pe.remap_positions(pos)
-        if remapped is not pos:  # e.g. randomized positions in training: no longer start..start+T-1
-            pos, max_position, consecutive = remapped, None, False
-        self.pe.check_positions(pos, max_position=max_position)  # raises PositionOutOfRange
+        state = self.pe.prepare(pos, consecutive, max_position)  # once per forward, for every layer
         x = self.tok_emb(idx)  # (B, T, D)
         if self.pe.has_embed:
-            x = self.pe.embed(x, pos)  # sum composition: still (B, T, D)
+            x = self.pe.embed(x, state)  # sum composition: still (B, T, D)
         x = self.drop(x)
-        bias = self.score_bias(pos, consecutive)
         for block in self.blocks:
-            x = block(x, pos, self.pe, bias)
+            x = block(x, self.pe, state)
         return self.lm_head(self.ln_f(x)).float()

@@ -1,0 +1,83 @@
+"""From a ``pe`` config (``conf/pe/<name>.yaml``, with its ``_target_``) to a validated encoding.
+
+The encoding class named by ``_target_`` owns its schema (``Cls.Config``, a ``PEConfig`` dataclass), so
+this module knows no scheme by name: a new encoding is found through its YAML's ``_target_``, and the
+config group folder is the only list of encodings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hydra.utils import get_class, instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from pelab import CONF_DIR
+from pelab.encodings.base import PEConfig, PositionEncoding
+from pelab.errors import ConfigError, typed
+
+PE_CONF_DIR = Path(CONF_DIR) / "pe"
+
+
+def available_encodings() -> list[str]:
+    """The names under conf/pe/ (the config group is the registry)."""
+    return sorted(p.stem for p in PE_CONF_DIR.glob("*.yaml"))
+
+
+def default_pe_config(name: str) -> dict:
+    """The full default config of encoding ``name``: conf/pe/<name>.yaml typed against its schema."""
+    path = PE_CONF_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"pe={name} is unknown; known encodings: {available_encodings()}")
+    cfg = OmegaConf.load(path)
+    return OmegaConf.to_container(typed(pe_schema(cfg), cfg, "pe"), resolve=True)
+
+
+def _as_config(cfg: Any, overrides: Mapping | None = None) -> DictConfig:
+    """A name, a mapping or a DictConfig -> DictConfig; a mapping without ``_target_`` starts from the
+    defaults of its ``name`` (so code and tests can say ``{"name": "rope", "base": 500}``)."""
+    if isinstance(cfg, str):
+        cfg = {"name": cfg}
+    if not isinstance(cfg, Mapping | DictConfig):
+        raise TypeError(f"a pe config is a mapping with a _target_ or a name; got {type(cfg).__name__}")
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg))
+    if "_target_" not in cfg:
+        cfg = OmegaConf.merge(default_pe_config(str(cfg.get("name"))), cfg)
+    return OmegaConf.merge(cfg, dict(overrides or {}))
+
+
+def pe_schema(cfg: Any) -> type[PEConfig]:
+    """The config dataclass of the encoding a ``pe`` config names (its ``_target_``'s ``Config``)."""
+    target = cfg.get("_target_") if isinstance(cfg, Mapping | DictConfig) else None
+    if target is None:
+        return pe_schema(_as_config(cfg))
+    try:
+        cls = get_class(str(target))
+    except Exception as err:  # noqa: BLE001 - ImportError, AttributeError, ...: all mean a wrong _target_
+        raise ConfigError(f"pe._target_={target} cannot be imported ({type(err).__name__}); it must name a "
+                          "PositionEncoding subclass, e.g. pelab.encodings.rotary.RoPE") from None
+    if not (isinstance(cls, type) and issubclass(cls, PositionEncoding)):
+        raise ConfigError(f"pe._target_={target} is not a PositionEncoding subclass")
+    return cls.Config
+
+
+def resolve_pe_config(cfg: Any, *, d_model: int, n_heads: int, train_length: int | None) -> dict:
+    """Typed (schema), resolved (settings that mean "the training length" filled) and range-checked ``pe``
+    config as a plain dict; every problem is a ConfigError naming ``pe.<key>``."""
+    cfg = _as_config(cfg)
+    schema = pe_schema(cfg)
+    config: PEConfig = OmegaConf.to_object(typed(schema, cfg, "pe"))
+    config.resolve(train_length)
+    config.validate(int(d_model), int(n_heads))
+    return OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
+
+
+def build_encoding(cfg: Any, d_model: int, n_heads: int, train_length: int | None = None,
+                   **overrides: Any) -> PositionEncoding:
+    """The encoding of a ``pe`` config (a name, a mapping or a DictConfig; ``overrides`` replace keys):
+    ``instantiate`` of the resolved config with the model's sizes."""
+    resolved = resolve_pe_config(_as_config(cfg, overrides), d_model=d_model, n_heads=n_heads,
+                                 train_length=train_length)
+    return instantiate(resolved, d_model=int(d_model), n_heads=int(n_heads), _convert_="all")
