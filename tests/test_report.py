@@ -1,54 +1,22 @@
-"""Sweeps and reports end to end: a real 2x2 Hydra multirun -> summaries -> `pelab.report` (markdown +
-PNGs), failed / unfinished jobs, Optuna, the SLURM launcher config, the W&B sweep file and the
-dashboard spec against the metric keys the runs really log."""
+"""`pelab.report` end to end: the shared 2 x 2 multirun (conftest.sweep) -> summaries -> report.md + PNGs
+(+ a W&B report run), failed / unfinished jobs."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-import yaml
 
-from conftest import FAST, ROOT, compose, offline_runs, run_cli, wandb_records
-from pelab import dashboard, report
+from conftest import FAST, compose, offline_runs, summaries, wandb_records
+from pelab import report
 from pelab.summary import as_float
 
-ENCODINGS = {p.stem for p in (ROOT / "src" / "pelab" / "conf" / "pe").glob("*.yaml")}
-# The shared multirun: rope, alibi x seeds 0, 1; evaluated at 32, 64, 128 tokens; probes at 32, 64.
-SWEEP_ARGS = [
-    *FAST,
-    "pe=rope,alibi",
-    "seed=0,1",
-    "logger=csv",
-    "trainer.max_steps=10",
-    "trainer.val_check_interval=10",
-    "eval.lengths=[1,2,4]",
-    "probes.lengths=[1,2]",
-]
-LENGTHS = [32, 64, 128]
-
-
-@pytest.fixture(scope="module")
-def sweep(tmp_path_factory, cache_dir) -> Path:
-    """One real 2 x 2 multirun shared by the tests of this file (~1-2 min on 2 busy cores)."""
-    root = tmp_path_factory.mktemp("sweep")
-    sweep_dir = root / "multirun"
-    out = run_cli(
-        ["-m", *SWEEP_ARGS, f"hydra.sweep.dir={sweep_dir}"], cwd=root, env={"PELAB_CACHE_DIR": str(cache_dir)}
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return sweep_dir
-
-
-def _summaries(folder: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(folder.glob("*/summary.json"))]
+LENGTHS = [32, 64, 128]  # conftest.SWEEP_ARGS: eval.lengths=[1,2,4] of data.seq_len=32
 
 
 def _table(md: str, title: str) -> tuple[list[str], list[list[str]]]:
@@ -68,18 +36,6 @@ def _table(md: str, title: str) -> tuple[list[str], list[list[str]]]:
 
 
 @pytest.mark.slow
-def test_multirun_writes_one_summary_per_job(sweep):
-    summaries = _summaries(sweep)
-    assert len(summaries) == 4
-    assert {s["status"] for s in summaries} == {"ok"}
-    assert sorted(s["name"] for s in summaries) == sorted(
-        f"{pe}-micro-L32-s{seed}" for pe in ("rope", "alibi") for seed in (0, 1)
-    )
-    for s in summaries:
-        assert {f"extrap/ppl@{L}" for L in LENGTHS} <= set(s["metrics"])
-
-
-@pytest.mark.slow
 def test_report_has_a_two_row_table_with_mean_and_std_over_seeds(sweep, tmp_path):
     out = tmp_path / "report"
     cli = subprocess.run(
@@ -96,7 +52,7 @@ def test_report_has_a_two_row_table_with_mean_and_std_over_seeds(sweep, tmp_path
     header, rows = _table(md, "Perplexity, non-overlapping")
     assert header == ["encoding", "seeds", *map(str, LENGTHS)]
     assert [r[0] for r in rows] == ["rope", "alibi"]  # display order; seeds aggregated, not rows
-    summaries = _summaries(sweep)
+    jobs = summaries(sweep)
     for row in rows:
         assert row[1] == "0,1"
         for L, cell in zip(LENGTHS, row[2:]):
@@ -104,7 +60,7 @@ def test_report_has_a_two_row_table_with_mean_and_std_over_seeds(sweep, tmp_path
             assert m, cell
             vals = [
                 as_float(s["metrics"][f"extrap/ppl@{L}"])
-                for s in summaries
+                for s in jobs
                 if s["config"]["pe"]["name"] == row[0]
             ]
             assert float(m.group(1)) == pytest.approx(statistics.fmean(vals), abs=0.006)
@@ -251,182 +207,3 @@ def test_report_uploads_to_wandb_as_a_report_run_in_the_sweep_group(sweep, tmp_p
     logged = json.dumps([r for r in records if r.get("type") == "history"])
     for key in ("report/ppl_vs_length", "report/probe_heatmaps", "report/tables/"):
         assert key in logged, key
-
-
-# ---- Optuna --------------------------------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_optuna_runs_two_trials_and_returns_the_best(tmp_path):
-    sweep_dir = tmp_path / "optuna"
-    out = run_cli(
-        [
-            "-m",
-            "hparams_search=optuna",
-            "hydra.sweeper.n_trials=2",
-            *FAST,
-            "logger=csv",
-            "trainer.max_steps=10",
-            "trainer.val_check_interval=10",
-            "evaluate_after_fit=false",
-            f"hydra.sweep.dir={sweep_dir}",
-        ],
-        cwd=tmp_path,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    summaries = _summaries(sweep_dir)
-    assert len(summaries) == 2 and {s["status"] for s in summaries} == {"ok"}
-    lrs = [s["config"]["optim"]["lr"] for s in summaries]
-    assert lrs[0] != lrs[1]  # the sampler proposed two learning rates
-    assert len({s["name"] for s in summaries}) == 2  # trial names carry the searched values
-    result = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
-    best = min(summaries, key=lambda s: s["metrics"]["val/ppl"])
-    assert result["best_value"] == pytest.approx(best["metrics"]["val/ppl"])
-    assert result["best_params"]["optim.lr"] == pytest.approx(best["config"]["optim"]["lr"])
-
-
-# ---- SLURM launcher ------------------------------------------------------------------------------
-
-
-def _slurm_cfg(*extra: str):
-    return _compose_hydra(
-        [
-            "hydra/launcher=slurm",
-            "trainer=slurm",
-            "trainer.devices=8",
-            "trainer.num_nodes=2",
-            "hydra.launcher.partition=gpu",
-            *extra,
-        ]
-    )
-
-
-def _compose_hydra(overrides: list[str]):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(ROOT / "src" / "pelab" / "conf"), version_base="1.3"):
-        return hydra_compose(config_name="train", overrides=overrides, return_hydra_config=True)
-
-
-def test_slurm_launcher_config_composes_with_one_task_per_gpu():
-    cfg = _slurm_cfg()
-    launcher = cfg.hydra.launcher
-    assert launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
-    assert launcher.partition == "gpu" and launcher.timeout_min == 240
-    # GPU and node counts follow the trainer: one SLURM task per GPU for Lightning DDP.
-    assert launcher.gpus_per_node == 8 and launcher.tasks_per_node == 8 and launcher.nodes == 2
-    assert cfg.trainer.strategy == "ddp" and cfg.trainer.devices == 8 and cfg.trainer.num_nodes == 2
-    # The plugin's schema still applies (the file extends it): a misspelt key fails at composition.
-    from hydra.errors import ConfigCompositionException
-
-    with pytest.raises(ConfigCompositionException, match="gpus_per_nod"):
-        _slurm_cfg("hydra.launcher.gpus_per_nod=4")
-
-
-def test_slurm_launcher_settings_render_a_valid_sbatch_header(tmp_path, monkeypatch):
-    """The composed settings through submitit's own parameter check and sbatch writer (as
-    hydra-submitit-launcher's launch() does). submitit only wants to see an `srun` on the PATH."""
-    submitit = pytest.importorskip("submitit")
-    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
-    from omegaconf import OmegaConf
-
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "srun").write_text("#!/bin/sh\nexit 0\n")
-    (fake / "srun").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
-
-    cfg = _slurm_cfg(f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.launcher.setup=[module load cuda]")
-    params = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
-    params.pop("_target_")
-    executor = submitit.AutoExecutor(
-        cluster="slurm",
-        folder=params.pop("submitit_folder"),
-        slurm_max_num_timeout=params.pop("max_num_timeout"),
-    )
-    generic = set(OmegaConf.structured(BaseQueueConf).keys())
-    executor.update_parameters(**{k if k in generic else f"slurm_{k}": v for k, v in params.items()})
-    sbatch = executor._executor._make_submission_file_text("python -u job.py", "uid")
-    for line in (
-        "--gpus-per-node=8",
-        "--ntasks-per-node=8",
-        "--nodes=2",
-        "--partition=gpu",
-        "--time=240",
-        "--cpus-per-task=8",
-        "--mem=64GB",
-    ):
-        assert f"#SBATCH {line}" in sbatch, line
-    assert "module load cuda" in sbatch
-
-
-# ---- W&B sweep file and experiment presets -------------------------------------------------------
-
-
-def test_wandb_sweep_grid_passes_hydra_overrides():
-    spec = yaml.safe_load((ROOT / "experiments" / "sweeps" / "pe_grid.yaml").read_text())
-    assert spec["method"] == "grid" and spec["program"] == "train.py" and (ROOT / spec["program"]).exists()
-    assert spec["command"] == ["${env}", "${interpreter}", "${program}", "${args_no_hyphens}"]
-    assert set(spec["parameters"]["pe"]["values"]) == ENCODINGS
-    assert spec["parameters"]["data.seq_len"]["values"] == [128, 256]
-    # What the agent passes (`key=value`, no hyphens) composes as Hydra overrides.
-    for pe in spec["parameters"]["pe"]["values"]:
-        args = [
-            f"{k}={p.get('value', (p.get('values') or [None])[0]) if k != 'pe' else pe}"
-            for k, p in spec["parameters"].items()
-        ]
-        cfg = compose(args)
-        assert cfg.pe.name == pe and cfg.data.seq_len == 128
-
-
-def test_length_extrapolation_experiment_sweeps_all_encodings():
-    cfg = _compose_hydra(["experiment=length_extrapolation"])
-    assert cfg.model.name == "tiny" and cfg.data.seq_len == 128
-    assert list(cfg.eval.lengths) == [1, 2, 4, 8, 16] and cfg.probes.enabled
-    params = cfg.hydra.sweeper.params
-    assert set(params["pe"].split(",")) == ENCODINGS
-
-
-# ---- dashboard -----------------------------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_dashboard_spec_names_exactly_the_metrics_the_runs_log(sweep, capsys):
-    assert dashboard.main(["--dry-run", "--from", str(sweep), "--group", "g1"]) == 0
-    spec = json.loads(capsys.readouterr().out)
-    assert [s["name"] for s in spec["sections"]] == ["Extrapolation", "Probes", "Training"]
-    assert spec["runset"]["filters"] == {"Group": "g1"} and spec["runset"]["groupby"] == ["pe.name"]
-    plotted = dashboard.spec_metric_keys(spec)
-    for s in _summaries(sweep):
-        logged = set(s["metrics"])
-        assert plotted <= logged  # no panel names a key that is never logged
-        # every evaluation scalar has a panel, except the probes' mean log-prob (in the tables only)
-        evaluation = {k for k in logged if k.startswith(("extrap/", "probe/")) and "/logprob@" not in k}
-        assert plotted - set(dashboard.TRAINING_METRICS) == evaluation
-        assert set(dashboard.TRAINING_METRICS) <= logged
-        media = {m for sec in spec["sections"] for p in sec["panels"] for m in p.get("media_keys", [])}
-        assert media == {f"plots/{k}" for k in s["evaluation"]["plots"]}
-        for col in spec["runset"]["pinned_columns"]:
-            assert col.removeprefix("summary:") in logged
-
-
-def test_dashboard_builds_workspace_objects_offline():
-    ws = pytest.importorskip("wandb_workspaces.workspaces")
-    layout = dashboard.from_config(["data.seq_len=128"])
-    assert layout["lengths"] == [128, 256, 512, 1024, 2048] and layout["kinds"] == ["kv", "passkey"]
-    spec = dashboard.dashboard_spec(group="sweep-1", **layout)
-    workspace = dashboard.build_workspace(spec, "someone", "pelab")
-    assert isinstance(workspace, ws.Workspace)
-    assert [len(s.panels) for s in workspace.sections] == [len(s["panels"]) for s in spec["sections"]]
-    view = workspace._to_model()  # the structure save() would upload; no server needed
-    assert view.project == "pelab" and view.display_name == spec["name"]
-
-
-def test_dashboard_without_the_package_says_how_to_install(monkeypatch):
-    monkeypatch.setitem(sys.modules, "wandb_workspaces", None)  # import fails as if not installed
-    monkeypatch.setitem(sys.modules, "wandb_workspaces.workspaces", None)
-    monkeypatch.setitem(sys.modules, "wandb_workspaces.reports.v2", None)
-    spec = dashboard.dashboard_spec([32, 64], ["kv"])
-    with pytest.raises(dashboard.DashboardError, match="pip install wandb-workspaces"):
-        dashboard.build_workspace(spec, "someone", "pelab")
