@@ -1,5 +1,6 @@
 """`pelab.report` end to end: the shared 2 x 2 multirun (conftest.sweep) -> summaries -> report.md + PNGs
-(+ a W&B report run), failed / unfinished jobs."""
+(+ a W&B report run), failed / unfinished jobs; and from hand-written summaries: cells, rows, labels
+and their order."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import shutil
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from conftest import FAST, compose, offline_runs, summaries, wandb_records
 from pelab import report
-from pelab.summary import as_float
+from pelab.summary import as_float, write_summary
 
 LENGTHS = [32, 64, 128]  # conftest.SWEEP_ARGS: eval.lengths=[1,2,4] of data.seq_len=32
 
@@ -32,7 +34,7 @@ def _table(md: str, title: str) -> tuple[list[str], list[list[str]]]:
     return rows[0], rows[2:]  # skip the |---| line
 
 
-# ---- the multirun and the report ---------------------------------------------------------------
+# ---- from the real multirun ----------------------------------------------------------------------
 
 
 @pytest.mark.slow
@@ -51,7 +53,7 @@ def test_report_has_a_two_row_table_with_mean_and_std_over_seeds(sweep, tmp_path
     md = (out / "report.md").read_text()
     header, rows = _table(md, "Perplexity, non-overlapping")
     assert header == ["encoding", "seeds", *map(str, LENGTHS)]
-    assert [r[0] for r in rows] == ["rope", "alibi"]  # display order; seeds aggregated, not rows
+    assert [r[0] for r in rows] == ["rope", "alibi"]  # the sweep's order (pe=rope,alibi); seeds are not rows
     jobs = summaries(sweep)
     for row in rows:
         assert row[1] == "0,1"
@@ -59,24 +61,27 @@ def test_report_has_a_two_row_table_with_mean_and_std_over_seeds(sweep, tmp_path
             m = re.fullmatch(r"\**([\d.]+) ± ([\d.]+)\**", cell)
             assert m, cell
             vals = [
-                as_float(s["metrics"][f"extrap/ppl@{L}"])
-                for s in jobs
-                if s["config"]["pe"]["name"] == row[0]
+                as_float(s["metrics"][f"extrap/ppl@{L}"]) for s in jobs if s["config"]["pe"]["name"] == row[0]
             ]
             assert float(m.group(1)) == pytest.approx(statistics.fmean(vals), abs=0.006)
             assert float(m.group(2)) == pytest.approx(statistics.stdev(vals), abs=0.006)
-        assert row[2].startswith("**")  # the training length (32) is marked
+        # the training length (32), and only it, is marked
+        assert row[2].startswith("**") and not any(c.startswith("**") for c in row[3:])
     for title in (
         "ppl@L / ppl@training length",
         "Perplexity, sliding windows",
         "kv: accuracy",
         "passkey: lost-in-the-middle gap",
         "kv: mean log-probability of the gold answer",
-        "Runs",
     ):
-        assert f"**{title}" in md or f"## {title}" in md, title
-    # kv needs more tokens than 32: the n/a cell says why.
-    assert "kv needs at least" in md
+        header, rows = _table(md, title)  # a table with a row per encoding and a cell per length
+        assert [r[0] for r in rows] == ["rope", "alibi"], title
+        assert all(len(r) == len(header) for r in rows), title
+    # kv needs more tokens than 32: its cells there are n/a and the note says why.
+    _, kv = _table(md, "kv: accuracy")
+    assert {r[2] for r in kv} == {"n/a"} and "kv needs at least" in md
+    _, runs = _table(md, "Runs")
+    assert sorted(r[1] for r in runs) == ["alibi", "alibi", "rope", "rope"]
     assert "Failed / unfinished" not in md
 
 
@@ -122,76 +127,8 @@ def test_report_lists_failed_and_unfinished_jobs_and_leaves_them_out(sweep, tmp_
     assert "2 job(s) left out" in md
     _, ppl_rows = _table(md, "Perplexity, non-overlapping")
     assert [r[0] for r in ppl_rows] == ["rope", "alibi"] and all(r[1] == "0,1" for r in ppl_rows)
-
-
-def test_report_cells_mark_not_applicable_diverged_and_partial():
-    assert report.aggregate([]) == "—"
-    assert report.aggregate([float("nan"), float("nan")]) == "n/a"
-    assert report.aggregate([float("inf"), float("inf")]) == "inf"
-    assert report.aggregate([2.0]) == "2.00"
-    assert report.aggregate([1.0, 3.0]) == "2.00 ± 1.41"
-    assert report.aggregate([1.0, float("inf")]) == "1.00 (1/2 seeds, 1 inf)"
-
-
-def test_report_rows_split_on_swept_settings_but_not_on_seeds(tmp_path):
-    def job(pe, lr, seed):
-        cfg = {
-            "pe": {"name": pe},
-            "model": {"name": "micro"},
-            "data": {"seq_len": 32},
-            "optim": {"lr": lr},
-            "seed": seed,
-            "name": f"{pe}-{seed}",
-            "paths": {"output_dir": f"/x/{pe}{lr}{seed}"},
-        }
-        return report.Job(tmp_path, "ok", {"config": cfg, "metrics": {"val/ppl": 10.0}})
-
-    jobs = [job(pe, lr, s) for pe in ("alibi", "rope") for lr in (1e-3, 3e-3) for s in (0, 1)]
-    rows, shown = report.group_rows(jobs)
-    assert shown == ["pe.name", "optim.lr"]  # seed, name and paths never define a row
-    assert [r.label for r in rows] == [
-        "rope optim.lr=0.001",
-        "rope optim.lr=0.003",
-        "alibi optim.lr=0.001",
-        "alibi optim.lr=0.003",
-    ]
-    assert all(r.seeds == [0, 1] for r in rows)
-
-
-def test_report_labels_variants_and_fills_knobs_older_runs_lack(tmp_path):
-    def job(pe: dict, seed: int = 0):
-        cfg = {"pe": pe, "model": {"name": "tiny"}, "data": {"seq_len": 128}, "seed": seed}
-        return report.Job(tmp_path, "ok", {"config": cfg, "metrics": {"val/ppl": 10.0}})
-
-    old_rope = job({"name": "rope", "base": 10000.0})  # written before frequency_fraction / randomized existed
-    new_rope = job({"name": "rope", "base": 10000.0, "frequency_fraction": 1.0, "randomized": {"max_position": None}},
-                   seed=1)
-    jobs = [
-        job({"name": "rope", "base": 10000.0, "frequency_fraction": 0.75, "randomized": {"max_position": None}}),
-        job({"name": "rope", "base": 10000.0, "frequency_fraction": 1.0, "randomized": {"max_position": 2048}}),
-        new_rope,
-        old_rope,
-        job({"name": "kerple", "variant": "power"}),
-        job({"name": "kerple", "variant": "log"}),
-        job({"name": "alibi"}),
-    ]
-    rows, _ = report.group_rows(jobs)
-    assert [r.label for r in rows] == [
-        "rope",  # the old and the new plain runs are one row: two seeds
-        "rope pe.frequency_fraction=0.75",
-        "rope pe.randomized.max_position=2048",
-        "alibi",
-        "kerple",
-        "kerple pe.variant=power",
-    ]
-    assert rows[0].seeds == [0, 1]
-    assert report.pe_defaults("xpos")["pe.frequency_fraction"] == 1.0  # inherited from RoPE
-    assert report.pe_defaults("xpos")["pe.scale_base"] == 512.0
-
-
-def test_report_without_summaries_is_a_clear_error(tmp_path, capsys):
-    assert report.main([str(tmp_path)]) == 2
-    assert "no summary.json" in capsys.readouterr().err
+    _, runs = _table(md, "Runs")  # left out of the runs too
+    assert len(runs) == 4 and not any("failed" in r[0] or "unfinished" in r[0] for r in runs)
 
 
 @pytest.mark.slow
@@ -205,5 +142,129 @@ def test_report_uploads_to_wandb_as_a_report_run_in_the_sweep_group(sweep, tmp_p
     assert run["job_type"] == "report"
     assert run["run_group"] == f"sweep-{sweep.parent.name}-{sweep.name}"
     logged = json.dumps([r for r in records if r.get("type") == "history"])
-    for key in ("report/ppl_vs_length", "report/probe_heatmaps", "report/tables/"):
+    for key in ("report/ppl_vs_length", "report/probe_heatmaps", "report/tables/runs", "report/markdown"):
         assert key in logged, key
+
+
+# ---- from hand-written summaries -----------------------------------------------------------------
+
+
+def test_report_cells_mark_not_applicable_diverged_and_partial():
+    nan, inf = float("nan"), float("inf")
+    assert report.aggregate([]) == "—"
+    assert report.aggregate([nan, nan]) == "n/a"
+    assert report.aggregate([inf, inf]) == "inf"
+    assert report.aggregate([2.0]) == "2.00"
+    assert report.aggregate([1.0, 3.0]) == "2.00 ± 1.41"
+    assert report.aggregate([1.0, inf]) == "1.00 (1/2 seeds, 1 inf)"
+    assert report.aggregate([1.0, nan]) == "1.00 (1/2 seeds)"
+    assert report.aggregate([nan, inf]) == "inf (1/2)"
+    assert report.aggregate([12345.0, 12355.0], digits=3) == "1.235e+04 ± 7.071"
+
+
+def _job(tmp_path: Path, pe: dict, seed: int = 0, **config) -> report.Job:
+    cfg = {"pe": pe, "model": {"name": "tiny"}, "data": {"seq_len": 128}, "seed": seed, **config}
+    return report.Job(tmp_path, "ok", {"config": cfg, "metrics": {"val/ppl": 10.0}})
+
+
+def test_report_rows_split_on_swept_settings_but_not_on_seeds(tmp_path):
+    jobs = [
+        _job(
+            tmp_path,
+            {"name": pe},
+            s,
+            optim={"lr": lr},
+            name=f"{pe}-{s}",
+            paths={"output_dir": f"/x/{pe}{lr}{s}"},
+        )
+        for pe in ("alibi", "rope")
+        for lr in (1e-3, 3e-3)
+        for s in (0, 1)
+    ]
+    grouping = report.group_rows(jobs)
+    assert grouping.shown == ["pe.name", "optim.lr"]  # seed, name and paths never define a row
+    assert [r.label for r in grouping.rows] == [
+        "alibi optim.lr=0.001",
+        "alibi optim.lr=0.003",
+        "rope optim.lr=0.001",
+        "rope optim.lr=0.003",
+    ]
+    assert all(r.seeds == [0, 1] for r in grouping.rows)
+
+
+def test_report_labels_variants_and_fills_knobs_older_runs_lack(tmp_path):
+    rope = {"name": "rope", "base": 10000.0}
+    old_rope = _job(tmp_path, rope)  # written before frequency_fraction / randomized existed
+    new_rope = _job(
+        tmp_path, {**rope, "frequency_fraction": 1.0, "randomized": {"max_position": None}}, seed=1
+    )
+    jobs = [
+        _job(tmp_path, {**rope, "frequency_fraction": 0.75, "randomized": {"max_position": None}}),
+        _job(tmp_path, {**rope, "frequency_fraction": 1.0, "randomized": {"max_position": 2048}}),
+        new_rope,
+        old_rope,
+        _job(tmp_path, {"name": "kerple", "variant": "power"}),
+        _job(tmp_path, {"name": "kerple", "variant": "log"}),
+        _job(tmp_path, {"name": "alibi"}),
+    ]
+    rows = report.group_rows(jobs).rows
+    # encodings in the order they first appear, each plain scheme (its default knobs) before its variants
+    assert [r.label for r in rows] == [
+        "rope",  # the old and the new plain runs are one row: two seeds
+        "rope pe.frequency_fraction=0.75",
+        "rope pe.randomized.max_position=2048",
+        "kerple",
+        "kerple pe.variant=power",
+        "alibi",
+    ]
+    assert rows[0].seeds == [0, 1]
+    # with two training lengths the labels name L, and the plain scheme still comes before its variants
+    rows = report.group_rows(
+        [
+            _job(tmp_path, {**rope, "frequency_fraction": 0.75}),
+            _job(tmp_path, rope),
+            _job(tmp_path, rope, data={"seq_len": 256}),
+        ]
+    ).rows
+    assert [r.label for r in rows] == ["rope L=128", "rope L=128 pe.frequency_fraction=0.75", "rope L=256"]
+    # the defaults are the encoding's config (src/pelab/conf/pe/xpos.yaml), not a list in the report
+    assert report.pe_defaults("xpos")["pe.frequency_fraction"] == 1.0
+    assert report.pe_defaults("xpos")["pe.scale_base"] == 512.0
+    assert report.pe_defaults("no_such_encoding") == {}
+
+
+def test_report_rows_follow_the_order_the_jobs_ran(tmp_path):
+    """Folders in the order given, job folders in numeric order (Hydra's 2 before 10): the report's
+    rows, their cells (mean ± std, n/a, inf, not evaluated) and the bold training length."""
+
+    def job(folder: Path, pe: dict, seed: int, ppl: dict) -> None:
+        cfg = {"pe": pe, "model": {"name": "micro"}, "data": {"seq_len": 32}, "seed": seed}
+        write_summary(
+            folder, {"status": "ok", "config": cfg, "metrics": {f"extrap/ppl@{L}": v for L, v in ppl.items()}}
+        )
+
+    sweep, more = tmp_path / "sweep", tmp_path / "more"
+    job(sweep / "1", {"name": "nope"}, 0, {32: 10.0, 64: 20.0})
+    job(sweep / "2", {"name": "rope"}, 0, {32: 5.0, 64: float("nan")})  # n/a at 64
+    job(sweep / "10", {"name": "alibi"}, 0, {32: 4.0, 64: float("inf")})  # diverged at 64
+    job(sweep / "11", {"name": "rope"}, 1, {32: 7.0, 64: float("nan")})
+    job(more / "0", {"name": "rope", "frequency_fraction": 0.5}, 0, {32: 6.0})  # not evaluated at 64
+    out = tmp_path / "report"
+    assert report.main([str(sweep), str(more), "--out", str(out)]) == 0
+    header, rows = _table((out / "report.md").read_text(), "Perplexity, non-overlapping")
+    assert header == ["encoding", "seeds", "32", "64"]
+    assert rows == [
+        ["nope", "0", "**10.00**", "20.00"],
+        ["rope", "0,1", "**6.00 ± 1.41**", "n/a"],
+        ["rope pe.frequency_fraction=0.5", "0", "**6.00**", "—"],
+        ["alibi", "0", "**4.00**", "inf"],
+    ]
+
+
+def test_report_without_summaries_is_a_clear_error(tmp_path, capsys):
+    assert report.main([str(tmp_path)]) == 2
+    assert "no summary.json" in capsys.readouterr().err
+    missing = tmp_path / "no_such_sweep"
+    assert report.main([str(missing)]) == 2
+    assert f"{missing} does not exist" in capsys.readouterr().err
+    assert not missing.exists()  # no empty <folder>/report left behind
