@@ -60,6 +60,39 @@ def _isolated_env(cache_dir, monkeypatch):
     yield
 
 
+# The shared multirun: rope, alibi x seeds 0, 1; evaluated at 32, 64, 128 tokens; probes at 32, 64.
+SWEEP_ARGS = [
+    *FAST,
+    "pe=rope,alibi",
+    "seed=0,1",
+    "logger=csv",
+    "trainer.max_steps=10",
+    "trainer.val_check_interval=10",
+    "eval.lengths=[1,2,4]",
+    "probes.lengths=[1,2]",
+]
+
+
+@pytest.fixture(scope="session")
+def sweep(tmp_path_factory, cache_dir) -> Path:
+    """One real 2 x 2 Hydra multirun (SWEEP_ARGS) for every test that reads a sweep's summaries: the
+    sweep, report and dashboard tests (~25 s on 2 busy cores, once per session)."""
+    root = tmp_path_factory.mktemp("sweep")
+    sweep_dir = root / "multirun"
+    out = run_cli(
+        ["-m", *SWEEP_ARGS, f"hydra.sweep.dir={sweep_dir}"], cwd=root, env={"PELAB_CACHE_DIR": str(cache_dir)}
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return sweep_dir
+
+
+def summaries(folder: Path) -> list[dict]:
+    """The summary.json of every job folder of a multirun, in folder order."""
+    from pelab.summary import SUMMARY_FILE, read_summary
+
+    return [read_summary(p) for p in sorted(folder.glob(f"*/{SUMMARY_FILE}"))]
+
+
 def compose(overrides: list[str], output_dir: Path | None = None, config_name: str = "train"):
     """Real Hydra composition of conf/<config_name>.yaml with overrides (no Hydra job started)."""
     from hydra import compose as hydra_compose

@@ -1,11 +1,10 @@
-"""Sweeps and reports end to end: a real 2x2 Hydra multirun -> summaries -> `pelab.report` (markdown +
-PNGs), failed / unfinished jobs, Optuna, the SLURM launcher config, the W&B sweep file and the
-dashboard spec against the metric keys the runs really log."""
+"""`pelab.report` end to end: the shared 2 x 2 multirun (conftest.sweep) -> summaries -> report.md + PNGs
+(+ a W&B report run), failed / unfinished jobs; and from hand-written summaries: cells, rows, labels
+and their order."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import statistics
@@ -14,41 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from conftest import FAST, ROOT, compose, offline_runs, run_cli, wandb_records
-from pelab import dashboard, report
-from pelab.summary import as_float
+from conftest import FAST, compose, offline_runs, summaries, wandb_records
+from pelab import report
+from pelab.summary import as_float, write_summary
 
-ENCODINGS = {p.stem for p in (ROOT / "src" / "pelab" / "conf" / "pe").glob("*.yaml")}
-# The shared multirun: rope, alibi x seeds 0, 1; evaluated at 32, 64, 128 tokens; probes at 32, 64.
-SWEEP_ARGS = [
-    *FAST,
-    "pe=rope,alibi",
-    "seed=0,1",
-    "logger=csv",
-    "trainer.max_steps=10",
-    "trainer.val_check_interval=10",
-    "eval.lengths=[1,2,4]",
-    "probes.lengths=[1,2]",
-]
-LENGTHS = [32, 64, 128]
-
-
-@pytest.fixture(scope="module")
-def sweep(tmp_path_factory, cache_dir) -> Path:
-    """One real 2 x 2 multirun shared by the tests of this file (~1-2 min on 2 busy cores)."""
-    root = tmp_path_factory.mktemp("sweep")
-    sweep_dir = root / "multirun"
-    out = run_cli(
-        ["-m", *SWEEP_ARGS, f"hydra.sweep.dir={sweep_dir}"], cwd=root, env={"PELAB_CACHE_DIR": str(cache_dir)}
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return sweep_dir
-
-
-def _summaries(folder: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(folder.glob("*/summary.json"))]
+LENGTHS = [32, 64, 128]  # conftest.SWEEP_ARGS: eval.lengths=[1,2,4] of data.seq_len=32
 
 
 def _table(md: str, title: str) -> tuple[list[str], list[list[str]]]:
@@ -64,19 +34,7 @@ def _table(md: str, title: str) -> tuple[list[str], list[list[str]]]:
     return rows[0], rows[2:]  # skip the |---| line
 
 
-# ---- the multirun and the report ---------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_multirun_writes_one_summary_per_job(sweep):
-    summaries = _summaries(sweep)
-    assert len(summaries) == 4
-    assert {s["status"] for s in summaries} == {"ok"}
-    assert sorted(s["name"] for s in summaries) == sorted(
-        f"{pe}-micro-L32-s{seed}" for pe in ("rope", "alibi") for seed in (0, 1)
-    )
-    for s in summaries:
-        assert {f"extrap/ppl@{L}" for L in LENGTHS} <= set(s["metrics"])
+# ---- from the real multirun ----------------------------------------------------------------------
 
 
 @pytest.mark.slow
@@ -95,32 +53,35 @@ def test_report_has_a_two_row_table_with_mean_and_std_over_seeds(sweep, tmp_path
     md = (out / "report.md").read_text()
     header, rows = _table(md, "Perplexity, non-overlapping")
     assert header == ["encoding", "seeds", *map(str, LENGTHS)]
-    assert [r[0] for r in rows] == ["rope", "alibi"]  # display order; seeds aggregated, not rows
-    summaries = _summaries(sweep)
+    assert [r[0] for r in rows] == ["rope", "alibi"]  # the sweep's order (pe=rope,alibi); seeds are not rows
+    jobs = summaries(sweep)
     for row in rows:
         assert row[1] == "0,1"
         for L, cell in zip(LENGTHS, row[2:]):
             m = re.fullmatch(r"\**([\d.]+) ± ([\d.]+)\**", cell)
             assert m, cell
             vals = [
-                as_float(s["metrics"][f"extrap/ppl@{L}"])
-                for s in summaries
-                if s["config"]["pe"]["name"] == row[0]
+                as_float(s["metrics"][f"extrap/ppl@{L}"]) for s in jobs if s["config"]["pe"]["name"] == row[0]
             ]
             assert float(m.group(1)) == pytest.approx(statistics.fmean(vals), abs=0.006)
             assert float(m.group(2)) == pytest.approx(statistics.stdev(vals), abs=0.006)
-        assert row[2].startswith("**")  # the training length (32) is marked
+        # the training length (32), and only it, is marked
+        assert row[2].startswith("**") and not any(c.startswith("**") for c in row[3:])
     for title in (
         "ppl@L / ppl@training length",
         "Perplexity, sliding windows",
         "kv: accuracy",
         "passkey: lost-in-the-middle gap",
         "kv: mean log-probability of the gold answer",
-        "Runs",
     ):
-        assert f"**{title}" in md or f"## {title}" in md, title
-    # kv needs more tokens than 32: the n/a cell says why.
-    assert "kv needs at least" in md
+        header, rows = _table(md, title)  # a table with a row per encoding and a cell per length
+        assert [r[0] for r in rows] == ["rope", "alibi"], title
+        assert all(len(r) == len(header) for r in rows), title
+    # kv needs more tokens than 32: its cells there are n/a and the note says why.
+    _, kv = _table(md, "kv: accuracy")
+    assert {r[2] for r in kv} == {"n/a"} and "kv needs at least" in md
+    _, runs = _table(md, "Runs")
+    assert sorted(r[1] for r in runs) == ["alibi", "alibi", "rope", "rope"]
     assert "Failed / unfinished" not in md
 
 
@@ -166,76 +127,8 @@ def test_report_lists_failed_and_unfinished_jobs_and_leaves_them_out(sweep, tmp_
     assert "2 job(s) left out" in md
     _, ppl_rows = _table(md, "Perplexity, non-overlapping")
     assert [r[0] for r in ppl_rows] == ["rope", "alibi"] and all(r[1] == "0,1" for r in ppl_rows)
-
-
-def test_report_cells_mark_not_applicable_diverged_and_partial():
-    assert report.aggregate([]) == "—"
-    assert report.aggregate([float("nan"), float("nan")]) == "n/a"
-    assert report.aggregate([float("inf"), float("inf")]) == "inf"
-    assert report.aggregate([2.0]) == "2.00"
-    assert report.aggregate([1.0, 3.0]) == "2.00 ± 1.41"
-    assert report.aggregate([1.0, float("inf")]) == "1.00 (1/2 seeds, 1 inf)"
-
-
-def test_report_rows_split_on_swept_settings_but_not_on_seeds(tmp_path):
-    def job(pe, lr, seed):
-        cfg = {
-            "pe": {"name": pe},
-            "model": {"name": "micro"},
-            "data": {"seq_len": 32},
-            "optim": {"lr": lr},
-            "seed": seed,
-            "name": f"{pe}-{seed}",
-            "paths": {"output_dir": f"/x/{pe}{lr}{seed}"},
-        }
-        return report.Job(tmp_path, "ok", {"config": cfg, "metrics": {"val/ppl": 10.0}})
-
-    jobs = [job(pe, lr, s) for pe in ("alibi", "rope") for lr in (1e-3, 3e-3) for s in (0, 1)]
-    rows, shown = report.group_rows(jobs)
-    assert shown == ["pe.name", "optim.lr"]  # seed, name and paths never define a row
-    assert [r.label for r in rows] == [
-        "rope optim.lr=0.001",
-        "rope optim.lr=0.003",
-        "alibi optim.lr=0.001",
-        "alibi optim.lr=0.003",
-    ]
-    assert all(r.seeds == [0, 1] for r in rows)
-
-
-def test_report_labels_variants_and_fills_knobs_older_runs_lack(tmp_path):
-    def job(pe: dict, seed: int = 0):
-        cfg = {"pe": pe, "model": {"name": "tiny"}, "data": {"seq_len": 128}, "seed": seed}
-        return report.Job(tmp_path, "ok", {"config": cfg, "metrics": {"val/ppl": 10.0}})
-
-    old_rope = job({"name": "rope", "base": 10000.0})  # written before frequency_fraction / randomized existed
-    new_rope = job({"name": "rope", "base": 10000.0, "frequency_fraction": 1.0, "randomized": {"max_position": None}},
-                   seed=1)
-    jobs = [
-        job({"name": "rope", "base": 10000.0, "frequency_fraction": 0.75, "randomized": {"max_position": None}}),
-        job({"name": "rope", "base": 10000.0, "frequency_fraction": 1.0, "randomized": {"max_position": 2048}}),
-        new_rope,
-        old_rope,
-        job({"name": "kerple", "variant": "power"}),
-        job({"name": "kerple", "variant": "log"}),
-        job({"name": "alibi"}),
-    ]
-    rows, _ = report.group_rows(jobs)
-    assert [r.label for r in rows] == [
-        "rope",  # the old and the new plain runs are one row: two seeds
-        "rope pe.frequency_fraction=0.75",
-        "rope pe.randomized.max_position=2048",
-        "alibi",
-        "kerple",
-        "kerple pe.variant=power",
-    ]
-    assert rows[0].seeds == [0, 1]
-    assert report.pe_defaults("xpos")["pe.frequency_fraction"] == 1.0  # inherited from RoPE
-    assert report.pe_defaults("xpos")["pe.scale_base"] == 512.0
-
-
-def test_report_without_summaries_is_a_clear_error(tmp_path, capsys):
-    assert report.main([str(tmp_path)]) == 2
-    assert "no summary.json" in capsys.readouterr().err
+    _, runs = _table(md, "Runs")  # left out of the runs too
+    assert len(runs) == 4 and not any("failed" in r[0] or "unfinished" in r[0] for r in runs)
 
 
 @pytest.mark.slow
@@ -249,184 +142,129 @@ def test_report_uploads_to_wandb_as_a_report_run_in_the_sweep_group(sweep, tmp_p
     assert run["job_type"] == "report"
     assert run["run_group"] == f"sweep-{sweep.parent.name}-{sweep.name}"
     logged = json.dumps([r for r in records if r.get("type") == "history"])
-    for key in ("report/ppl_vs_length", "report/probe_heatmaps", "report/tables/"):
+    for key in ("report/ppl_vs_length", "report/probe_heatmaps", "report/tables/runs", "report/markdown"):
         assert key in logged, key
 
 
-# ---- Optuna --------------------------------------------------------------------------------------
+# ---- from hand-written summaries -----------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_optuna_runs_two_trials_and_returns_the_best(tmp_path):
-    sweep_dir = tmp_path / "optuna"
-    out = run_cli(
+def test_report_cells_mark_not_applicable_diverged_and_partial():
+    nan, inf = float("nan"), float("inf")
+    assert report.aggregate([]) == "—"
+    assert report.aggregate([nan, nan]) == "n/a"
+    assert report.aggregate([inf, inf]) == "inf"
+    assert report.aggregate([2.0]) == "2.00"
+    assert report.aggregate([1.0, 3.0]) == "2.00 ± 1.41"
+    assert report.aggregate([1.0, inf]) == "1.00 (1/2 seeds, 1 inf)"
+    assert report.aggregate([1.0, nan]) == "1.00 (1/2 seeds)"
+    assert report.aggregate([nan, inf]) == "inf (1/2)"
+    assert report.aggregate([12345.0, 12355.0], digits=3) == "1.235e+04 ± 7.071"
+
+
+def _job(tmp_path: Path, pe: dict, seed: int = 0, **config) -> report.Job:
+    cfg = {"pe": pe, "model": {"name": "tiny"}, "data": {"seq_len": 128}, "seed": seed, **config}
+    return report.Job(tmp_path, "ok", {"config": cfg, "metrics": {"val/ppl": 10.0}})
+
+
+def test_report_rows_split_on_swept_settings_but_not_on_seeds(tmp_path):
+    jobs = [
+        _job(
+            tmp_path,
+            {"name": pe},
+            s,
+            optim={"lr": lr},
+            name=f"{pe}-{s}",
+            paths={"output_dir": f"/x/{pe}{lr}{s}"},
+        )
+        for pe in ("alibi", "rope")
+        for lr in (1e-3, 3e-3)
+        for s in (0, 1)
+    ]
+    grouping = report.group_rows(jobs)
+    assert grouping.shown == ["pe.name", "optim.lr"]  # seed, name and paths never define a row
+    assert [r.label for r in grouping.rows] == [
+        "alibi optim.lr=0.001",
+        "alibi optim.lr=0.003",
+        "rope optim.lr=0.001",
+        "rope optim.lr=0.003",
+    ]
+    assert all(r.seeds == [0, 1] for r in grouping.rows)
+
+
+def test_report_labels_variants_and_fills_knobs_older_runs_lack(tmp_path):
+    rope = {"name": "rope", "base": 10000.0}
+    old_rope = _job(tmp_path, rope)  # written before frequency_fraction / randomized existed
+    new_rope = _job(
+        tmp_path, {**rope, "frequency_fraction": 1.0, "randomized": {"max_position": None}}, seed=1
+    )
+    jobs = [
+        _job(tmp_path, {**rope, "frequency_fraction": 0.75, "randomized": {"max_position": None}}),
+        _job(tmp_path, {**rope, "frequency_fraction": 1.0, "randomized": {"max_position": 2048}}),
+        new_rope,
+        old_rope,
+        _job(tmp_path, {"name": "kerple", "variant": "power"}),
+        _job(tmp_path, {"name": "kerple", "variant": "log"}),
+        _job(tmp_path, {"name": "alibi"}),
+    ]
+    rows = report.group_rows(jobs).rows
+    # encodings in the order they first appear, each plain scheme (its default knobs) before its variants
+    assert [r.label for r in rows] == [
+        "rope",  # the old and the new plain runs are one row: two seeds
+        "rope pe.frequency_fraction=0.75",
+        "rope pe.randomized.max_position=2048",
+        "kerple",
+        "kerple pe.variant=power",
+        "alibi",
+    ]
+    assert rows[0].seeds == [0, 1]
+    # with two training lengths the labels name L, and the plain scheme still comes before its variants
+    rows = report.group_rows(
         [
-            "-m",
-            "hparams_search=optuna",
-            "hydra.sweeper.n_trials=2",
-            *FAST,
-            "logger=csv",
-            "trainer.max_steps=10",
-            "trainer.val_check_interval=10",
-            "evaluate_after_fit=false",
-            f"hydra.sweep.dir={sweep_dir}",
-        ],
-        cwd=tmp_path,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    summaries = _summaries(sweep_dir)
-    assert len(summaries) == 2 and {s["status"] for s in summaries} == {"ok"}
-    lrs = [s["config"]["optim"]["lr"] for s in summaries]
-    assert lrs[0] != lrs[1]  # the sampler proposed two learning rates
-    assert len({s["name"] for s in summaries}) == 2  # trial names carry the searched values
-    result = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
-    best = min(summaries, key=lambda s: s["metrics"]["val/ppl"])
-    assert result["best_value"] == pytest.approx(best["metrics"]["val/ppl"])
-    assert result["best_params"]["optim.lr"] == pytest.approx(best["config"]["optim"]["lr"])
-
-
-# ---- SLURM launcher ------------------------------------------------------------------------------
-
-
-def _slurm_cfg(*extra: str):
-    return _compose_hydra(
-        [
-            "hydra/launcher=slurm",
-            "trainer=slurm",
-            "trainer.devices=8",
-            "trainer.num_nodes=2",
-            "hydra.launcher.partition=gpu",
-            *extra,
+            _job(tmp_path, {**rope, "frequency_fraction": 0.75}),
+            _job(tmp_path, rope),
+            _job(tmp_path, rope, data={"seq_len": 256}),
         ]
-    )
+    ).rows
+    assert [r.label for r in rows] == ["rope L=128", "rope L=128 pe.frequency_fraction=0.75", "rope L=256"]
+    # the defaults are the encoding's config (src/pelab/conf/pe/xpos.yaml), not a list in the report
+    assert report.pe_defaults("xpos")["pe.frequency_fraction"] == 1.0
+    assert report.pe_defaults("xpos")["pe.scale_base"] == 512.0
+    assert report.pe_defaults("no_such_encoding") == {}
 
 
-def _compose_hydra(overrides: list[str]):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+def test_report_rows_follow_the_order_the_jobs_ran(tmp_path):
+    """Folders in the order given, job folders in numeric order (Hydra's 2 before 10): the report's
+    rows, their cells (mean ± std, n/a, inf, not evaluated) and the bold training length."""
 
-    with initialize_config_dir(config_dir=str(ROOT / "src" / "pelab" / "conf"), version_base="1.3"):
-        return hydra_compose(config_name="train", overrides=overrides, return_hydra_config=True)
+    def job(folder: Path, pe: dict, seed: int, ppl: dict) -> None:
+        cfg = {"pe": pe, "model": {"name": "micro"}, "data": {"seq_len": 32}, "seed": seed}
+        write_summary(
+            folder, {"status": "ok", "config": cfg, "metrics": {f"extrap/ppl@{L}": v for L, v in ppl.items()}}
+        )
 
-
-def test_slurm_launcher_config_composes_with_one_task_per_gpu():
-    cfg = _slurm_cfg()
-    launcher = cfg.hydra.launcher
-    assert launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
-    assert launcher.partition == "gpu" and launcher.timeout_min == 240
-    # GPU and node counts follow the trainer: one SLURM task per GPU for Lightning DDP.
-    assert launcher.gpus_per_node == 8 and launcher.tasks_per_node == 8 and launcher.nodes == 2
-    assert cfg.trainer.strategy == "ddp" and cfg.trainer.devices == 8 and cfg.trainer.num_nodes == 2
-    # The plugin's schema still applies (the file extends it): a misspelt key fails at composition.
-    from hydra.errors import ConfigCompositionException
-
-    with pytest.raises(ConfigCompositionException, match="gpus_per_nod"):
-        _slurm_cfg("hydra.launcher.gpus_per_nod=4")
-
-
-def test_slurm_launcher_settings_render_a_valid_sbatch_header(tmp_path, monkeypatch):
-    """The composed settings through submitit's own parameter check and sbatch writer (as
-    hydra-submitit-launcher's launch() does). submitit only wants to see an `srun` on the PATH."""
-    submitit = pytest.importorskip("submitit")
-    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
-    from omegaconf import OmegaConf
-
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "srun").write_text("#!/bin/sh\nexit 0\n")
-    (fake / "srun").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
-
-    cfg = _slurm_cfg(f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.launcher.setup=[module load cuda]")
-    params = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
-    params.pop("_target_")
-    executor = submitit.AutoExecutor(
-        cluster="slurm",
-        folder=params.pop("submitit_folder"),
-        slurm_max_num_timeout=params.pop("max_num_timeout"),
-    )
-    generic = set(OmegaConf.structured(BaseQueueConf).keys())
-    executor.update_parameters(**{k if k in generic else f"slurm_{k}": v for k, v in params.items()})
-    sbatch = executor._executor._make_submission_file_text("python -u job.py", "uid")
-    for line in (
-        "--gpus-per-node=8",
-        "--ntasks-per-node=8",
-        "--nodes=2",
-        "--partition=gpu",
-        "--time=240",
-        "--cpus-per-task=8",
-        "--mem=64GB",
-    ):
-        assert f"#SBATCH {line}" in sbatch, line
-    assert "module load cuda" in sbatch
+    sweep, more = tmp_path / "sweep", tmp_path / "more"
+    job(sweep / "1", {"name": "nope"}, 0, {32: 10.0, 64: 20.0})
+    job(sweep / "2", {"name": "rope"}, 0, {32: 5.0, 64: float("nan")})  # n/a at 64
+    job(sweep / "10", {"name": "alibi"}, 0, {32: 4.0, 64: float("inf")})  # diverged at 64
+    job(sweep / "11", {"name": "rope"}, 1, {32: 7.0, 64: float("nan")})
+    job(more / "0", {"name": "rope", "frequency_fraction": 0.5}, 0, {32: 6.0})  # not evaluated at 64
+    out = tmp_path / "report"
+    assert report.main([str(sweep), str(more), "--out", str(out)]) == 0
+    header, rows = _table((out / "report.md").read_text(), "Perplexity, non-overlapping")
+    assert header == ["encoding", "seeds", "32", "64"]
+    assert rows == [
+        ["nope", "0", "**10.00**", "20.00"],
+        ["rope", "0,1", "**6.00 ± 1.41**", "n/a"],
+        ["rope pe.frequency_fraction=0.5", "0", "**6.00**", "—"],
+        ["alibi", "0", "**4.00**", "inf"],
+    ]
 
 
-# ---- W&B sweep file and experiment presets -------------------------------------------------------
-
-
-def test_wandb_sweep_grid_passes_hydra_overrides():
-    spec = yaml.safe_load((ROOT / "experiments" / "sweeps" / "pe_grid.yaml").read_text())
-    assert spec["method"] == "grid" and spec["program"] == "train.py" and (ROOT / spec["program"]).exists()
-    assert spec["command"] == ["${env}", "${interpreter}", "${program}", "${args_no_hyphens}"]
-    assert set(spec["parameters"]["pe"]["values"]) == ENCODINGS
-    assert spec["parameters"]["data.seq_len"]["values"] == [128, 256]
-    # What the agent passes (`key=value`, no hyphens) composes as Hydra overrides.
-    for pe in spec["parameters"]["pe"]["values"]:
-        args = [
-            f"{k}={p.get('value', (p.get('values') or [None])[0]) if k != 'pe' else pe}"
-            for k, p in spec["parameters"].items()
-        ]
-        cfg = compose(args)
-        assert cfg.pe.name == pe and cfg.data.seq_len == 128
-
-
-def test_length_extrapolation_experiment_sweeps_all_encodings():
-    cfg = _compose_hydra(["experiment=length_extrapolation"])
-    assert cfg.model.name == "tiny" and cfg.data.seq_len == 128
-    assert list(cfg.eval.lengths) == [1, 2, 4, 8, 16] and cfg.probes.enabled
-    params = cfg.hydra.sweeper.params
-    assert set(params["pe"].split(",")) == ENCODINGS
-
-
-# ---- dashboard -----------------------------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_dashboard_spec_names_exactly_the_metrics_the_runs_log(sweep, capsys):
-    assert dashboard.main(["--dry-run", "--from", str(sweep), "--group", "g1"]) == 0
-    spec = json.loads(capsys.readouterr().out)
-    assert [s["name"] for s in spec["sections"]] == ["Extrapolation", "Probes", "Training"]
-    assert spec["runset"]["filters"] == {"Group": "g1"} and spec["runset"]["groupby"] == ["pe.name"]
-    plotted = dashboard.spec_metric_keys(spec)
-    for s in _summaries(sweep):
-        logged = set(s["metrics"])
-        assert plotted <= logged  # no panel names a key that is never logged
-        # every evaluation scalar has a panel, except the probes' mean log-prob (in the tables only)
-        evaluation = {k for k in logged if k.startswith(("extrap/", "probe/")) and "/logprob@" not in k}
-        assert plotted - set(dashboard.TRAINING_METRICS) == evaluation
-        assert set(dashboard.TRAINING_METRICS) <= logged
-        media = {m for sec in spec["sections"] for p in sec["panels"] for m in p.get("media_keys", [])}
-        assert media == {f"plots/{k}" for k in s["evaluation"]["plots"]}
-        for col in spec["runset"]["pinned_columns"]:
-            assert col.removeprefix("summary:") in logged
-
-
-def test_dashboard_builds_workspace_objects_offline():
-    ws = pytest.importorskip("wandb_workspaces.workspaces")
-    layout = dashboard.from_config(["data.seq_len=128"])
-    assert layout["lengths"] == [128, 256, 512, 1024, 2048] and layout["kinds"] == ["kv", "passkey"]
-    spec = dashboard.dashboard_spec(group="sweep-1", **layout)
-    workspace = dashboard.build_workspace(spec, "someone", "pelab")
-    assert isinstance(workspace, ws.Workspace)
-    assert [len(s.panels) for s in workspace.sections] == [len(s["panels"]) for s in spec["sections"]]
-    view = workspace._to_model()  # the structure save() would upload; no server needed
-    assert view.project == "pelab" and view.display_name == spec["name"]
-
-
-def test_dashboard_without_the_package_says_how_to_install(monkeypatch):
-    monkeypatch.setitem(sys.modules, "wandb_workspaces", None)  # import fails as if not installed
-    monkeypatch.setitem(sys.modules, "wandb_workspaces.workspaces", None)
-    monkeypatch.setitem(sys.modules, "wandb_workspaces.reports.v2", None)
-    spec = dashboard.dashboard_spec([32, 64], ["kv"])
-    with pytest.raises(dashboard.DashboardError, match="pip install wandb-workspaces"):
-        dashboard.build_workspace(spec, "someone", "pelab")
+def test_report_without_summaries_is_a_clear_error(tmp_path, capsys):
+    assert report.main([str(tmp_path)]) == 2
+    assert "no summary.json" in capsys.readouterr().err
+    missing = tmp_path / "no_such_sweep"
+    assert report.main([str(missing)]) == 2
+    assert f"{missing} does not exist" in capsys.readouterr().err
+    assert not missing.exists()  # no empty <folder>/report left behind

@@ -1,0 +1,5 @@
+import sys
+
+from pelab.report.cli import main
+
+sys.exit(main())

@@ -1,0 +1,267 @@
+"""Aggregation: finished jobs -> rows (one per setting that varies, the seeds of a setting together)
+-> cells (mean ± std over seeds).
+
+A row is a distinct value of BASE_KEYS and of any other config key that varies across the jobs,
+found by grouping a DataFrame of jobs x flattened settings. Rows are ordered by model, training
+length, then each encoding where it first appears (the order the sweep ran them), the plain scheme
+before its variants.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import pandas as pd
+
+from pelab.report.discovery import Job
+from pelab.summary import as_float
+
+# Config keys that never define a row: the seed is aggregated over, the rest is bookkeeping.
+IGNORED_KEYS = (
+    "seed",
+    "name",
+    "tags",
+    "notes",
+    "paths.",
+    "logger.",
+    "callbacks.",
+    "ckpt_path",
+    "hydra.",
+    "compile",
+    "evaluate_after_fit",
+)
+# Always a row key (each named in the labels only where it varies); pe.name always labels a row.
+BASE_KEYS = ["pe.name", "data.seq_len", "model.name"]
+
+
+@functools.cache
+def pe_defaults(name: Any) -> dict[str, Any]:
+    """Flattened ``pe.*`` defaults of the encoding `name` (what a run made before a knob existed ran
+    with); empty for an encoding this version does not know. Cached: treat as read-only."""
+    try:  # TODO(lead): import it at the top once pelab.encodings.default_pe_config is on main
+        from pelab.encodings import default_pe_config
+    except ImportError:
+        default_pe_config = _default_pe_config_stand_in
+    try:
+        return flatten(default_pe_config(name), "pe.") if isinstance(name, str) else {}
+    except (ValueError, OSError):  # ConfigError / no such config: nothing to fill in
+        return {}
+
+
+def _default_pe_config_stand_in(name: str) -> dict:
+    # TODO(lead): replace with pelab.encodings.default_pe_config (delete this stand-in): the YAML only
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(Path(__file__).parents[1] / "conf" / "pe" / f"{name}.yaml"))
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists become their JSON text (hashable, comparable)."""
+    if isinstance(d, dict):
+        return {k: v for key, value in d.items() for k, v in flatten(value, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: json.dumps(d) if isinstance(d, list) else d}
+
+
+def settings(job: Job) -> dict[str, Any]:
+    """The job's flattened config, with ``pe.*`` knobs it lacks filled by their defaults (runs made by
+    older code compare equal to new runs that leave those knobs alone)."""
+    flat = flatten(job.config)
+    return {**pe_defaults(flat.get("pe.name")), **flat} if "pe.name" in flat else flat
+
+
+def settings_frame(jobs: Sequence[Job]) -> pd.DataFrame:
+    """jobs x flattened settings (columns sorted), Python values, None where a job lacks a key."""
+    frame = pd.DataFrame([settings(j) for j in jobs], dtype=object)
+    frame = frame.reindex(columns=sorted(set(frame.columns) | set(BASE_KEYS))).astype(object)
+    return frame.where(frame.notna(), None)
+
+
+def _ignored(key: str) -> bool:
+    return any(key == p or (p.endswith(".") and key.startswith(p)) for p in IGNORED_KEYS)
+
+
+def varying_keys(frame: pd.DataFrame) -> list[str]:
+    """Settings with more than one value across the jobs, bookkeeping keys excluded."""
+    return [k for k in frame.columns if not _ignored(k) and frame[k].nunique(dropna=False) > 1]
+
+
+def _n_groups(frame: pd.DataFrame, keys: Sequence[str]) -> int:
+    return frame.groupby(list(keys), dropna=False, sort=False).ngroups
+
+
+def row_keys(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """(extra, label_keys): the varying keys besides BASE_KEYS that define rows (those not already
+    determined by BASE_KEYS, e.g. pe.base follows pe.name), and the fewest of them that tell the rows
+    apart (keys that vary together, like the settings of two different sweeps, are named once)."""
+    base = BASE_KEYS
+    extra = [
+        k
+        for k in varying_keys(frame)
+        if k not in base and _n_groups(frame, base + [k]) > _n_groups(frame, base)
+    ]
+    target = _n_groups(frame, base + extra)
+    label_keys: list[str] = []
+    for k in sorted(extra, key=lambda k: (-frame[k].nunique(dropna=False), k)):  # most values first
+        if _n_groups(frame, base + label_keys) == target:
+            break
+        if _n_groups(frame, base + label_keys + [k]) > _n_groups(frame, base + label_keys):
+            label_keys.append(k)
+    return extra, label_keys
+
+
+@dataclass
+class Row:
+    """One table row: the jobs (seeds) of one setting."""
+
+    label: str
+    train_len: int | None
+    jobs: list[Job]
+
+    @property
+    def seeds(self) -> list[Any]:
+        return sorted(j.setting("seed") for j in self.jobs)
+
+
+class Grouping(NamedTuple):
+    rows: list[Row]
+    shown: list[str]  # the keys that label the rows
+    also: list[str]  # keys that vary between rows but follow the shown ones (not in the labels)
+
+
+def group_rows(jobs: Sequence[Job]) -> Grouping:
+    """Finished jobs -> rows, one per distinct value of BASE_KEYS and of the other row-defining keys
+    (`row_keys`), in display order."""
+    frame = settings_frame(jobs)
+    extra, label_keys = row_keys(frame)
+    varying = varying_keys(frame)
+    shown = ["pe.name"] + [k for k in BASE_KEYS[1:] if k in varying] + label_keys
+    first_seen = {pe: i for i, pe in enumerate(frame["pe.name"].unique())}
+    rows: list[Row] = []
+    order: list[tuple] = []
+    for positions in frame.groupby(BASE_KEYS + extra, dropna=False, sort=False).indices.values():
+        f = frame.iloc[positions[0]].to_dict()
+        label = _label(f, shown)
+        plain = label == _label(f, [k for k in shown if k == "pe.name" or not k.startswith("pe.")])
+        rows.append(Row(label, jobs[positions[0]].train_len, [jobs[i] for i in positions]))
+        # model, training length, the encoding where it first appears, its plain scheme first, its knobs
+        first = (str(f["model.name"]), rows[-1].train_len or 0, first_seen[f["pe.name"]], not plain)
+        order.append((*first, *(_sortable(f[k]) for k in extra)))
+    rows = [rows[i] for i in sorted(range(len(rows)), key=order.__getitem__)]
+    return Grouping(rows, shown, [k for k in extra if k not in shown])
+
+
+def _sortable(v: Any) -> tuple:
+    if v is None:  # a knob left unset (the plain scheme) sorts before its variants
+        return (-1, 0.0, "")
+    return (0, float(v), "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0.0, str(v))
+
+
+def _value(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _label(flat: dict, shown: list[str]) -> str:
+    """pe.name, then the shown keys; an encoding knob is named only where it is set (not None) and
+    differs from the encoding's default: "rope", "rope pe.frequency_fraction=0.75", "kerple pe.variant=power"."""
+    parts = [str(flat.get("pe.name"))]
+    defaults = pe_defaults(flat.get("pe.name"))
+    for k in shown[1:]:
+        if k.startswith("pe.") and (flat.get(k) is None or (k in defaults and flat.get(k) == defaults[k])):
+            continue
+        v = _value(flat.get(k))
+        parts.append(f"L={v}" if k == "data.seq_len" else (v if k == "model.name" else f"{k}={v}"))
+    return " ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# cells: the seeds' values of a metric at each length, aggregated per row
+
+
+def by_length(rows: Sequence[Row], pattern: str, agg: Callable[[pd.Series], Any]) -> pd.DataFrame:
+    """rows (by position) x lengths L (sorted) of `agg` over the seeds' values of metric
+    `pattern.format(L=...)` (e.g. "extrap/ppl@{L}"); NaN where a row has no value at that length.
+    No columns when no job logged the metric at any length."""
+    rx = re.compile("^" + re.escape(pattern).replace(r"\{L\}", r"(\d+)") + "$")
+    values = pd.DataFrame(
+        [
+            (i, int(m.group(1)), v)
+            for i, r in enumerate(rows)
+            for j in r.jobs
+            for k, v in j.metrics.items()
+            if (m := rx.match(k))
+        ],
+        columns=["row", "L", "value"],
+    )
+    cells = values.groupby(["row", "L"])["value"].agg(agg).unstack("L") if len(values) else pd.DataFrame()
+    return cells.reindex(index=range(len(rows)))
+
+
+def fmt_number(x: float, digits: int) -> str:
+    return f"{x:.4g}" if abs(x) >= 10_000 else f"{x:.{digits}f}"
+
+
+def aggregate(values: Sequence[float] | pd.Series, digits: int = 2) -> str:
+    """One table cell from the seeds' values: "12.34 ± 0.56" (sample std), "n/a" when not applicable
+    (NaN), "inf" when diverged, "—" when not evaluated. Partial cases say how many seeds."""
+    v = pd.Series(values, dtype=float)
+    if v.empty:
+        return "—"
+    finite, n, n_inf = v[np.isfinite(v)], len(v), int(np.isinf(v).sum())
+    if n_inf == n:
+        return "inf"
+    if finite.empty:
+        return "n/a" if n_inf == 0 else f"inf ({n_inf}/{n})"
+    cell = fmt_number(finite.mean(), digits)
+    if len(finite) > 1:
+        cell += f" ± {fmt_number(finite.std(), digits)}"  # pandas' std is the sample std (ddof=1)
+    if len(finite) < n:
+        cell += f" ({len(finite)}/{n} seeds" + (f", {n_inf} inf" if n_inf else "") + ")"
+    return cell
+
+
+def seed_mean(values: Any) -> Any:
+    """Mean over seeds (axis 0); NaN wherever a seed has a non-finite value (n/a or diverged)."""
+    a = np.asarray(values, dtype=float)
+    out = np.where(np.isfinite(a).all(axis=0), a.mean(axis=0), np.nan)
+    return out[()]  # a numpy scalar from one dimension, an array from more
+
+
+def mean_curve(curves: Sequence[Sequence[Any]]) -> list[float]:
+    """Position-wise mean of the seeds' loss-by-position curves (the common prefix)."""
+    curves = [[as_float(v) for v in c] for c in curves if c]
+    n = min((len(c) for c in curves), default=0)
+    return seed_mean([c[:n] for c in curves]).tolist() if n else []
+
+
+# ---------------------------------------------------------------------------------------------
+# probes: mean accuracy over seeds of the depth x length grids
+
+
+def probe_kinds(rows: Sequence[Row]) -> list[str]:
+    return list(dict.fromkeys(k for r in rows for j in r.jobs for k in j.probes.get("kinds") or []))
+
+
+def probe_panel(row: Row, kind: str) -> dict | None:
+    """{grid, depths, lengths, train_len, chance, n} for one row and kind (mean over its seeds; the
+    seeds probed on the first one's depth x length grid)."""
+    ps = [j.probes for j in row.jobs if kind in (j.probes.get("grids") or {})]
+    if not ps:
+        return None
+    shape = (tuple(ps[0]["depths"]), tuple(ps[0]["lengths"]))
+    ps = [p for p in ps if (tuple(p["depths"]), tuple(p["lengths"])) == shape]
+    grids = [[[as_float(v) for v in line] for line in p["grids"][kind]["acc"]] for p in ps]
+    return {
+        "grid": seed_mean(grids).tolist(),
+        "depths": [float(d) for d in shape[0]],
+        "lengths": [int(L) for L in shape[1]],
+        "train_len": row.train_len,
+        "chance": float(seed_mean([as_float((p.get("chance") or {}).get(kind)) for p in ps])),
+        "n": len(ps),
+    }

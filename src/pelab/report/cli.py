@@ -1,0 +1,67 @@
+"""The command line: `python -m pelab.report` / `pelab-report`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from pelab.report.discovery import ReportError
+from pelab.report.document import build_report
+from pelab.report.tables import last_line
+from pelab.report.upload import upload_to_wandb
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    from pelab import report
+
+    p = argparse.ArgumentParser(prog="python -m pelab.report", description=report.__doc__.split("\n\n")[0])
+    p.add_argument(
+        "folders", nargs="+", help="run or multirun folders (searched recursively for summary.json)"
+    )
+    p.add_argument(
+        "--out", default=None, help="output folder (default: <folder>/report for one folder, else ./report)"
+    )
+    p.add_argument("--title", default="PELab report")
+    p.add_argument(
+        "--wandb",
+        action="store_true",
+        help="also upload figures + tables as a W&B run (job_type=report) in the sweep's group",
+    )
+    p.add_argument("--project", default=None, help="W&B project (default: the runs' logger.wandb.project)")
+    p.add_argument("--entity", default=None, help="W&B entity (default: the runs' logger.wandb.entity)")
+    p.add_argument(
+        "--wandb-mode",
+        default=None,
+        choices=["online", "offline", "disabled"],
+        help="default: online with credentials, else offline",
+    )
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    args = parse_args(argv)
+    out = (
+        Path(args.out)
+        if args.out
+        else (Path(args.folders[0]) / "report" if len(args.folders) == 1 else Path("report"))
+    )
+    try:
+        report = build_report(args.folders, out, args.title)
+    except ReportError as err:
+        print(f"pelab.report: {err}", file=sys.stderr)
+        return 2
+    print(
+        f"report: {report.path} ({len(report.ok)} finished, {len(report.failed)} failed/unfinished; "
+        f"{len(report.figures)} figures)"
+    )
+    for j in report.failed:
+        print(f"  skipped {j.folder} [{j.status}] {last_line(j.error, 200)}")
+    if args.wandb:
+        run = upload_to_wandb(report, args.project, args.entity, args.wandb_mode)
+        if run is not None:
+            print(f"W&B report run: {run.name} ({run.settings.mode})")
+    return 0 if report.ok else 1

@@ -1,0 +1,109 @@
+"""Discovery: every job under the given folders, whether it finished, failed or never wrote a summary."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from pelab.summary import SUMMARY_FILE, as_float, read_summary
+
+UNFINISHED = "no summary.json (still running, or killed before it could write one)"
+
+
+class ReportError(ValueError):
+    """Nothing to report (no summary.json under the given folders)."""
+
+
+@dataclass
+class Job:
+    """One job: its folder, status (ok | failed | interrupted | running | unfinished | unreadable) and
+    summary.json (empty when there is none)."""
+
+    folder: Path
+    status: str
+    summary: dict = field(default_factory=dict)
+    error: str = ""
+
+    @property
+    def config(self) -> dict:
+        return self.summary.get("config") or {}
+
+    def setting(self, dotted: str) -> Any:
+        """config["a"]["b"] for "a.b"; None where the job has no such key."""
+        d: Any = self.config
+        for part in dotted.split("."):
+            if not isinstance(d, dict) or part not in d:
+                return None
+            d = d[part]
+        return d
+
+    @cached_property
+    def metrics(self) -> dict[str, float]:
+        return {k: as_float(v) for k, v in (self.summary.get("metrics") or {}).items() if _numeric(v)}
+
+    @property
+    def train_len(self) -> int | None:
+        value = self.setting("data.seq_len")
+        return int(value) if value is not None else None
+
+    @property
+    def extrapolation(self) -> dict:
+        return (self.summary.get("evaluation") or {}).get("extrapolation") or {}
+
+    @property
+    def probes(self) -> dict:
+        return (self.summary.get("evaluation") or {}).get("probes") or {}
+
+
+def _numeric(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) or v in ("nan", "inf", "-inf")
+
+
+def _natural(path: Path) -> list:
+    """Sort key comparing digit runs as numbers: Hydra's job 2 before job 10."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
+
+
+def find_jobs(folders: Iterable[str | Path]) -> list[Job]:
+    """Every job under `folders`: a `summary.json` (any status), or a Hydra job folder (`.hydra/`)
+    without one (unfinished). A folder may also be a `summary.json` file itself.
+
+    Jobs come in the order of `folders`, and within a folder in the order of its job folders (the
+    order a sweep ran them): the report's rows follow it."""
+    folders = list(folders)
+    jobs: dict[Path, Job] = {}
+    for folder in map(Path, folders):
+        if not folder.exists():
+            raise ReportError(f"{folder} does not exist")
+        found: dict[Path, Path | None] = {}  # job folder -> its summary.json (None: unfinished)
+        if folder.is_file():
+            found[folder.parent.resolve()] = folder
+        else:
+            found = {p.parent.resolve(): p for p in folder.rglob(SUMMARY_FILE)}
+            for hydra_dir in folder.rglob(".hydra"):
+                if (hydra_dir / "config.yaml").exists():
+                    found.setdefault(hydra_dir.parent.resolve(), None)
+        for job_dir in sorted(found, key=_natural):
+            summary = found[job_dir]
+            if job_dir not in jobs:
+                jobs[job_dir] = read_job(summary) if summary else Job(job_dir, "unfinished", error=UNFINISHED)
+    if not jobs:
+        raise ReportError(f"no {SUMMARY_FILE} (and no Hydra job folder) under {', '.join(map(str, folders))}")
+    return list(jobs.values())
+
+
+def read_job(path: Path) -> Job:
+    """The job of one summary.json; a summary that says ok but has no metrics counts as failed."""
+    try:
+        summary = read_summary(path)
+    except (OSError, ValueError) as err:
+        return Job(path.parent, "unreadable", error=f"cannot read {path.name}: {err}")
+    status = str(summary.get("status") or "unknown")
+    error = summary.get("error") or ""
+    if status == "ok" and not summary.get("metrics"):
+        status, error = "failed", "status ok but no metrics in summary.json"
+    return Job(path.parent, status, summary, str(error))

@@ -1,0 +1,153 @@
+"""Rendering, the document: `report.md` (sections of tables and figures) from the jobs under some folders."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pelab.report.aggregation import Row, group_rows, probe_kinds, probe_panel
+from pelab.report.discovery import Job, find_jobs
+from pelab.report.figures import make_figures
+from pelab.report.tables import (
+    Table,
+    common_settings,
+    failures_table,
+    metadata_table,
+    metric_table,
+    probe_tables,
+)
+
+REPORT_FILE = "report.md"
+
+
+@dataclass
+class Report:
+    markdown: str
+    tables: list[Table]
+    figures: dict[str, Path]
+    rows: list[Row]
+    ok: list[Job]
+    failed: list[Job]
+    path: Path
+
+
+def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "PELab report") -> Report:
+    """Read the jobs under `folders`, write `<out>/report.md` and the PNG figures; return the pieces."""
+    jobs = find_jobs(folders)  # first: a mistyped folder is an error, not an empty <folder>/report
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    ok = [j for j in jobs if j.status == "ok"]
+    failed = [j for j in jobs if j.status != "ok"]
+    rows, shown, also = group_rows(ok) if ok else ([], [], [])
+
+    sources = ", ".join(f"`{f}`" for f in folders)
+    md = [
+        f"# {title}",
+        "",
+        (
+            f"Generated {time.strftime('%Y-%m-%d %H:%M')} from {sources}: "
+            f"{len(jobs)} jobs, {len(ok)} finished, {len(failed)} failed or unfinished."
+        ),
+    ]
+    if failed:
+        md.append(
+            f"**{len(failed)} job(s) left out: see [Failed / unfinished jobs](#failed--unfinished-jobs).**"
+        )
+    if ok:
+        md += [
+            "",
+            "Rows: " + ", ".join(f"`{k}`" for k in shown) + "; cells are mean ± std over seeds "
+            "(sample std) where a row has several. **Bold** = the training length. "
+            "`n/a` = not applicable (see the notes), `inf` = diverged, `—` = not evaluated.",
+            "",
+        ]
+        if also:
+            md.append("- also varying between rows: " + ", ".join(f"`{k}`" for k in also))
+        md += [f"- {line}" for line in common_settings(ok)]
+    tables: list[Table] = []
+    figures = make_figures(rows, out) if rows else {}
+
+    def section(
+        heading: str, items: Sequence[Table | None], figure: Sequence[str] = (), text: str = ""
+    ) -> None:
+        items = [t for t in items if t is not None]
+        figs = [k for k in figures if any(k == f or k.startswith(f + "_L") for f in figure)]
+        if not items and not figs:
+            return
+        md.extend(["", f"## {heading}", ""] + ([text, ""] if text else []))
+        for t in items:
+            tables.append(t)
+            if t.collapsed:
+                md.extend([f"<details><summary>{t.title}</summary>", "", t.markdown(), "", "</details>", ""])
+            else:
+                md.extend(([f"**{t.title}**", ""] if t.title != heading else []) + [t.markdown(), ""])
+        md.extend(f"![{k}]({figures[k].name})" for k in figs)
+
+    section(
+        "Perplexity vs evaluation length",
+        [
+            metric_table(
+                rows,
+                "extrap/ppl@{L}",
+                "Perplexity, non-overlapping windows of L tokens",
+                protocol="nonoverlap",
+            ),
+        ],
+        ["ppl_vs_length"],
+        "Every length scores the same tokens; a window of L tokens sees context back to its own start only.",
+    )
+    section(
+        "Perplexity ratio",
+        [
+            metric_table(rows, "extrap/ppl_ratio@{L}", "ppl@L / ppl@training length", digits=3),
+        ],
+    )
+    section(
+        "Sliding window",
+        [
+            metric_table(
+                rows,
+                "extrap/ppl_sliding@{L}",
+                "Perplexity, sliding windows of L tokens (stride = training length)",
+                protocol="sliding",
+            ),
+        ],
+    )
+    section(
+        "Bits per byte",
+        [metric_table(rows, "extrap/bpb@{L}", "Bits per byte, non-overlapping windows", digits=3)],
+    )
+    section(
+        "Loss by position",
+        [],
+        ["loss_by_position"],
+        "Mean NLL by position in the window at the longest evaluated length (dashed line: training length).",
+    )
+    for kind in probe_kinds(rows):
+        chance = [p["chance"] for r in rows if (p := probe_panel(r, kind)) and math.isfinite(p["chance"])]
+        section(
+            f"Probe: {kind}",
+            probe_tables(rows, kind),
+            (),
+            f"Retrieval accuracy with the answer at each depth of contexts of each length; chance ≈ "
+            f"{statistics.fmean(chance):.2g}. * = training length."
+            if chance
+            else "",
+        )
+    section("Probe heatmaps", [], ["probe_heatmaps"])
+    if ok:
+        section("Runs", [metadata_table(ok)])
+    if failed:
+        section(
+            "Failed / unfinished jobs",
+            [failures_table(failed)],
+            (),
+            "Left out of every table and figure above.",
+        )
+    path = out / REPORT_FILE
+    path.write_text("\n".join(md).rstrip() + "\n")
+    return Report("\n".join(md), tables, figures, rows, ok, failed, path)

@@ -1,0 +1,53 @@
+"""Rendering, figures (drawn by pelab.evaluation.plots): ppl vs evaluation length and loss by position,
+one of each per training length, and a grid of probe heatmaps."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from pelab.report.aggregation import Row, by_length, mean_curve, probe_kinds, probe_panel, seed_mean
+
+
+def make_figures(rows: Sequence[Row], out: Path) -> dict[str, Path]:
+    """{name: PNG path} of the figures written to `out` (names get `_L<train length>` when the rows
+    have several training lengths)."""
+    from pelab.evaluation.plots import (
+        plot_loss_by_position,
+        plot_ppl_vs_length,
+        plot_probe_heatmap_grid,
+        save_figure,
+    )
+
+    paths: dict[str, Path] = {}
+    train_lens = sorted({r.train_len for r in rows if r.train_len})
+    for train_len in train_lens:
+        sub = [r for r in rows if r.train_len == train_len]
+        suffix = f"_L{train_len}" if len(train_lens) > 1 else ""
+        ppl = by_length(sub, "extrap/ppl@{L}", seed_mean)
+        if np.isfinite(ppl.to_numpy(dtype=float)).any():
+            curves = {
+                r.label: {int(L): float(p) for L, p in line.items()}
+                for r, (_, line) in zip(sub, ppl.iterrows())
+            }
+            fig = plot_ppl_vs_length(
+                curves, train_len, title=f"Perplexity vs evaluation length (train {train_len})"
+            )
+            paths[f"ppl_vs_length{suffix}"] = save_figure(fig, out / f"ppl_vs_length{suffix}.png")
+        losses = {
+            r.label: mean_curve([j.extrapolation.get("loss_by_position") or [] for j in r.jobs]) for r in sub
+        }
+        losses = {k: v for k, v in losses.items() if v}
+        if losses:
+            fig = plot_loss_by_position(
+                losses, train_len, title=f"Loss by token position (train {train_len})"
+            )
+            paths[f"loss_by_position{suffix}"] = save_figure(fig, out / f"loss_by_position{suffix}.png")
+    panels = {r.label: {k: p for k in probe_kinds(rows) if (p := probe_panel(r, k))} for r in rows}
+    panels = {k: v for k, v in panels.items() if v}
+    if panels:
+        fig = plot_probe_heatmap_grid(panels)
+        paths["probe_heatmaps"] = save_figure(fig, out / "probe_heatmaps.png")
+    return paths

@@ -1,0 +1,164 @@
+"""Sweeps: a real Hydra multirun writes one summary per job, Optuna, the SLURM launcher config, the W&B
+sweep file and the experiment presets."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import yaml
+
+from conftest import CONF_DIR, FAST, ROOT, compose, run_cli, summaries
+
+ENCODINGS = {p.stem for p in (ROOT / "src" / "pelab" / "conf" / "pe").glob("*.yaml")}
+
+
+def _compose_hydra(overrides: list[str]):
+    """Composition with the `hydra` node (launcher, sweeper), which conftest.compose leaves out."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return hydra_compose(config_name="train", overrides=overrides, return_hydra_config=True)
+
+
+# ---- the basic sweeper (the shared multirun of conftest) --------------------------------------------
+
+
+@pytest.mark.slow
+def test_multirun_writes_one_summary_per_job(sweep):
+    jobs = summaries(sweep)
+    assert len(jobs) == 4
+    assert {s["status"] for s in jobs} == {"ok"}
+    assert sorted(s["name"] for s in jobs) == sorted(
+        f"{pe}-micro-L32-s{seed}" for pe in ("rope", "alibi") for seed in (0, 1)
+    )
+    for s in jobs:
+        assert {f"extrap/ppl@{L}" for L in (32, 64, 128)} <= set(s["metrics"])
+
+
+# ---- Optuna --------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_optuna_runs_two_trials_and_returns_the_best(tmp_path):
+    sweep_dir = tmp_path / "optuna"
+    out = run_cli(
+        [
+            "-m",
+            "hparams_search=optuna",
+            "hydra.sweeper.n_trials=2",
+            *FAST,
+            "logger=csv",
+            "trainer.max_steps=10",
+            "trainer.val_check_interval=10",
+            "evaluate_after_fit=false",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    trials = summaries(sweep_dir)
+    assert len(trials) == 2 and {s["status"] for s in trials} == {"ok"}
+    lrs = [s["config"]["optim"]["lr"] for s in trials]
+    assert lrs[0] != lrs[1]  # the sampler proposed two learning rates
+    assert len({s["name"] for s in trials}) == 2  # trial names carry the searched values
+    result = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    best = min(trials, key=lambda s: s["metrics"]["val/ppl"])
+    assert result["best_value"] == pytest.approx(best["metrics"]["val/ppl"])
+    assert result["best_params"]["optim.lr"] == pytest.approx(best["config"]["optim"]["lr"])
+
+
+# ---- SLURM launcher ------------------------------------------------------------------------------
+
+
+def _slurm_cfg(*extra: str):
+    return _compose_hydra(
+        [
+            "hydra/launcher=slurm",
+            "trainer=slurm",
+            "trainer.devices=8",
+            "trainer.num_nodes=2",
+            "hydra.launcher.partition=gpu",
+            *extra,
+        ]
+    )
+
+
+def test_slurm_launcher_config_composes_with_one_task_per_gpu():
+    cfg = _slurm_cfg()
+    launcher = cfg.hydra.launcher
+    assert launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    assert launcher.partition == "gpu" and launcher.timeout_min == 240
+    # GPU and node counts follow the trainer: one SLURM task per GPU for Lightning DDP.
+    assert launcher.gpus_per_node == 8 and launcher.tasks_per_node == 8 and launcher.nodes == 2
+    assert cfg.trainer.strategy == "ddp" and cfg.trainer.devices == 8 and cfg.trainer.num_nodes == 2
+    # The plugin's schema still applies (the file extends it): a misspelt key fails at composition.
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="gpus_per_nod"):
+        _slurm_cfg("hydra.launcher.gpus_per_nod=4")
+
+
+def test_slurm_launcher_settings_render_a_valid_sbatch_header(tmp_path, monkeypatch):
+    """The composed settings through submitit's own parameter check and sbatch writer (as
+    hydra-submitit-launcher's launch() does). submitit only wants to see an `srun` on the PATH."""
+    submitit = pytest.importorskip("submitit")
+    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+    from omegaconf import OmegaConf
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (fake / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+
+    cfg = _slurm_cfg(f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.launcher.setup=[module load cuda]")
+    params = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+    params.pop("_target_")
+    executor = submitit.AutoExecutor(
+        cluster="slurm",
+        folder=params.pop("submitit_folder"),
+        slurm_max_num_timeout=params.pop("max_num_timeout"),
+    )
+    generic = set(OmegaConf.structured(BaseQueueConf).keys())
+    executor.update_parameters(**{k if k in generic else f"slurm_{k}": v for k, v in params.items()})
+    sbatch = executor._executor._make_submission_file_text("python -u job.py", "uid")
+    for line in (
+        "--gpus-per-node=8",
+        "--ntasks-per-node=8",
+        "--nodes=2",
+        "--partition=gpu",
+        "--time=240",
+        "--cpus-per-task=8",
+        "--mem=64GB",
+    ):
+        assert f"#SBATCH {line}" in sbatch, line
+    assert "module load cuda" in sbatch
+
+
+# ---- W&B sweep file and experiment presets -------------------------------------------------------
+
+
+def test_wandb_sweep_grid_passes_hydra_overrides():
+    spec = yaml.safe_load((ROOT / "experiments" / "sweeps" / "pe_grid.yaml").read_text())
+    assert spec["method"] == "grid" and spec["program"] == "train.py" and (ROOT / spec["program"]).exists()
+    assert spec["command"] == ["${env}", "${interpreter}", "${program}", "${args_no_hyphens}"]
+    assert set(spec["parameters"]["pe"]["values"]) == ENCODINGS
+    assert spec["parameters"]["data.seq_len"]["values"] == [128, 256]
+    # What the agent passes (`key=value`, no hyphens) composes as Hydra overrides.
+    for pe in spec["parameters"]["pe"]["values"]:
+        args = [
+            f"{k}={p.get('value', (p.get('values') or [None])[0]) if k != 'pe' else pe}"
+            for k, p in spec["parameters"].items()
+        ]
+        cfg = compose(args)
+        assert cfg.pe.name == pe and cfg.data.seq_len == 128
+
+
+def test_length_extrapolation_experiment_sweeps_all_encodings():
+    cfg = _compose_hydra(["experiment=length_extrapolation"])
+    assert cfg.model.name == "tiny" and cfg.data.seq_len == 128
+    assert list(cfg.eval.lengths) == [1, 2, 4, 8, 16] and cfg.probes.enabled
+    params = cfg.hydra.sweeper.params
+    assert set(params["pe"].split(",")) == ENCODINGS
