@@ -14,7 +14,6 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -45,21 +44,12 @@ BASE_KEYS = ["pe.name", "data.seq_len", "model.name"]
 def pe_defaults(name: Any) -> dict[str, Any]:
     """Flattened ``pe.*`` defaults of the encoding `name` (what a run made before a knob existed ran
     with); empty for an encoding this version does not know. Cached: treat as read-only."""
-    try:  # TODO(lead): import it at the top once pelab.encodings.default_pe_config is on main
-        from pelab.encodings import default_pe_config
-    except ImportError:
-        default_pe_config = _default_pe_config_stand_in
+    from pelab.encodings import default_pe_config  # here, not at the top: `import pelab.report` stays light
+
     try:
         return flatten(default_pe_config(name), "pe.") if isinstance(name, str) else {}
     except (ValueError, OSError):  # ConfigError / no such config: nothing to fill in
         return {}
-
-
-def _default_pe_config_stand_in(name: str) -> dict:
-    # TODO(lead): replace with pelab.encodings.default_pe_config (delete this stand-in): the YAML only
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(OmegaConf.load(Path(__file__).parents[1] / "conf" / "pe" / f"{name}.yaml"))
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
