@@ -37,75 +37,16 @@ PREEMPTED_EXIT_CODE = 75
 
 # -- configuration ---------------------------------------------------------------------------------
 def validate_config(cfg: DictConfig) -> None:
-    """Cheap checks that must fail before any data is built or any step is taken."""
-    m, pe, data = cfg.model, cfg.pe, cfg.data
-    if m.d_model % m.n_heads:
-        raise ConfigError(
-            f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}; "
-            "pick n_heads that divides d_model."
-        )
-    if data.seq_len is None or int(data.seq_len) <= 0:
-        raise ConfigError(f"data.seq_len={data.seq_len} must be a positive number of tokens.")
-    if "rotary_fraction" in pe:  # the RoPE family (rope, xpos)
-        rot = int(m.d_model // m.n_heads * float(pe.get("rotary_fraction", 1.0)))
-        if rot % 2:
-            raise ConfigError(
-                f"RoPE rotates channel pairs, but head_dim*pe.rotary_fraction={rot} is odd "
-                "(head_dim = model.d_model/model.n_heads); change model.n_heads or pe.rotary_fraction."
-            )
-    randomized = (pe.get("randomized") or {}).get("max_position")
-    if randomized is not None and int(randomized) < int(data.seq_len):
-        raise ConfigError(
-            f"pe.randomized.max_position={randomized} < data.seq_len={data.seq_len}: randomized positions "
-            "are a subset of [0, max_position) and need at least seq_len of them; raise it (the paper uses "
-            "many times the training length) or set it to null to turn randomization off."
-        )
-    if pe.get("max_positions") is not None and int(pe.max_positions) < int(data.seq_len):
-        raise ConfigError(
-            f"pe.max_positions={pe.max_positions} < data.seq_len={data.seq_len}: a learned table cannot "
-            "hold the training length; raise pe.max_positions."
-        )
-    if cfg.get("optimized_metric") is None:
-        raise ConfigError("optimized_metric must name a metric, e.g. val/ppl.")
-    if data.batch_size is None or int(data.batch_size) <= 0:
-        raise ConfigError(f"data.batch_size={data.batch_size} must be a positive number of sequences.")
-    max_steps = cfg.trainer.get("max_steps")
-    if max_steps is None or int(max_steps) <= 0:
-        raise ConfigError(f"trainer.max_steps={max_steps} must be a positive number of steps "
-                          "(the batch stream is endless: -1 would never stop).")
-    validate_reliability_settings(cfg)
-    if cfg.get("evaluate_after_fit", True):
-        validate_eval_lengths(cfg)
+    """Every setting typed and range-checked before any data is built or any step is taken: the groups by
+    pelab.schema, `pe` by its encoding's own schema. A bad one is a ConfigError naming the key."""
+    from pelab import encodings
+    from pelab.schema import validate
 
-
-def validate_reliability_settings(cfg: DictConfig) -> None:
-    o = cfg.optim
-    if o.get("nonfinite", "stop") not in ("stop", "skip"):
-        raise ConfigError(f"optim.nonfinite={o.nonfinite} must be 'stop' or 'skip'.")
-    if int(o.get("max_skips", 0)) < 0:
-        raise ConfigError(f"optim.max_skips={o.max_skips} must be >= 0.")
-    every = (cfg.callbacks.get("checkpoint") or {}).get("every_n_steps")
-    if every is not None and int(every) <= 0:
-        raise ConfigError(f"callbacks.checkpoint.every_n_steps={every} must be a positive number of steps or null.")
-    emulate = (cfg.get("debug") or {}).get("emulate_world_size")
-    if emulate is not None and (int(emulate) <= 0 or int(cfg.data.batch_size) % int(emulate)):
-        raise ConfigError(f"debug.emulate_world_size={emulate} must be a positive divisor of "
-                          f"data.batch_size={cfg.data.batch_size}.")
-
-
-def validate_eval_lengths(cfg: DictConfig) -> None:
-    """eval.lengths / probes.lengths are read at the end of training: check them before it starts."""
-    from pelab.evaluation.extrapolation import resolve_lengths
-
-    for key in ("eval.lengths", "probes.lengths"):
-        value = OmegaConf.select(cfg, key)
-        if value is None or (key == "probes.lengths" and not cfg.probes.get("enabled", True)):
-            continue
-        try:
-            resolve_lengths(list(value), int(cfg.data.seq_len))
-        except (ValueError, TypeError) as err:
-            raise ConfigError(f"{key}={list(value)}: {err}; use positive multiples of data.seq_len "
-                              "(<= 64) or token counts (> 64).") from err
+    typed = validate(cfg)
+    m = typed["model"]
+    # TODO(validation): drop this guard once the encoding contract (resolve_pe_config) is on main.
+    if hasattr(encodings, "resolve_pe_config"):
+        encodings.resolve_pe_config(cfg.pe, d_model=m.d_model, n_heads=m.n_heads, train_length=typed["data"].seq_len)
 
 
 def resolve_trainer_cfg(tcfg: DictConfig) -> dict:

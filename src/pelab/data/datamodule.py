@@ -40,11 +40,12 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 
 from pelab.data.cache import TokenCache, open_cache
 from pelab.data.corpora import SPLITS, build_corpus
+from pelab.errors import ConfigError
+from pelab.schema import LOADER_KEYS, loader_settings
 
 Mixer = Callable[[int, int, np.random.Generator], Any]
 
 IGNORE_INDEX = -100  # target of a position that is not scored (F.cross_entropy's default ignore_index)
-RECALL_LOSSES = ("all", "answers")
 
 
 def inputs_and_targets(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,8 +58,8 @@ def inputs_and_targets(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return ids[:, :-1], targets
 
 
-class DataConfigError(ValueError):
-    """Bad loader settings (seq_len, batch_size, recall_mix, ...)."""
+# Bad loader settings (seq_len, batch_size, recall_mix, ...): the package's one user-error class.
+DataConfigError = ConfigError
 
 
 def _plain(cfg: Any) -> Any:
@@ -198,21 +199,6 @@ class RecallMixer:
         return (rows, mask.numpy()) if self.answers else rows
 
 
-def _check_recall(kinds: Sequence[str], key_len: int, value_len: int, loss: str) -> tuple[str, ...]:
-    from pelab.data.recall import KINDS
-
-    kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
-    if not kinds or any(k not in KINDS for k in kinds):
-        raise DataConfigError(f"data.recall_kinds={list(kinds)} must be a non-empty list of {list(KINDS)}")
-    if int(key_len) < 1 or int(value_len) < 1:
-        raise DataConfigError(
-            f"data.recall_key_len={key_len} and data.recall_value_len={value_len} must be >= 1 hex chars"
-        )
-    if loss not in RECALL_LOSSES:
-        raise DataConfigError(f"data.recall_loss={loss!r} must be one of {list(RECALL_LOSSES)}")
-    return kinds
-
-
 # ----------------------------------------------------------------------------- DataModule
 
 
@@ -251,42 +237,36 @@ class LMDataModule(L.LightningDataModule):
         recall_loss: str = "all",
     ):
         super().__init__()
-        if int(seq_len) <= 0:
-            raise DataConfigError(f"data.seq_len={seq_len} must be a positive number of tokens")
-        if int(batch_size) <= 0:
-            raise DataConfigError(f"data.batch_size={batch_size} must be positive")
-        if not 0.0 <= float(recall_mix) <= 1.0:
-            raise DataConfigError(f"data.recall_mix={recall_mix} must be in [0, 1]")
-        self.recall_kinds = _check_recall(recall_kinds, recall_key_len, recall_value_len, recall_loss)
-        self.recall_key_len, self.recall_value_len = int(recall_key_len), int(recall_value_len)
-        self.recall_loss = str(recall_loss)
+        # The checks of the harness's config (pelab.schema), so direct use fails the same way, naming data.*.
+        loader = loader_settings({
+            "seq_len": seq_len, "batch_size": batch_size, "val_windows": val_windows,
+            "val_batch_size": val_batch_size, "recall_mix": recall_mix,
+            "recall_kinds": [recall_kinds] if isinstance(recall_kinds, str) else list(recall_kinds),
+            "recall_key_len": recall_key_len, "recall_value_len": recall_value_len, "recall_loss": recall_loss,
+            "num_workers": num_workers,
+        })
+        self.recall_kinds = tuple(loader.recall_kinds)
+        self.recall_key_len, self.recall_value_len = loader.recall_key_len, loader.recall_value_len
+        self.recall_loss = loader.recall_loss
         self.source_cfg, self.tokenizer_cfg = _plain(source), _plain(tokenizer)
-        self.seq_len, self.batch_size, self.seed = int(seq_len), int(batch_size), int(seed)
-        self.cache_dir, self.val_windows = cache_dir, val_windows
-        self.val_batch_size = int(val_batch_size or batch_size)
-        self.recall_mix, self.mixer = float(recall_mix), mixer
-        self.num_workers, self.max_steps = int(num_workers), max_steps
+        self.seq_len, self.batch_size, self.seed = loader.seq_len, loader.batch_size, int(seed)
+        self.cache_dir, self.val_windows = cache_dir, loader.val_windows
+        self.val_batch_size = loader.val_batch_size or loader.batch_size
+        self.recall_mix, self.mixer = loader.recall_mix, mixer
+        self.num_workers, self.max_steps = loader.num_workers, max_steps
         self.cache: TokenCache | None = None
 
     @classmethod
     def from_config(cls, cfg: Any, **overrides: Any) -> LMDataModule:
         """Build from the composed Hydra config (cfg.data, cfg.tokenizer, cfg.seed, cfg.paths)."""
         d = cfg.data
+        # Every loader key is in the config (conf/data/_loader.yaml; pelab.schema checks it): no fallbacks here.
         kw: dict[str, Any] = {
             "source": d,
             "tokenizer": cfg.tokenizer,
-            "seq_len": d.seq_len,
-            "batch_size": d.batch_size,
-            "seed": cfg.get("seed", 0),
-            "cache_dir": cfg.get("paths", {}).get("cache_dir"),
-            "val_windows": d.get("val_windows", 64),
-            "val_batch_size": d.get("val_batch_size"),
-            "recall_mix": d.get("recall_mix", 0.0),
-            "recall_kinds": list(d.get("recall_kinds", ["kv", "passkey"])),
-            "recall_key_len": d.get("recall_key_len", 3),
-            "recall_value_len": d.get("recall_value_len", 3),
-            "recall_loss": d.get("recall_loss", "all"),
-            "num_workers": d.get("num_workers", 0),
+            "seed": cfg.seed,
+            "cache_dir": cfg.paths.cache_dir,
+            **{k: d[k] for k in LOADER_KEYS},
         }
         return cls(**{**kw, **overrides})
 
