@@ -19,11 +19,12 @@ def typed(schema: type, cfg: Any, group: str) -> Any:
     try:
         return OmegaConf.merge(OmegaConf.structured(schema), cfg)
     except OmegaConfBaseException as err:
-        key = f"{group}.{err.full_key}" if getattr(err, "full_key", None) else group
+        key = ".".join(p for p in (group, str(getattr(err, "full_key", None) or "")) if p)
         first = str(getattr(err, "msg", None) or err).splitlines()[0]
         if "not in" in first and "Key" in first:  # unknown key
             known = sorted(k for k in OmegaConf.structured(schema) if not str(k).startswith("_"))
-            raise ConfigError(f"{key} is not a setting of this {group}; known: {known}") from None
+            raise ConfigError(f"{key} is not a setting of this {group or 'config'}; known: {known}") from None
         if type(err).__name__ == "MissingMandatoryValue":
             raise ConfigError(f"{key} has no value and needs one; set it ({key}=...)") from None
         raise ConfigError(f"{key}: {first}") from None
+
