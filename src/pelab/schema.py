@@ -2,25 +2,24 @@
 
 Every group of the train config except `pe` (each encoding types its own: `pelab.encodings.resolve_pe_config`)
 has a dataclass here. `validate(cfg)` first types each group, `OmegaConf.merge(OmegaConf.structured(Schema),
-group)`, which turns a wrong type, an unknown key or a missing value into an error naming the full key, then
-range-checks the typed values. Every failure is one `ConfigError` line: `<key>=<value> <what it must be>`.
+group)` (`pelab.errors.typed`: a wrong type, an unknown key or a missing value is an error naming the full
+key), then range-checks the typed values. Every failure is one `ConfigError` line naming the key.
 
 The values (defaults) live in the YAML files under conf/; the schemas hold types only (a field without a
-default is required: `???` to OmegaConf), so each default is written once. `data` and `trainer` are typed only in the keys pelab reads: a corpus has its own
-keys (path, name, ...) and the Trainer takes any Lightning keyword.
+default is required, `???` to OmegaConf), so each default is written once. `data` and `trainer` are typed only
+in the keys pelab reads: a corpus has its own keys (path, name, ...) and the Trainer takes any Lightning keyword.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, fields
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+from omegaconf.errors import OmegaConfBaseException
 
-from pelab.errors import ConfigError
+from pelab.errors import ConfigError, typed
 
 # How the data loader scores synthetic recall rows (see pelab.data.datamodule).
 RECALL_LOSSES = ("all", "answers")
@@ -151,9 +150,9 @@ SCHEMAS = {"model": ModelConfig, "data": LoaderConfig, "optim": OptimConfig, "tr
 
 
 # -- typing ----------------------------------------------------------------------------------------
-def typed(schema: type, values: Any, key: str, *, open_keys: bool = False) -> DictConfig:
-    """`values` (the config group `key`, resolved) typed against `schema`; a ConfigError naming the full
-    key for a wrong type, an unknown key (unless `open_keys`) or a missing value."""
+def typed_group(schema: type, values: Any, key: str, *, open_keys: bool = False) -> DictConfig:
+    """`values` (config group `key`, resolved) typed against `schema` (pelab.errors.typed); a ConfigError
+    naming the full key for a wrong type, an unknown key (unless `open_keys`) or a value left `???`."""
     if values == "???":
         raise ConfigError(f"{key} has no value and this config needs one; choose one ({key}=...).")
     if not isinstance(values, dict):
@@ -161,13 +160,10 @@ def typed(schema: type, values: Any, key: str, *, open_keys: bool = False) -> Di
     if open_keys:
         known = {f.name for f in fields(schema)}
         values = {k: v for k, v in values.items() if k in known}
-    try:
-        out = OmegaConf.merge(OmegaConf.structured(schema), values)
-    except OmegaConfBaseException as err:
-        raise ConfigError(_describe(err, key)) from err
+    out = typed(schema, values, key)
     missing = sorted(OmegaConf.missing_keys(out))
     if missing:
-        name = f"{key}.{missing[0]}" if key else missing[0]
+        name = ".".join(p for p in (key, missing[0]) if p)
         raise ConfigError(f"{name} has no value and this config needs one; set it ({name}=...).")
     return out
 
@@ -181,28 +177,6 @@ def _plain(parent: DictConfig, key: str) -> Any:
         return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
     except OmegaConfBaseException as err:  # full_key is the absolute key here
         raise ConfigError(f"{err.full_key or key} cannot be resolved: {str(err.msg).splitlines()[0]}.") from err
-
-
-_TYPE_WORDS = {"Integer": "a whole number", "Float": "a number", "Boolean": "true or false", "String": "text"}
-
-
-def _describe(err: OmegaConfBaseException, key: str) -> str:
-    """OmegaConf's several-line error -> one line naming the full key and what it must be."""
-    full = ".".join(p for p in (key, str(err.full_key or "")) if p)
-    msg = str(err.msg).splitlines()[0]
-    if isinstance(err, ConfigKeyError):
-        return f"{full} is not a setting pelab knows; remove it or check its spelling."
-    value = _show(err.value)
-    converted = re.search(r"could not be converted to (\w+)", msg)
-    if converted:
-        return f"{full}={value} must be {_TYPE_WORDS.get(converted.group(1), converted.group(1))}."
-    if "is not a valid bool" in msg:
-        return f"{full}={value} must be true or false."
-    if "'None'" in msg:
-        return f"{full} must not be null; give it a value."
-    if "is not a ListConfig" in msg:
-        return f"{full}={value} must be a list, e.g. {full}=[...]."
-    return f"{full}={value}: {msg}"
 
 
 def _show(value: Any) -> str:
@@ -228,13 +202,15 @@ def _is_int(v: Any) -> bool:
 
 # -- range checks ----------------------------------------------------------------------------------
 def check_model(m: DictConfig) -> None:
-    for k in ("n_layers", "n_heads", "d_model", "attn_chunk_size"):
-        need(m[k] >= 1, f"model.{k}", m[k], "must be >= 1.")
-    if m.d_model % m.n_heads:
-        raise ConfigError(f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}; "
-                          "pick n_heads that divides d_model.")
-    need(m.d_ff is None or m.d_ff >= 1, "model.d_ff", m.d_ff, "must be >= 1 (or null = 4 * model.d_model).")
-    need(0.0 <= m.dropout < 1.0, "model.dropout", m.dropout, "must be in [0, 1).")
+    """The model's own range checks (GPTConfig.validate), run before any data; the vocabulary comes from the
+    data, so a stand-in size here."""
+    from pelab.model import GPTConfig
+
+    sizes = {k: v for k, v in OmegaConf.to_container(m).items() if k != "name"}
+    try:
+        GPTConfig(vocab_size=1, **sizes).validate()
+    except ValueError as err:  # GPTConfig raises plain ValueErrors naming model.<key>
+        raise ConfigError(str(err)) from err
 
 
 def check_loader(d: DictConfig) -> None:
@@ -255,7 +231,7 @@ def check_loader(d: DictConfig) -> None:
 
 def loader_settings(values: dict) -> DictConfig:
     """The loader keys typed and range-checked (what LMDataModule's constructor runs on its arguments)."""
-    d = typed(LoaderConfig, values, "data")
+    d = typed_group(LoaderConfig, values, "data")
     check_loader(d)
     return d
 
@@ -363,9 +339,9 @@ def check_run(r: DictConfig, batch_size: int) -> None:
 def validate(cfg: DictConfig) -> dict[str, DictConfig]:
     """Type and range-check every group of a train config except `pe`; return the typed groups
     ("run" = the top-level keys). Cheap: no data, no model."""
-    t = {g: typed(s, _plain(cfg, g), g, open_keys=g in OPEN_GROUPS) for g, s in SCHEMAS.items()}
+    t = {g: typed_group(s, _plain(cfg, g), g, open_keys=g in OPEN_GROUPS) for g, s in SCHEMAS.items()}
     run_keys = {f.name: _plain(cfg, f.name) for f in fields(RunConfig) if f.name in cfg}
-    t["run"] = typed(RunConfig, run_keys, "")
+    t["run"] = typed_group(RunConfig, run_keys, "")
     check_model(t["model"])
     check_loader(t["data"])
     check_optim(t["optim"])

@@ -39,14 +39,12 @@ PREEMPTED_EXIT_CODE = 75
 def validate_config(cfg: DictConfig) -> None:
     """Every setting typed and range-checked before any data is built or any step is taken: the groups by
     pelab.schema, `pe` by its encoding's own schema. A bad one is a ConfigError naming the key."""
-    from pelab import encodings
+    from pelab.encodings import resolve_pe_config
     from pelab.schema import validate
 
     typed = validate(cfg)
     m = typed["model"]
-    # TODO(validation): drop this guard once the encoding contract (resolve_pe_config) is on main.
-    if hasattr(encodings, "resolve_pe_config"):
-        encodings.resolve_pe_config(cfg.pe, d_model=m.d_model, n_heads=m.n_heads, train_length=typed["data"].seq_len)
+    resolve_pe_config(cfg.pe, d_model=m.d_model, n_heads=m.n_heads, train_length=typed["data"].seq_len)
 
 
 def resolve_trainer_cfg(tcfg: DictConfig) -> dict:
