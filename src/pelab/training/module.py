@@ -99,7 +99,8 @@ class LMModule(L.LightningModule):
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # Dropout (and any other torch randomness in a step) = f(seed, step, rank), as the batches are.
         seq = np.random.SeedSequence([int(self.cfg.get("seed", 0)), int(self.global_step), self.global_rank])
-        torch.manual_seed(int(seq.generate_state(1, dtype=np.uint64)[0] >> 1))
+        # int() before the shift: numpy 1.x has no uint64 >> int
+        torch.manual_seed(int(seq.generate_state(1, dtype=np.uint64)[0]) >> 1)
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         # (B, T), (B, T); targets that are IGNORE_INDEX (data.recall_loss=answers) are not scored
