@@ -6,10 +6,10 @@ import json
 import math
 
 import pytest
-from conftest import FAST, compose, offline_runs, run_cli, wandb_records, wandb_summary
 
+from conftest import FAST, compose, offline_runs, run_cli, wandb_records, wandb_summary
 from pelab.summary import as_float
-from pelab.train import train
+from pelab.tasks.train import train
 
 # One document per split; validation uses every window of the val split, and an over-large eval.tokens
 # shrinks to the same whole windows, so the extrapolation span at the training length is exactly the
@@ -114,8 +114,8 @@ def test_learned_positions_past_the_table_are_not_applicable(tmp_path):
 def test_scaling_a_non_rope_checkpoint_is_a_clear_error(tmp_path):
     from omegaconf import OmegaConf
 
-    from pelab.evaluate import merged_config
-    from pelab.train import ConfigError
+    from pelab.tasks.evaluate import merged_config
+    from pelab.tasks.train import ConfigError
 
     cfg = compose(["pe.scaling.type=yarn"], config_name="eval", output_dir=tmp_path)
     train_cfg = OmegaConf.to_container(compose([*FAST, "pe=alibi"], tmp_path), resolve=True)

@@ -23,8 +23,8 @@ import torch
 from hydra.errors import MissingConfigException
 
 from conftest import FAST, ROOT, compose, offline_runs, run_cli, wandb_records, wandb_summary
-from pelab.train import PREEMPTED_EXIT_CODE, train
-from pelab.training.reliability import CheckpointError, NonFiniteError, is_user_error
+from pelab.harness.reliability import CheckpointError, NonFiniteError, is_user_error
+from pelab.tasks.train import PREEMPTED_EXIT_CODE, train
 
 # 60 steps, last.ckpt every 10 steps and at each validation (every 20), dropout on: an exact resume must
 # restore the optimizer, the LR schedule, the data position and the dropout randomness.
@@ -399,8 +399,8 @@ def test_eval_py_prints_one_line_for_a_corrupted_checkpoint(reference, tmp_path)
 
 
 def test_eval_of_a_checkpoint_with_another_encoding_or_vocabulary_is_refused(reference, tmp_path):
-    from pelab.evaluate import evaluate, merged_config
-    from pelab.train import ConfigError
+    from pelab.tasks.evaluate import evaluate, merged_config
+    from pelab.tasks.train import ConfigError
 
     ckpt = load(reference / "checkpoints" / "last.ckpt")
     eval_cfg = compose(["pe=alibi"], config_name="eval", output_dir=tmp_path)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FAST, compose, offline_runs, run_cli, wandb_records, wandb_summary
 
-from pelab.train import ConfigError, train, validate_config
+from conftest import FAST, compose, offline_runs, run_cli, wandb_records, wandb_summary
+from pelab.tasks.train import ConfigError, train, validate_config
 
 ENCODINGS = ["nope", "sinusoidal", "learned", "t5_bias", "rope", "alibi"]
 # the extension schemes through the harness: the new hooks (content bias, position remap) under Lightning;
@@ -151,7 +151,7 @@ def test_pe_diagnostics_figures_reach_disk_and_wandb(tmp_path):
     import wandb
 
     from pelab.model import build_model
-    from pelab.train import log_pe_diagnostics
+    from pelab.tasks.train import log_pe_diagnostics
 
     model = build_model({"n_layers": 1, "n_heads": 2, "d_model": 16}, {"name": "fire"}, vocab_size=8, train_length=32)
     run = wandb.init(mode="offline", dir=str(tmp_path), project="pelab-test", settings=wandb.Settings(silent=True))

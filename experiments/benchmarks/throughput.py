@@ -46,9 +46,9 @@ from torch import Tensor, nn
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))  # run from a checkout without installing
 
-from pelab.training.callbacks import GPU_PEAK_FLOPS
 from pelab.encodings import default_pe_config
-from pelab.training.module import LMModule, build_model, flops_per_token
+from pelab.harness.callbacks import GPU_PEAK_FLOPS
+from pelab.harness.module import LMModule, build_model, flops_per_token
 
 SCHEMES = ("nope", "rope", "alibi", "t5_bias", "learned", "sinusoidal")
 IMPLS = ("plain", "lightning", "x-transformers")

@@ -3,7 +3,7 @@
 The module owns optimisation and metrics only; the model and the encoding are built by
 `pelab.model.build_model`, which is also what `eval.py` uses to rebuild a checkpoint.
 
-Reliability (see `pelab.training.reliability`):
+Reliability (see `pelab.harness.reliability`):
 - the torch RNG is re-seeded before every training step from (seed, step, rank), like the data stream, so
   dropout masks after a resume equal those of an uninterrupted run without saving any RNG state;
 - a non-finite loss or gradient (checked after backward, before the optimizer step) stops the run
@@ -26,10 +26,10 @@ import torch.nn.functional as F
 from torchmetrics import SumMetric
 
 from pelab.data.datamodule import inputs_and_targets
+from pelab.harness.reliability import NonFiniteError
 from pelab.model import GPT, build_model
-from pelab.training.reliability import NonFiniteError
 
-log = logging.getLogger("pelab.train")
+log = logging.getLogger("pelab.tasks.train")
 
 
 def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:

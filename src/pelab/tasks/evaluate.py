@@ -19,11 +19,13 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from pelab.errors import ConfigError
 from pelab.model import build_model
 from pelab.summary import command_line, versions, write_summary
-from pelab.train import CONF_DIR, ConfigError, build_datamodule, report_user_error, sweep_group
+from pelab.tasks import CONF_DIR
+from pelab.tasks.train import build_datamodule, report_user_error, sweep_group
 
-log = logging.getLogger("pelab.evaluate")
+log = logging.getLogger("pelab.tasks.evaluate")
 
 # Keys of the eval command line that replace the checkpoint's own settings.
 OVERRIDABLE = ("pe.", "eval.", "probes.")
@@ -35,7 +37,7 @@ SCALING_TYPES = ("none", "linear", "ntk", "dynamic_ntk", "yarn")
 
 def load_checkpoint(path: str | Path) -> dict:
     """The checkpoint's training config and model weights, with a clear error for a bad file."""
-    from pelab.training.reliability import read_checkpoint
+    from pelab.harness.reliability import read_checkpoint
 
     path = Path(path)
     if not path.is_file():
@@ -110,7 +112,7 @@ def scaling_variants(merged: DictConfig, sweep: list[str] | None) -> list[str | 
 def evaluate(cfg: DictConfig) -> dict:
     """One evaluation job; returns its summary (also written to `<output_dir>/summary.json`)."""
     from pelab.evaluation.suite import run_evaluation
-    from pelab.training.loggers import finish_wandb, init_wandb
+    from pelab.harness.loggers import finish_wandb, init_wandb
 
     if OmegaConf.is_missing(cfg, "ckpt_path") or cfg.ckpt_path in (None, ""):
         raise ConfigError("ckpt_path is required: python eval.py ckpt_path=outputs/runs/<...>/checkpoints/last.ckpt")
@@ -200,7 +202,7 @@ def log_scaling_table(run: Any | None, rows: list[dict]) -> None:
 def main(cfg: DictConfig) -> None:
     try:
         evaluate(cfg)
-    except Exception as err:  # deliberate errors become one line (pelab.train.report_user_error)
+    except Exception as err:  # deliberate errors become one line (pelab.tasks.train.report_user_error)
         report_user_error(err)
         raise
 

@@ -26,12 +26,11 @@ from omegaconf.errors import MissingMandatoryValue
 
 from pelab.errors import ConfigError
 from pelab.summary import command_line, versions, write_summary
+from pelab.tasks import CONF_DIR
 
-log = logging.getLogger("pelab.train")
+log = logging.getLogger("pelab.tasks.train")
 
-# The configs ship inside the package (package data), so an installed wheel finds them too.
-CONF_DIR = str(Path(__file__).resolve().parent / "conf")
-# sysexits.h EX_TEMPFAIL: "temporary failure, retry" (same value as pelab.training.reliability).
+# sysexits.h EX_TEMPFAIL: "temporary failure, retry" (same value as pelab.harness.reliability).
 PREEMPTED_EXIT_CODE = 75
 
 
@@ -81,7 +80,7 @@ def sweep_group() -> str | None:
 def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> str | None:
     """null: fresh run; "auto": this run folder's newest checkpoint (last.ckpt, or a SLURM requeue
     checkpoint) if there is one, else a fresh run; or a path."""
-    from pelab.training.reliability import newest_checkpoint
+    from pelab.harness.reliability import newest_checkpoint
 
     if ckpt_path in (None, "", "null"):
         return None
@@ -98,8 +97,8 @@ def build_datamodule(cfg: DictConfig, per_rank_batch: int):
     from pelab.data.datamodule import LMDataModule
 
     emulate = int((cfg.get("debug") or {}).get("emulate_world_size") or 1)
-    if emulate > 1:  # one process, the rows of `emulate` ranks per step (see pelab.training.reliability)
-        from pelab.training.reliability import EmulatedWorldDataModule
+    if emulate > 1:  # one process, the rows of `emulate` ranks per step (see pelab.harness.reliability)
+        from pelab.harness.reliability import EmulatedWorldDataModule
 
         datamodule = EmulatedWorldDataModule.from_config(cfg, batch_size=per_rank_batch // emulate)
         datamodule.world = emulate
@@ -132,10 +131,10 @@ def train(cfg: DictConfig) -> dict:
     """One training job. Returns its summary (also written to `<output_dir>/summary.json`)."""
     import lightning.pytorch as L
 
-    from pelab.training.callbacks import build_callbacks
-    from pelab.training.loggers import build_loggers, finish_wandb, guarded, init_info, init_wandb
-    from pelab.training.module import LMModule
-    from pelab.training.reliability import (
+    from pelab.harness.callbacks import build_callbacks
+    from pelab.harness.loggers import build_loggers, finish_wandb, guarded, init_info, init_wandb
+    from pelab.harness.module import LMModule
+    from pelab.harness.reliability import (
         AtomicCheckpointIO,
         CheckpointError,
         JobSignals,
@@ -324,7 +323,7 @@ def in_multirun() -> bool:
 def report_user_error(err: BaseException) -> None:
     """A deliberate error: print `Error: <message>` (one line) and exit 1; in a multirun re-raise instead,
     so that Hydra marks this job failed and runs the others. Other exceptions keep their traceback."""
-    from pelab.training.reliability import is_user_error
+    from pelab.harness.reliability import is_user_error
 
     if not is_user_error(err):
         raise err

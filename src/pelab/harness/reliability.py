@@ -4,7 +4,7 @@
   a flag; at the end of the current step `PreemptionCheckpoint` writes `checkpoints/last.ckpt` and stops the
   run with `Preempted`. Outside the training loop the same signals raise `Preempted` at once (`JobSignals`):
   nothing was trained since the last checkpoint. `python train.py ... ckpt_path=auto` continues the run.
-  `python train.py` then exits with code 75 (`pelab.train.PREEMPTED_EXIT_CODE`).
+  `python train.py` then exits with code 75 (`pelab.tasks.train.PREEMPTED_EXIT_CODE`).
 - **Atomic checkpoints.** `AtomicCheckpointIO` writes `<name>.tmp-<pid>` and renames it, so a checkpoint file
   is complete or absent even when the process is SIGKILLed mid-write (Lightning writes in place).
 - **Resume checks.** `check_resume_checkpoint` reads the checkpoint's own training config and refuses one
