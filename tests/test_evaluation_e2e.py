@@ -99,7 +99,7 @@ def test_rope_scaling_at_eval_time_changes_only_lengths_past_training(trained_ru
 
 @pytest.mark.slow
 def test_learned_positions_past_the_table_are_not_applicable(tmp_path):
-    cfg = compose([*FAST, "pe=learned", "pe.max_positions=64", "logger=csv", "eval.lengths=[1,2,4]",
+    cfg = compose([*FAST, "pe=learned", "pe.max_position=64", "logger=csv", "eval.lengths=[1,2,4]",
                    "probes.lengths=[1,4]"], tmp_path)
     summary = train(cfg)
     assert summary["status"] == "ok"
@@ -114,12 +114,12 @@ def test_learned_positions_past_the_table_are_not_applicable(tmp_path):
 def test_scaling_a_non_rope_checkpoint_is_a_clear_error(tmp_path):
     from omegaconf import OmegaConf
 
+    from pelab.errors import ConfigError
     from pelab.tasks.evaluate import merged_config
-    from pelab.tasks.train import ConfigError
 
     cfg = compose(["pe.scaling.type=yarn"], config_name="eval", output_dir=tmp_path)
     train_cfg = OmegaConf.to_container(compose([*FAST, "pe=alibi"], tmp_path), resolve=True)
-    with pytest.raises(ConfigError, match="RoPE family .rope, xpos. only"):
+    with pytest.raises(ConfigError, match="pe=alibi.* does not support context-extension scaling"):
         merged_config(train_cfg, cfg, ["pe.scaling.type"])
 
 

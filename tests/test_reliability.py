@@ -24,7 +24,8 @@ from hydra.errors import MissingConfigException
 
 from conftest import FAST, ROOT, compose, offline_runs, run_cli, wandb_records, wandb_summary
 from pelab.harness.reliability import CheckpointError, NonFiniteError, is_user_error
-from pelab.tasks.train import PREEMPTED_EXIT_CODE, train
+from pelab.tasks.task import PREEMPTED_EXIT_CODE
+from pelab.tasks.train import train
 
 # 60 steps, last.ckpt every 10 steps and at each validation (every 20), dropout on: an exact resume must
 # restore the optimizer, the LR schedule, the data position and the dropout randomness.
@@ -339,7 +340,7 @@ BAD_INPUTS = [
     (["eval.lengths=[0,1]"], "eval.lengths"),
     (["probes.lengths=[-1]"], "probes.lengths"),
     (["trainer=ddp_sim", "data.batch_size=7"], "data.batch_size"),
-    (["pe=learned", "pe.max_positions=16"], "pe.max_positions"),
+    (["pe=learned", "pe.max_position=16"], "pe.max_position"),
     (["optim.nonfinite=maybe"], "optim.nonfinite"),
     (["callbacks.checkpoint.every_n_steps=0"], "callbacks.checkpoint.every_n_steps"),
     (["debug.emulate_world_size=3"], "debug.emulate_world_size"),
@@ -399,8 +400,8 @@ def test_eval_py_prints_one_line_for_a_corrupted_checkpoint(reference, tmp_path)
 
 
 def test_eval_of_a_checkpoint_with_another_encoding_or_vocabulary_is_refused(reference, tmp_path):
+    from pelab.errors import ConfigError
     from pelab.tasks.evaluate import evaluate, merged_config
-    from pelab.tasks.train import ConfigError
 
     ckpt = load(reference / "checkpoints" / "last.ckpt")
     eval_cfg = compose(["pe=alibi"], config_name="eval", output_dir=tmp_path)

@@ -4,19 +4,41 @@ from __future__ import annotations
 
 import csv
 import json
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch.callbacks import Callback
 
 from conftest import FAST, compose, offline_runs, run_cli, wandb_records, wandb_summary
-from pelab.tasks.train import ConfigError, train, validate_config
+from pelab.errors import ConfigError
+from pelab.tasks.train import train, validate_config
 
 ENCODINGS = ["nope", "sinusoidal", "learned", "t5_bias", "rope", "alibi"]
 # the extension schemes through the harness: the new hooks (content bias, position remap) under Lightning;
 # their formulas and a plain-loop training check per scheme are in tests/test_encodings_extended.py
 EXTENDED = [["pe=xpos"], ["pe=kerple"], ["pe=sandwich"], ["pe=fire"], ["pe=cope"],
             ["pe=learned", "pe.randomized.max_position=256"]]
+
+
+class StepClock(Callback):
+    """Test probe, instantiated from the config like any callback: the training wall time (validation
+    excluded) at the end of each step."""
+
+    times: dict[int, float] = {}
+
+    def on_train_start(self, *_) -> None:
+        self.paused = 0.0
+
+    def on_validation_start(self, *_) -> None:
+        self.t_val = time.perf_counter()
+
+    def on_validation_end(self, *_) -> None:
+        self.paused += time.perf_counter() - self.t_val
+
+    def on_train_batch_end(self, trainer, *_) -> None:
+        StepClock.times[trainer.global_step] = time.perf_counter() - self.paused
 
 
 def _train_losses(output_dir: Path) -> list[float]:
@@ -47,7 +69,7 @@ def test_every_encoding_trains_and_lowers_the_loss(overrides, tmp_path):
         (["model.n_heads=3"], "model.n_heads"),
         (["pe=rope", "model.d_model=36", "model.n_heads=4"], "rotary_fraction"),
         (["data.seq_len=0"], "data.seq_len"),
-        (["pe=learned", "pe.max_positions=16", "data.seq_len=32"], "pe.max_positions"),
+        (["pe=learned", "pe.max_position=16", "data.seq_len=32"], "pe.max_position"),
         (["pe=rope", "pe.randomized.max_position=16", "data.seq_len=32"], "pe.randomized.max_position"),
     ],
 )
@@ -163,3 +185,26 @@ def test_pe_diagnostics_figures_reach_disk_and_wandb(tmp_path):
     assert s["pe/num_learnable_params"] == (32 + 32) + (32 * 2 + 2) + 2
     history = [r for r in wandb_records(path) if r.get("type") == "history"]
     assert any("pe/bias_by_distance" in json.dumps(h) for h in history)
+
+
+def test_tokens_per_sec_is_tokens_over_wall_time_and_mfu_follows_from_flops_per_token(tmp_path):
+    """train/tokens_per_sec = the tokens of the last log_every_n_steps steps over the training time they took
+    (validation excluded), as a probe callback times it; train/mfu = FLOPs/token x tokens/s / the peak (set
+    here: Lightning knows no CPU peak)."""
+    StepClock.times.clear()
+    cfg = compose([*FAST, "logger=csv", "evaluate_after_fit=false", "trainer.max_steps=40",
+                   "trainer.log_every_n_steps=10", "trainer.val_check_interval=20",
+                   "+callbacks.clock._target_=test_train.StepClock", "callbacks.throughput.available_flops=1e9"],
+                  tmp_path)
+    summary = train(cfg)
+    rows = [r for r in csv.DictReader(open(tmp_path / "csv" / "metrics.csv")) if r.get("train/tokens_per_sec")]
+    assert [int(r["step"]) for r in rows] == [19, 29, 39]  # every 10 steps, from the second reading on
+    tokens = 10 * 8 * 32  # steps x data.batch_size x data.seq_len
+    # The probe runs after the throughput callback, which logs on these steps: from the second logged interval
+    # on, both ends include that logging and the probe times the same interval (20-30 holds a validation).
+    for r in rows[1:]:
+        end = int(r["step"]) + 1  # the CSV step is the global step before the step ended
+        expected = tokens / (StepClock.times[end] - StepClock.times[end - 10])
+        assert float(r["train/tokens_per_sec"]) == pytest.approx(expected, rel=0.05), r
+        mfu = summary["model"]["flops_per_token"] * float(r["train/tokens_per_sec"]) / 1e9
+        assert float(r["train/mfu"]) == pytest.approx(mfu, rel=1e-5), r
