@@ -13,7 +13,7 @@ from pelab.report.document import Report
 
 
 def wandb_group(jobs: Sequence[Job]) -> str | None:
-    """The jobs' W&B group: `logger.wandb.group` if set, else what pelab.tasks.train.sweep_group() gives a
+    """The jobs' W&B group: `logger.wandb.group` if set, else what pelab.tasks.task.sweep_group() gives a
     multirun job (`sweep-<date>-<time>` of its sweep folder, the folder holding `multirun.yaml`)."""
     for j in jobs:
         if g := j.setting("logger.wandb.group"):
