@@ -332,7 +332,7 @@ def test_unknown_option_lists_the_available_ones(group, known, tmp_path):
 BAD_INPUTS = [
     # (overrides, the setting the message must name)
     (["model.n_heads=3"], "model.n_heads"),
-    (["pe=rope", "model.d_model=36", "model.n_heads=4"], "pe.rotary_fraction"),
+    (["pe=rope", "pe.randomized.max_position=16"], "pe.randomized.max_position"),
     (["data.seq_len=0"], "data.seq_len"),
     (["data.seq_len=-8"], "data.seq_len"),
     (["data.batch_size=0"], "data.batch_size"),
@@ -343,6 +343,7 @@ BAD_INPUTS = [
     (["pe=learned", "pe.max_position=16"], "pe.max_position"),
     (["optim.nonfinite=maybe"], "optim.nonfinite"),
     (["callbacks.checkpoint.every_n_steps=0"], "callbacks.checkpoint.every_n_steps"),
+    (["callbacks.throughput.available_flops=-1"], "callbacks.throughput.available_flops"),
     (["debug.emulate_world_size=3"], "debug.emulate_world_size"),
     (["ckpt_path={tmp}/nothing.ckpt"], "ckpt_path"),
     (["data=text_dir"], "data.path"),
