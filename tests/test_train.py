@@ -6,14 +6,14 @@ import csv
 import json
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
 from conftest import FAST, compose, offline_runs, run_cli, wandb_records, wandb_summary
-from pelab.errors import ConfigError
-from pelab.tasks.train import train, validate_config
+from pelab.tasks.train import train
 
 ENCODINGS = ["nope", "sinusoidal", "learned", "t5_bias", "rope", "alibi"]
 # the extension schemes through the harness: the new hooks (content bias, position remap) under Lightning;
@@ -26,7 +26,7 @@ class StepClock(Callback):
     """Test probe, instantiated from the config like any callback: the training wall time (validation
     excluded) at the end of each step."""
 
-    times: dict[int, float] = {}
+    times: ClassVar[dict[int, float]] = {}
 
     def on_train_start(self, *_) -> None:
         self.paused = 0.0
@@ -61,30 +61,6 @@ def test_every_encoding_trains_and_lowers_the_loss(overrides, tmp_path):
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert saved["status"] == "ok" and saved["metrics"]["val/ppl"] > 1.0
     assert saved["config"]["pe"]["name"] == pe
-
-
-@pytest.mark.parametrize(
-    "overrides, setting",
-    [
-        (["model.n_heads=3"], "model.n_heads"),
-        (["pe=rope", "model.d_model=36", "model.n_heads=4"], "rotary_fraction"),
-        (["data.seq_len=0"], "data.seq_len"),
-        (["pe=learned", "pe.max_position=16", "data.seq_len=32"], "pe.max_position"),
-        (["pe=rope", "pe.randomized.max_position=16", "data.seq_len=32"], "pe.randomized.max_position"),
-    ],
-)
-def test_invalid_settings_fail_before_training_naming_the_setting(overrides, setting, tmp_path):
-    cfg = compose([*FAST, *overrides], tmp_path)
-    with pytest.raises(ConfigError, match=setting.replace(".", r"\.")):
-        validate_config(cfg)
-
-
-def test_failed_job_writes_failed_summary(tmp_path):
-    cfg = compose([*FAST, "model.n_heads=3", "logger=csv"], tmp_path)
-    with pytest.raises(ConfigError):
-        train(cfg)
-    saved = json.loads((tmp_path / "summary.json").read_text())
-    assert saved["status"] == "failed" and "model.n_heads" in saved["error"]
 
 
 def test_unknown_encoding_lists_the_available_ones(tmp_path):
@@ -197,7 +173,8 @@ def test_tokens_per_sec_is_tokens_over_wall_time_and_mfu_follows_from_flops_per_
                    "+callbacks.clock._target_=test_train.StepClock", "callbacks.throughput.available_flops=1e9"],
                   tmp_path)
     summary = train(cfg)
-    rows = [r for r in csv.DictReader(open(tmp_path / "csv" / "metrics.csv")) if r.get("train/tokens_per_sec")]
+    with open(tmp_path / "csv" / "metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("train/tokens_per_sec")]
     assert [int(r["step"]) for r in rows] == [19, 29, 39]  # every 10 steps, from the second reading on
     tokens = 10 * 8 * 32  # steps x data.batch_size x data.seq_len
     # The probe runs after the throughput callback, which logs on these steps: from the second logged interval
