@@ -123,6 +123,18 @@ def test_scaling_a_non_rope_checkpoint_is_a_clear_error(tmp_path):
         merged_config(train_cfg, cfg, ["pe.scaling.type"])
 
 
+def test_an_unknown_scaling_type_in_the_sweep_is_named_by_the_encodings_own_check(tmp_path):
+    from omegaconf import OmegaConf
+
+    from pelab.errors import ConfigError
+    from pelab.tasks.evaluate import scaling_variants
+
+    merged = OmegaConf.create(OmegaConf.to_container(compose([*FAST, "pe=rope"], tmp_path), resolve=True))
+    assert scaling_variants(merged, ["none", "yarn"]) == ["none", "yarn"]
+    with pytest.raises(ConfigError, match=r"scaling_sweep=\['none', 'bogus'\]: pe\.scaling\.type=bogus"):
+        scaling_variants(merged, ["none", "bogus"])
+
+
 def test_eval_without_ckpt_path_names_it(tmp_path):
     res = run_cli([f"paths.output_dir={tmp_path}", "logger=csv"], cwd=tmp_path, script="eval.py", timeout=120)
     assert res.returncode != 0
