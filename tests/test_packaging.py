@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "src" / "pelab"
 
 SCRIPTS = {
-    "pelab-train": "pelab.train:main",
-    "pelab-eval": "pelab.evaluate:main",
+    "pelab-train": "pelab.tasks.train:main",
+    "pelab-eval": "pelab.tasks.evaluate:main",
     "pelab-report": "pelab.report:main",
 }
 
