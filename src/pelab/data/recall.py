@@ -40,7 +40,7 @@ from __future__ import annotations
 import random
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -77,6 +77,9 @@ class RecallSample:
     kind: str
     n_items: int = 1
     answer_space: int = 1
+    candidates: list[int] = field(default_factory=list)  # first answer token of every value in the context
+    candidate_depths: list[float] = field(default_factory=list)  # their relative positions in [0, 1]
+    gold_distance: int = -1  # tokens from the gold value's copy to the first answer position
 
 
 class RecallLengthError(ValueError):
