@@ -15,7 +15,7 @@ from torch import nn
 from pelab.data.recall import RecallSample, make_probe_samples
 from pelab.data.tokenizer import ByteTokenizer
 from pelab.encodings import build_encoding
-from pelab.evaluation.plots import plot_depth_curve, plot_probe_heatmap, save_figure
+from pelab.evaluation.plots import plot_depth_curve, plot_probe_heatmap, probe_figures, save_figure
 from pelab.evaluation import stats
 from pelab.evaluation.probes import ProbeCell, ProbeRecord, ProbeResult, lim_gap, run_probes, score_samples
 from pelab.model.gpt import GPT, GPTConfig
@@ -322,3 +322,27 @@ def test_heatmap_and_depth_curve_figures_save_non_empty_pngs(tmp_path):
     assert save_figure(fig2, tmp_path / "u.png").stat().st_size > 2000
     with pytest.raises(ValueError, match="grid shape"):
         plot_probe_heatmap([[1.0]], [0.0, 1.0], [64])
+
+
+def test_depth_curves_have_interval_bands_and_both_baselines(tmp_path):
+    fig = plot_depth_curve({"128": [0.9, 0.4, 0.8]}, [0.0, 0.5, 1.0], chance=1 / 64, copy=1 / 8,
+                           bands={"128": ([0.7, 0.2, 0.6], [0.97, 0.6, 0.9])})
+    ax = fig.axes[0]
+    (band,) = ax.collections  # one shaded interval
+    ys = band.get_paths()[0].vertices[:, 1]
+    assert ys.min() == pytest.approx(0.2) and ys.max() == pytest.approx(0.97)
+    assert sorted(line.get_label() for line in ax.lines) == ["128", "chance 0.016", "copy a random value 0.12"]
+
+
+def test_probe_figures_of_a_run(tmp_path):
+    res = run_probes(NextTokenOracle(), TOK, kinds=("kv", "passkey"), depths=DEPTHS, lengths=[128, 256],
+                     samples_per_cell=3, seed=0, train_len=128)
+    figs = probe_figures(res, "oracle")
+    assert set(figs) == {f"probe_{k}_{f}" for k in ("kv", "passkey") for f in ("heatmap", "depth", "length")}
+    depth_ax = figs["probe_kv_depth"].axes[0]
+    assert len(depth_ax.collections) == 2  # a Wilson band per length
+    labels = [line.get_label() for line in depth_ax.lines]
+    assert labels[:2] == ["128 tokens (train)", "256 tokens"] and any(x.startswith("copy") for x in labels)
+    assert not any(x.startswith("copy") for x in (line.get_label() for line in figs["probe_passkey_depth"].axes[0].lines))
+    for name, fig in figs.items():
+        assert save_figure(fig, tmp_path / f"{name}.png").stat().st_size > 2000
