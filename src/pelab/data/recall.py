@@ -77,9 +77,10 @@ class RecallSample:
     kind: str
     n_items: int = 1
     answer_space: int = 1
-    candidates: list[int] = field(default_factory=list)  # first answer token of every value in the context
-    candidate_depths: list[float] = field(default_factory=list)  # their relative positions in [0, 1]
-    gold_distance: int = -1  # tokens from the gold value's copy to the first answer position
+    candidates: list[int] = field(default_factory=list)
+    candidate_depths: list[float] = field(default_factory=list)
+    gold_distance: int = 0
+    prefix: int = 0
 
 
 class RecallLengthError(ValueError):

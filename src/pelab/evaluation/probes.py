@@ -390,8 +390,9 @@ def run_probes(
         for m in sorted({int(m) for m in prefix_multiples}):
             c = res.offset[m] = ProbeCell(kind=OFFSET_KIND, depth=NAN, length=(m + 1) * train_len, prefix=m)
             try:
-                # the gold pair at a fixed distance from the query, after m * train_len filler tokens
-                _score_cells([(c, make(OFFSET_KIND, c.length, 0.0, train_len=train_len))], **score)
+                # a training-length window (the gold pair at a fixed distance from the query) after
+                # m * train_len filler tokens: (m + 1) * train_len tokens in all
+                _score_cells([(c, make(OFFSET_KIND, train_len, 0.0, prefix_multiple=m))], **score)
             except RecallLengthError as exc:
                 c.note = f"n/a — {exc}"
     return res
