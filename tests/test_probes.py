@@ -15,8 +15,8 @@ from torch import nn
 from pelab.data.recall import RecallSample, make_probe_samples
 from pelab.data.tokenizer import ByteTokenizer
 from pelab.encodings import build_encoding
-from pelab.evaluation.plots import plot_depth_curve, plot_probe_heatmap, probe_figures, save_figure
 from pelab.evaluation import stats
+from pelab.evaluation.plots import plot_depth_curve, plot_probe_heatmap, probe_figures, save_figure
 from pelab.evaluation.probes import ProbeCell, ProbeRecord, ProbeResult, lim_gap, run_probes, score_samples
 from pelab.model.gpt import GPT, GPTConfig
 
@@ -159,7 +159,7 @@ def test_error_kinds_rank_and_the_depth_of_the_wrongly_picked_value():
 
 
 def test_batched_scoring_equals_one_at_a_time_exactly_and_restores_the_mode(samples):
-    """CPU fp32: every field of every record is bit-identical, whatever the batch (mixed lengths and kinds)."""
+    """CPU fp32: every field of every record is bit-identical, whatever the batch (mixed lengths, kinds)."""
     mixed = samples + [x for seed in range(4) for x in mqar_like(seed)]
     for pe in ("rope", "alibi"):
         model = micro_gpt(pe).train()
@@ -177,7 +177,8 @@ def test_only_the_answer_positions_go_through_the_lm_head(samples):
     model.lm_head.register_forward_hook(lambda m, inp, out: seen.append(tuple(inp[0].shape)))
     records = score_samples(model, samples, batch_size=64)
     n_answer = sum(len(s.answer_ids) for s in samples)
-    # one forward (all 12 samples have 160 tokens): the answer rows, zero-padded to a multiple of 8, not 12 x 160
+    # one forward (all 12 samples have 160 tokens): the answer rows, zero-padded to a multiple of 8,
+    # not 12 x 160
     assert len(seen) == 1 and seen[0][1] == 32 and n_answer <= seen[0][0] < n_answer + 8
     # and it is the full forward's logits at those positions: same records from a module without `hidden`
     class Whole(nn.Module):
@@ -215,7 +216,7 @@ def test_lim_gap_sign_on_constructed_grids():
 
 
 def test_probe_result_metrics_on_a_u_shaped_grid():
-    """4 paired instances: at 64 tokens all retrieved at the edges, fewer in the middle; at 128 one in four."""
+    """4 paired instances: at 64 tokens all retrieved at the edges, fewer in the middle; at 128 one in 4."""
     res = ProbeResult(kinds=["kv"], depths=DEPTHS, lengths=[64, 128], train_len=64)
     for d, bits in zip(DEPTHS, ["1111", "1100", "1000", "1100", "1111"]):
         a = bits.count("1") / 4
@@ -268,7 +269,8 @@ def test_run_probes_with_the_oracle_fills_every_cell():
     assert math.isnan(res.copy("passkey"))  # one value in context: no copy baseline
     rows = res.rows("kv")
     assert len(rows) == 10 and {r["kind"] for r in rows} == {"kv"}
-    assert {"kind", "depth", "length", "acc", "lo", "hi", "logprob", "n", "rank", "other", "outcomes"} <= set(rows[0])
+    fields = {"kind", "depth", "length", "acc", "lo", "hi", "logprob", "n", "rank", "other", "outcomes"}
+    assert fields <= set(rows[0])
     d = json.loads(json.dumps(res.to_dict()))
     assert [r["outcomes"] for r in d["rows"]] == ["11"] * 20
 
@@ -331,7 +333,8 @@ def test_depth_curves_have_interval_bands_and_both_baselines(tmp_path):
     (band,) = ax.collections  # one shaded interval
     ys = band.get_paths()[0].vertices[:, 1]
     assert ys.min() == pytest.approx(0.2) and ys.max() == pytest.approx(0.97)
-    assert sorted(line.get_label() for line in ax.lines) == ["128", "chance 0.016", "copy a random value 0.12"]
+    labels = sorted(line.get_label() for line in ax.lines)
+    assert labels == ["128", "chance 0.016", "copy a random value 0.12"]
 
 
 def test_probe_figures_of_a_run(tmp_path):
@@ -343,6 +346,7 @@ def test_probe_figures_of_a_run(tmp_path):
     assert len(depth_ax.collections) == 2  # a Wilson band per length
     labels = [line.get_label() for line in depth_ax.lines]
     assert labels[:2] == ["128 tokens (train)", "256 tokens"] and any(x.startswith("copy") for x in labels)
-    assert not any(x.startswith("copy") for x in (line.get_label() for line in figs["probe_passkey_depth"].axes[0].lines))
+    passkey = [line.get_label() for line in figs["probe_passkey_depth"].axes[0].lines]
+    assert not any(x.startswith("copy") for x in passkey)
     for name, fig in figs.items():
         assert save_figure(fig, tmp_path / f"{name}.png").stat().st_size > 2000

@@ -25,7 +25,8 @@ def _result(bits: dict[int, str], offset: dict[int, str] | None = None) -> Probe
             c.n, c.outcomes, c.acc = len(b), b, b.count("1") / len(b)
             c.lo, c.hi = stats.wilson(b.count("1"), len(b))
     for m, b in (offset or {}).items():
-        c = res.offset[m] = ProbeCell(OFFSET_KIND, float("nan"), 128 * (m + 1), prefix=m, n=len(b), outcomes=b)
+        c = ProbeCell(OFFSET_KIND, float("nan"), 128 * (m + 1), prefix=m, n=len(b), outcomes=b)
+        res.offset[m] = c
         c.acc, (c.lo, c.hi) = b.count("1") / len(b), stats.wilson(b.count("1"), len(b))
     return res
 
@@ -56,10 +57,11 @@ def _table(md: str, title: str) -> tuple[list[str], list[list[str]]]:
 @pytest.fixture
 def built(tmp_path):
     all_right, eight = "1" * 10, "1" * 8 + "00"
-    _write(tmp_path / "runs" / "0_rope", "rope", _result({128: all_right, 256: "1" * 5 + "0" * 5},
-                                                          {0: all_right, 1: "1" * 9 + "0", 3: "1" * 4 + "0" * 6}))
-    _write(tmp_path / "runs" / "1_alibi", "alibi", _result({128: eight, 256: "1" * 5 + "0" * 5},
-                                                            {0: all_right, 1: all_right, 3: all_right}))
+    half = "1" * 5 + "0" * 5
+    rope = _result({128: all_right, 256: half}, {0: all_right, 1: "1" * 9 + "0", 3: "1" * 4 + "0" * 6})
+    _write(tmp_path / "runs" / "0_rope", "rope", rope)
+    alibi = _result({128: eight, 256: half}, {0: all_right, 1: all_right, 3: all_right})
+    _write(tmp_path / "runs" / "1_alibi", "alibi", alibi)
     # probed with another seed: other instances, so never paired with the two above
     _write(tmp_path / "runs" / "2_nope", "nope", _result({128: "0" * 10, 256: "0" * 10}), probe_seed=7)
     return report.build_report([tmp_path / "runs"], tmp_path / "out")

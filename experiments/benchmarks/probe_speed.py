@@ -9,8 +9,8 @@ them) and ``--pe``; the tokenizer is the byte tokenizer (no corpus needed; the p
 sentence). One warm-up call (a few samples) first, then ``run_probes`` is timed on ``--kinds`` x 5 depths x
 ``--samples`` per cell at one length; construction (``make_probe_samples``) and scoring (``score_samples``)
 are timed separately inside the same call. On CUDA the clock stops after a synchronize. The load average
-before and after is recorded: on a shared machine the wall-clock numbers move with it, so the process CPU time is recorded too
-(samples per CPU-second: at T threads on T idle cores, samples/s is about T times that).
+before and after is recorded: on a shared machine the wall-clock numbers move with it, so the process CPU
+time is recorded too (samples per CPU-second: at T threads on T idle cores, samples/s is about T times that).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default="tiny", help="conf/model/<name>.yaml")
     p.add_argument("--pe", default="rope")
     p.add_argument("--length", type=int, default=512, help="tokens per probe sample")
-    p.add_argument("--train-len", type=int, default=None, help="the encoding's training length (default: --length)")
-    p.add_argument("--kinds", nargs="+", default=None, help="probe kinds (default: every depth x length kind)")
+    p.add_argument("--train-len", type=int, default=None, help="the training length (default: --length)")
+    p.add_argument("--kinds", nargs="+", default=None, help="probe kinds (default: the depth x length kinds)")
     p.add_argument("--samples", type=int, default=20, help="samples per (kind, depth) cell")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="bf16 = autocast (CUDA)")
@@ -85,9 +85,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     def run(n: int):
         with autocast:
-            return probes.run_probes(model, tok, kinds=kinds, lengths=[a.length], samples_per_cell=n, seed=1234,
-                                     device=a.device, batch_size=a.batch_size, batch_tokens=a.batch_tokens,
-                                     train_len=a.train_len or a.length)
+            return probes.run_probes(
+                model, tok, kinds=kinds, lengths=[a.length], samples_per_cell=n, seed=1234, device=a.device,
+                batch_size=a.batch_size, batch_tokens=a.batch_tokens, train_len=a.train_len or a.length,
+            )
 
     run(2)  # warm-up: allocator, kernels, the samplers' pools
     spent.update(construction=0.0, scoring=0.0)
@@ -113,9 +114,10 @@ def main(argv: list[str] | None = None) -> dict:
         "machine": platform.platform(), "torch": torch.__version__,
         "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
-    print(f"{n} samples of {a.length} tokens ({', '.join(kinds)}; model={a.model}, pe={a.pe}, {a.device} {a.dtype}): "
-          f"{seconds:.2f} s = {out['samples_per_s']:.1f} samples/s; construction {spent['construction']:.3f} s, "
-          f"scoring {spent['scoring']:.2f} s; {out['samples_per_cpu_s']:.1f} samples per CPU-second; load average {load_before[0]:.2f} -> {load_after[0]:.2f} "
+    print(f"{n} samples of {a.length} tokens ({', '.join(kinds)}; model={a.model}, pe={a.pe}, {a.device} "
+          f"{a.dtype}): {seconds:.2f} s = {out['samples_per_s']:.1f} samples/s; construction "
+          f"{spent['construction']:.3f} s, scoring {spent['scoring']:.2f} s; {out['samples_per_cpu_s']:.1f} "
+          f"samples per CPU-second; load average {load_before[0]:.2f} -> {load_after[0]:.2f} "
           f"on {os.cpu_count()} CPUs, {out['threads']} torch threads")
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)

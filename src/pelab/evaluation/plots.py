@@ -220,7 +220,8 @@ Band = tuple[Sequence[float], Sequence[float]]  # (lower, upper) per point: an i
 
 
 def _baselines(ax, chance: float | None, copy: float | None) -> None:
-    """Dotted floors: chance (a uniform guess over the answer space) and copy (a random value of the context)."""
+    """Dotted floors: chance (a uniform guess over the answer space) and copy (a random value of the
+    context)."""
     if chance is not None and _finite(chance):
         ax.axhline(chance, color="grey", linestyle=":", linewidth=1, label=f"chance {chance:.2g}")
     if copy is not None and _finite(copy):

@@ -160,10 +160,10 @@ def score_samples(
                     rows = [r for r, s in enumerate(chunk) for _ in s.answer_ids]
                     cols = [len(s.input_ids) - 1 + j for s in chunk for j in range(len(s.answer_ids))]
                     gold = torch.tensor([t for s in chunk for t in s.answer_ids], dtype=torch.long)
-                    logits = answer_logits(
-                        model, x.to(device), torch.tensor(rows, device=device), torch.tensor(cols, device=device)
-                    )  # (N, V)
-                    for i, r in zip(idxs[b0 : b0 + per_batch], _records(chunk, logits, gold.to(logits.device))):
+                    rows_t, cols_t = torch.tensor(rows, device=device), torch.tensor(cols, device=device)
+                    logits = answer_logits(model, x.to(device), rows_t, cols_t)  # (N, V)
+                    records = _records(chunk, logits, gold.to(logits.device))
+                    for i, r in zip(idxs[b0 : b0 + per_batch], records):
                         out[i] = r
     finally:
         model.train(was_training)
@@ -280,19 +280,28 @@ class ProbeResult:
         """Mean accuracy over depths at each length."""
         return [_mean(self.depth_curve(kind, L)) for L in self.lengths]
 
+    def measured(self, kind: str) -> bool:
+        """Whether any length of ``kind`` has an accuracy (not every cell n/a)."""
+        return any(math.isfinite(a) for a in self.length_curve(kind))
+
     def effective_length(self, kind: str) -> int | None:
         """Longest length with mean accuracy >= 0.9 (None: no length reaches it)."""
         return stats.effective_length(self.lengths, self.length_curve(kind))
 
     def auc(self, kind: str) -> float:
-        """Area under mean accuracy vs log2(length / train_len), normalised to [0, 1]."""
-        return stats.auc_log_length(self.lengths, self.length_curve(kind), self.train_len or min(self.lengths))
+        """Area under mean accuracy vs log2(length / train_len), normalised to [0, 1]; NaN when no length
+        was measured."""
+        if not self.measured(kind):
+            return NAN
+        train_len = self.train_len or min(self.lengths)
+        return stats.auc_log_length(self.lengths, self.length_curve(kind), train_len)
 
     def metrics(self) -> dict[str, float]:
         """Per kind and length ``probe/{kind}/{name}@{L}``: acc (mean over depths), acc_lo / acc_hi,
         logprob, lim_gap, lim_gap_lo / lim_gap_hi, rank (mean rank of the gold among the candidates),
-        other_in_context / not_in_context (error fractions); per kind ``effective_length`` (0 = none)
-        and ``auc``; for mqar_offset ``acc``, ``acc_lo``, ``acc_hi`` at each total length."""
+        other_in_context / not_in_context (error fractions); per kind ``effective_length`` (0 = none;
+        NaN when every cell is n/a) and ``auc``; for mqar_offset ``acc``, ``acc_lo``, ``acc_hi`` at each
+        total length."""
         m: dict[str, float] = {}
         for k in self.kinds:
             for L in self.lengths:
@@ -307,7 +316,8 @@ class ProbeResult:
                 m[f"probe/{k}/rank@{L}"] = _mean(self.depth_curve(k, L, "rank"))
                 m[f"probe/{k}/other_in_context@{L}"] = _mean(self.depth_curve(k, L, "other"))
                 m[f"probe/{k}/not_in_context@{L}"] = _mean(self.depth_curve(k, L, "absent"))
-            m[f"probe/{k}/effective_length"] = float(self.effective_length(k) or 0)
+            eff = float(self.effective_length(k) or 0) if self.measured(k) else NAN
+            m[f"probe/{k}/effective_length"] = eff
             m[f"probe/{k}/auc"] = self.auc(k)
         for c in self.offset.values():
             m[f"probe/{OFFSET_KIND}/acc@{c.length}"] = c.acc
@@ -388,7 +398,7 @@ def run_probes(
         return make_probe_samples(kind, tokenizer, length, depth, n, seed, filler_ids=filler_ids,
                                   **sample_options, **extra)
 
-    score = dict(model=model, device=device, batch_size=batch_size, batch_tokens=batch_tokens)
+    score = {"model": model, "device": device, "batch_size": batch_size, "batch_tokens": batch_tokens}
     for L in lens:
         batch: list[tuple[ProbeCell, list[RecallSample]]] = []
         for kind in grid_kinds:
@@ -414,7 +424,9 @@ def run_probes(
     return res
 
 
-def _score_cells(batch: Sequence[tuple[ProbeCell, list[RecallSample]]], model: nn.Module, **score: Any) -> None:
+def _score_cells(
+    batch: Sequence[tuple[ProbeCell, list[RecallSample]]], model: nn.Module, **score: Any
+) -> None:
     """Score the samples of several cells of one length together and fill the cells; a length the model
     cannot represent leaves them NaN with a note."""
     flat = [s for _, ss in batch for s in ss]

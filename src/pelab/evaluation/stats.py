@@ -13,6 +13,7 @@ discordant pairs.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -102,7 +103,7 @@ def auc_log_length(lengths: Sequence[int], accs: Sequence[float], train_len: int
         return float("nan")
     if len(pts) == 1 or pts[-1][0] == pts[0][0]:
         return pts[0][1]
-    area = sum((x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in zip(pts, pts[1:]))
+    area = sum((x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in itertools.pairwise(pts))
     return area / (pts[-1][0] - pts[0][0])
 
 

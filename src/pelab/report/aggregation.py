@@ -261,7 +261,8 @@ def probe_panel(row: Row, kind: str) -> dict | None:
 # ---------------------------------------------------------------------------------------------
 # probes: per-instance outcomes and paired comparisons between rows
 
-OFFSET_KIND = "mqar_offset"  # pelab.evaluation.probes.OFFSET_KIND (not imported: `import pelab.report` stays light)
+# pelab.evaluation.probes.OFFSET_KIND, not imported: `import pelab.report` stays light
+OFFSET_KIND = "mqar_offset"
 # Probe settings that do not change which instance sample i is (it is seeded by its index).
 _NOT_PAIRING = ("samples", "kinds", "depths", "lengths", "enabled", "prefix_multiples")
 

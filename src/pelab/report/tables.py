@@ -119,7 +119,9 @@ def interval_table(rows: Sequence[Row], name: str, title: str, caption: str = ""
     table = Table(title, ["encoding", seeds] + [str(L) for L in lengths], [], caption)
     for r in rows:
         cells = [interval_cell(r, f"{name}@{L}") for L in lengths]
-        marked = [f"**{c}**" if L == r.train_len and c not in ("—", "n/a") else c for L, c in zip(lengths, cells)]
+        marked = [
+            f"**{c}**" if L == r.train_len and c not in ("—", "n/a") else c for L, c in zip(lengths, cells)
+        ]
         table.rows.append([r.label, ",".join(map(str, r.seeds))] + marked)
     return table
 
@@ -138,8 +140,8 @@ def _seed_values(row: Row, metric: str, fmt: Callable[[float], str]) -> str:
 def probe_summary_table(rows: Sequence[Row], kind: str) -> Table:
     """Per row at the training length: accuracy and lim_gap with intervals, the error split and the gold's
     rank; over lengths: the effective length (longest with accuracy >= 0.9) and the AUC."""
-    cols = ["encoding", "L", "accuracy", "lim_gap", "effective length", "AUC", "other value", "not in context",
-            "gold rank"]
+    cols = ["encoding", "L", "accuracy", "lim_gap", "effective length", "AUC", "other value",
+            "not in context", "gold rank"]
     t = Table(f"{kind}: summary at the training length", cols, [], caption=(
         "accuracy and lim_gap (edges − middle) at the training length with 95% intervals (one seed; paired "
         "bootstrap over instances) or mean ± std (several seeds); effective length = the longest length with "
@@ -185,15 +187,17 @@ def paired_table(rows: Sequence[Row], kind: str) -> Table | None:
         names = [str(L) for L in cols]
     t = Table(f"{kind}: paired comparisons on the same instances", ["pair"] + names, [],
               caption=(
-                  "Accuracy of the first minus the second, McNemar's exact two-sided p and the number of paired "
-                  "outcomes (seed, depth, instance). The same instance appears at every depth, so pairs are not "
-                  "fully independent: read p as approximate, small p as a real difference only with a clear Δ."),
+                  "Accuracy of the first minus the second, McNemar's exact two-sided p and the number "
+                  "of paired outcomes (seed, depth, instance). The same instance appears at every depth, "
+                  "so pairs are not fully independent: read p as approximate, small p as a real "
+                  "difference only with a clear Δ."),
               collapsed=len(results) > 6)
     for a, b, by_len in results:
         cells = []
         for L in cols:
             r = by_len.get(L)
-            cells.append("—" if r is None else f"{(r['b10'] - r['b01']) / r['n']:+.2f} (p={r['p']:.2g}, n={r['n']})")
+            delta = None if r is None else (r["b10"] - r["b01"]) / r["n"]
+            cells.append("—" if r is None else f"{delta:+.2f} (p={r['p']:.2g}, n={r['n']})")
         t.rows.append([f"{a.label} vs {b.label}"] + cells)
     return t
 
@@ -206,11 +210,12 @@ def offset_table(rows: Sequence[Row]) -> Table | None:
     if not prefixes:
         return None
     seeds = "seeds" if any(len(r.jobs) > 1 for r in rows) else "seed"
-    t = Table(f"{OFFSET_KIND}: position vs distance", ["encoding", seeds] + [f"prefix {m}×L" for m in prefixes],
+    cols = ["encoding", seeds] + [f"prefix {m}×L" for m in prefixes]
+    t = Table(f"{OFFSET_KIND}: position vs distance", cols,
               [], caption=(
-                  "Accuracy (95% Wilson interval with one seed, mean ± std over seeds) with the gold pair at the "
-                  "same distance from its query as in training and m × L filler tokens before the haystack: a "
-                  "drop here is absolute position, not distance."))
+                  "Accuracy (95% Wilson interval with one seed, mean ± std over seeds) with the gold pair at "
+                  "the same distance from its query as in training and m × L filler tokens before the "
+                  "haystack: a drop here is absolute position, not distance."))
     for r in rows:
         line = []
         for m in prefixes:
