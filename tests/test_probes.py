@@ -234,6 +234,10 @@ def test_probe_result_metrics_on_a_u_shaped_grid():
     assert res.grid("kv")[2] == [0.25, 0.25] and res.depth_curve("kv", 64) == [1.0, 0.5, 0.25, 0.5, 1.0]
     assert m["probe/kv/effective_length"] == 0.0  # no length at >= 0.9
     assert m["probe/kv/auc"] == pytest.approx((0.65 + 0.25) / 2)  # log2 lengths 0 and 1
+    # every cell n/a (e.g. a kind too long for every length): not measured, not "zero retrieval"
+    empty = ProbeResult(kinds=["kv"], depths=DEPTHS, lengths=[64], train_len=64)
+    empty.cells.update({("kv", d, 64): ProbeCell("kv", d, 64, note="n/a") for d in DEPTHS})
+    assert all(math.isnan(v) for v in empty.metrics().values())
 
 
 # ---- run_probes ----------------------------------------------------------------------------------
