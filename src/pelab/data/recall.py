@@ -41,7 +41,7 @@ import random
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
@@ -503,15 +503,3 @@ def make_recall_batch(
     if return_mask:
         return x, torch.tensor(masks, dtype=torch.bool).view(n, seq_len + 1)
     return x
-
-
-def describe_sample(tokenizer: Tokenizer, s: RecallSample) -> dict[str, Any]:
-    """Human-readable view of a sample (debugging, W&B examples)."""
-    return {
-        "kind": s.kind,
-        "length": s.length,
-        "depth": s.depth,
-        "gold_index": s.gold_index,
-        "prompt_tail": tokenizer.decode(s.input_ids[-60:]),
-        "answer": tokenizer.decode(s.answer_ids),
-    }
