@@ -25,6 +25,8 @@ def test_wilson_at_hand_computed_points():
     # Newcombe (1998), Statistics in Medicine 17:857, table I: 81/263 -> 0.2553 to 0.3662
     lo, hi = stats.wilson(81, 263)
     assert (round(lo, 4), round(hi, 4)) == (0.2553, 0.3662)
+    for n in (1, 3, 7, 20, 200):  # exact ends, no rounding residue
+        assert stats.wilson(0, n)[0] == 0.0 and stats.wilson(n, n)[1] == 1.0
     assert all(math.isnan(x) for x in stats.wilson(0, 0))
     with pytest.raises(ValueError, match="k <= n"):
         stats.wilson(3, 2)

@@ -32,8 +32,8 @@ def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
     denom = 1 + z2 / n
     center = (p + z2 / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
-    # clamp: at k = 0 or n the bound is 0 or 1 exactly, up to rounding
-    return max(0.0, center - half), min(1.0, center + half)
+    # at k = 0 (k = n) the lower (upper) bound is exactly 0 (1); the formula leaves a rounding residue
+    return (0.0 if k == 0 else max(0.0, center - half)), (1.0 if k == n else min(1.0, center + half))
 
 
 def edge_mask(depths: Sequence[float]) -> np.ndarray | None:
