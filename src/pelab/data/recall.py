@@ -40,7 +40,7 @@ from __future__ import annotations
 import random
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -77,6 +77,10 @@ class RecallSample:
     kind: str
     n_items: int = 1
     answer_space: int = 1
+    candidates: list[int] = field(default_factory=list)
+    candidate_depths: list[float] = field(default_factory=list)
+    gold_distance: int = 0
+    prefix: int = 0
 
 
 class RecallLengthError(ValueError):

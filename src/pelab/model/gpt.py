@@ -184,9 +184,10 @@ class GPT(nn.Module):
             raise ValueError(f"pos must have shape ({T},) or ({B}, {T}); got {tuple(pos.shape)}")
         return pos.to(device=idx.device, dtype=torch.long), None
 
-    def forward(self, idx: Tensor, pos: Tensor | None = None, start: int = 0) -> Tensor:
-        """idx (B, T) token ids -> logits (B, T, V) fp32. Positions: ``pos`` (T,) or (B, T), else
-        arange(start, start + T)."""
+    def hidden(self, idx: Tensor, pos: Tensor | None = None, start: int = 0) -> Tensor:
+        """idx (B, T) token ids -> the final hidden states (B, T, D), after ln_f and before the LM head
+        (a caller that needs logits at a few positions applies ``lm_head`` to those rows only).
+        Positions: ``pos`` (T,) or (B, T), else arange(start, start + T)."""
         consecutive = pos is None
         pos, max_position = self.positions(idx, pos, start)
         state = self.pe.prepare(pos, consecutive, max_position)  # once per forward, for every layer
@@ -196,4 +197,8 @@ class GPT(nn.Module):
         x = self.drop(x)
         for block in self.blocks:
             x = block(x, self.pe, state)
-        return self.lm_head(self.ln_f(x)).float()
+        return self.ln_f(x)
+
+    def forward(self, idx: Tensor, pos: Tensor | None = None, start: int = 0) -> Tensor:
+        """idx (B, T) token ids -> logits (B, T, V) fp32 (positions as in ``hidden``)."""
+        return self.lm_head(self.hidden(idx, pos, start)).float()
