@@ -1,5 +1,5 @@
-"""Evaluate a checkpoint: python eval.py ckpt_path=PATH [eval.* / probes.* / pe.scaling.* overrides]."""
-from pelab.evaluate import main
+"""Evaluate a checkpoint (pelab.tasks.evaluate): python eval.py ckpt_path=PATH [pe.* / eval.* / probes.*]."""
+from pelab.tasks.evaluate import main
 
 if __name__ == "__main__":
     main()

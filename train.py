@@ -1,5 +1,5 @@
-"""Train one model (or a sweep with -m). See README.md; configs in conf/."""
-from pelab.train import main
+"""Train one model (or a sweep with -m): pelab.tasks.train. See README.md; configs in src/pelab/conf/."""
+from pelab.tasks.train import main
 
 if __name__ == "__main__":
     main()

@@ -15,7 +15,7 @@ import pytest
 from conftest import CONF_DIR, FAST, compose, run_cli
 from pelab.errors import ConfigError
 from pelab.schema import LOADER_KEYS
-from pelab.train import validate_config
+from pelab.tasks.train import validate_config
 
 BAD = [
     # (overrides, the key the one-line message must name) -- issue 15 / 16 cases first

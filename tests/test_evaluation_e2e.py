@@ -6,10 +6,10 @@ import json
 import math
 
 import pytest
-from conftest import FAST, compose, offline_runs, run_cli, wandb_records, wandb_summary
 
+from conftest import FAST, compose, offline_runs, run_cli, wandb_records, wandb_summary
 from pelab.summary import as_float
-from pelab.train import train
+from pelab.tasks.train import train
 
 # One document per split; validation uses every window of the val split, and an over-large eval.tokens
 # shrinks to the same whole windows, so the extrapolation span at the training length is exactly the
@@ -99,7 +99,7 @@ def test_rope_scaling_at_eval_time_changes_only_lengths_past_training(trained_ru
 
 @pytest.mark.slow
 def test_learned_positions_past_the_table_are_not_applicable(tmp_path):
-    cfg = compose([*FAST, "pe=learned", "pe.max_positions=64", "logger=csv", "eval.lengths=[1,2,4]",
+    cfg = compose([*FAST, "pe=learned", "pe.max_position=64", "logger=csv", "eval.lengths=[1,2,4]",
                    "probes.lengths=[1,4]"], tmp_path)
     summary = train(cfg)
     assert summary["status"] == "ok"
@@ -114,13 +114,25 @@ def test_learned_positions_past_the_table_are_not_applicable(tmp_path):
 def test_scaling_a_non_rope_checkpoint_is_a_clear_error(tmp_path):
     from omegaconf import OmegaConf
 
-    from pelab.evaluate import merged_config
-    from pelab.train import ConfigError
+    from pelab.errors import ConfigError
+    from pelab.tasks.evaluate import merged_config
 
     cfg = compose(["pe.scaling.type=yarn"], config_name="eval", output_dir=tmp_path)
     train_cfg = OmegaConf.to_container(compose([*FAST, "pe=alibi"], tmp_path), resolve=True)
-    with pytest.raises(ConfigError, match="RoPE family .rope, xpos. only"):
+    with pytest.raises(ConfigError, match="pe=alibi.* does not support context-extension scaling"):
         merged_config(train_cfg, cfg, ["pe.scaling.type"])
+
+
+def test_an_unknown_scaling_type_in_the_sweep_is_named_by_the_encodings_own_check(tmp_path):
+    from omegaconf import OmegaConf
+
+    from pelab.errors import ConfigError
+    from pelab.tasks.evaluate import scaling_variants
+
+    merged = OmegaConf.create(OmegaConf.to_container(compose([*FAST, "pe=rope"], tmp_path), resolve=True))
+    assert scaling_variants(merged, ["none", "yarn"]) == ["none", "yarn"]
+    with pytest.raises(ConfigError, match=r"scaling_sweep=\['none', 'bogus'\]: pe\.scaling\.type=bogus"):
+        scaling_variants(merged, ["none", "bogus"])
 
 
 def test_eval_without_ckpt_path_names_it(tmp_path):

@@ -254,7 +254,7 @@ def _kv_cells(summary: dict) -> list[dict]:
 
 @pytest.mark.slow
 def test_micro_model_trained_on_the_recall_mix_retrieves_in_window(tmp_path):
-    from pelab.train import train
+    from pelab.tasks.train import train
 
     cfg = compose(["experiment=recall_micro", "trainer=cpu", "logger=csv", "callbacks.progress_bar=false",
                    "seed=0"], tmp_path)

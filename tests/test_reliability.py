@@ -23,8 +23,9 @@ import torch
 from hydra.errors import MissingConfigException
 
 from conftest import FAST, ROOT, compose, offline_runs, run_cli, wandb_records, wandb_summary
-from pelab.train import PREEMPTED_EXIT_CODE, train
-from pelab.training.reliability import CheckpointError, NonFiniteError, is_user_error
+from pelab.harness.reliability import CheckpointError, NonFiniteError, is_user_error
+from pelab.tasks.task import PREEMPTED_EXIT_CODE
+from pelab.tasks.train import train
 
 # 60 steps, last.ckpt every 10 steps and at each validation (every 20), dropout on: an exact resume must
 # restore the optimizer, the LR schedule, the data position and the dropout randomness.
@@ -331,7 +332,7 @@ def test_unknown_option_lists_the_available_ones(group, known, tmp_path):
 BAD_INPUTS = [
     # (overrides, the setting the message must name)
     (["model.n_heads=3"], "model.n_heads"),
-    (["pe=rope", "model.d_model=36", "model.n_heads=4"], "pe.rotary_fraction"),
+    (["pe=rope", "pe.randomized.max_position=16"], "pe.randomized.max_position"),
     (["data.seq_len=0"], "data.seq_len"),
     (["data.seq_len=-8"], "data.seq_len"),
     (["data.batch_size=0"], "data.batch_size"),
@@ -339,9 +340,10 @@ BAD_INPUTS = [
     (["eval.lengths=[0,1]"], "eval.lengths"),
     (["probes.lengths=[-1]"], "probes.lengths"),
     (["trainer=ddp_sim", "data.batch_size=7"], "data.batch_size"),
-    (["pe=learned", "pe.max_positions=16"], "pe.max_positions"),
+    (["pe=learned", "pe.max_position=16"], "pe.max_position"),
     (["optim.nonfinite=maybe"], "optim.nonfinite"),
     (["callbacks.checkpoint.every_n_steps=0"], "callbacks.checkpoint.every_n_steps"),
+    (["callbacks.throughput.available_flops=-1"], "callbacks.throughput.available_flops"),
     (["debug.emulate_world_size=3"], "debug.emulate_world_size"),
     (["ckpt_path={tmp}/nothing.ckpt"], "ckpt_path"),
     (["data=text_dir"], "data.path"),
@@ -399,8 +401,8 @@ def test_eval_py_prints_one_line_for_a_corrupted_checkpoint(reference, tmp_path)
 
 
 def test_eval_of_a_checkpoint_with_another_encoding_or_vocabulary_is_refused(reference, tmp_path):
-    from pelab.evaluate import evaluate, merged_config
-    from pelab.train import ConfigError
+    from pelab.errors import ConfigError
+    from pelab.tasks.evaluate import evaluate, merged_config
 
     ckpt = load(reference / "checkpoints" / "last.ckpt")
     eval_cfg = compose(["pe=alibi"], config_name="eval", output_dir=tmp_path)

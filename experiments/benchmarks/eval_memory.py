@@ -51,7 +51,7 @@ def run_case(a: argparse.Namespace) -> dict:
     import torch
 
     from pelab.evaluation.extrapolation import Window, score_windows
-    from pelab.training.module import build_model
+    from pelab.model import build_model
 
     if a.threads:
         torch.set_num_threads(a.threads)

@@ -3,7 +3,7 @@
     python experiments/benchmarks/throughput.py                      # reference config, CPU fp32, all schemes
     python experiments/benchmarks/throughput.py --pe rope alibi --steps 20 --json out.json
     python experiments/benchmarks/throughput.py --device cuda --dtype bf16 --d 768 --layers 12 --heads 12 \
-        --seq 1024 --batch 16 --vocab 32768                          # GPU: MFU against the table in callbacks.py
+        --seq 1024 --batch 16 --vocab 32768                          # GPU: MFU against Lightning's table
 
 A step is forward + backward + AdamW on a random-token batch held in memory (data is never the bottleneck).
 Steps are interleaved so that every column sees the same machine load: per scheme one Lightning fit, and
@@ -21,8 +21,8 @@ it does not count the time other processes hold the cores.
 
 MFU = FLOPs/token * tokens/s / peak, with FLOPs/token = 6 N + 12 * layers * d * T (N: parameters without
 position tables, tied embedding counted once as the LM head) and, on CPU, the peak FLOP/s of a large fp32
-``torch.mm`` measured in this process (best of ``--peak-repeats``). On CUDA: ``--peak-flops`` or the
-callbacks.GPU_PEAK_FLOPS table. Without x-transformers importable the peer column is skipped (said so).
+``torch.mm`` measured in this process (best of ``--peak-repeats``). On CUDA: ``--peak-flops`` or
+Lightning's get_available_flops. Without x-transformers importable the peer column is skipped (said so).
 """
 
 from __future__ import annotations
@@ -41,14 +41,15 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from lightning.fabric.utilities.throughput import get_available_flops
 from torch import Tensor, nn
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))  # run from a checkout without installing
 
-from pelab.training.callbacks import GPU_PEAK_FLOPS
 from pelab.encodings import default_pe_config
-from pelab.training.module import LMModule, build_model, flops_per_token
+from pelab.harness.callbacks import TokenThroughput
+from pelab.harness.module import LMModule, build_model, flops_per_token
 
 SCHEMES = ("nope", "rope", "alibi", "t5_bias", "learned", "sinusoidal")
 IMPLS = ("plain", "lightning", "x-transformers")
@@ -242,7 +243,6 @@ def fit_lightning(scheme: str, batches: list[Tensor], a, device, peak, others: l
     }
     torch.manual_seed(0)
     module = LMModule(cfg, vocab_size=a.vocab)
-    module.peak_flops = peak  # the train/mfu code path runs as in real training
     timer = make_interleaver(device, CLOCKS[a.clock], others)
     n = a.warmup + a.steps
     # a list of ready (B, T+1) batches: batch_size=None hands them over as they are
@@ -259,7 +259,7 @@ def fit_lightning(scheme: str, batches: list[Tensor], a, device, peak, others: l
         num_sanity_val_steps=0,
         limit_val_batches=0,
         log_every_n_steps=10,
-        callbacks=[timer],
+        callbacks=[timer, TokenThroughput(available_flops=peak)],  # train/mfu as in real training
     )
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # no "GPU available" banners per fit
     with warnings.catch_warnings():
@@ -269,8 +269,7 @@ def fit_lightning(scheme: str, batches: list[Tensor], a, device, peak, others: l
 
 
 def matmul_peak(n: int, repeats: int, clock) -> float:
-    """FLOP/s of an n x n fp32 torch.mm on this CPU, best of ``repeats`` (callbacks.measure_cpu_matmul_peak,
-    timed with the benchmark's clock)."""
+    """FLOP/s of an n x n fp32 torch.mm on this CPU, best of ``repeats`` (timed with the benchmark's clock)."""
     a, b = torch.randn(n, n), torch.randn(n, n)
     torch.mm(a, b)  # warm-up
     best = float("inf")
@@ -286,8 +285,8 @@ def measure_peak(a, device: torch.device) -> tuple[float | None, str]:
         return a.peak_flops, "--peak-flops"
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        peak = next((v for k, v in GPU_PEAK_FLOPS.items() if k in name), None)
-        return peak, f"GPU_PEAK_FLOPS[{name}]" if peak else f"unknown GPU {name}: pass --peak-flops"
+        peak = get_available_flops(device, torch.bfloat16 if a.dtype == "bf16" else torch.float32)
+        return peak, f"get_available_flops({name})" if peak else f"unknown GPU {name}: pass --peak-flops"
     peak = matmul_peak(a.peak_n, a.peak_repeats, CLOCKS[a.clock])
     return peak, f"fp32 torch.mm {a.peak_n}^2, best of {a.peak_repeats}, {a.clock} clock"
 

@@ -266,8 +266,8 @@ def from_config(overrides: Sequence[str] = ()) -> dict[str, list]:
     (composes conf/train.yaml): the keyword arguments of `dashboard_spec`."""
     from hydra import compose, initialize_config_dir
 
+    from pelab import CONF_DIR
     from pelab.evaluation.extrapolation import resolve_lengths
-    from pelab.train import CONF_DIR
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(config_name="train", overrides=list(overrides))

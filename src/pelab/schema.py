@@ -99,18 +99,21 @@ class TrainerConfig:
 
 @dataclass
 class CheckpointConfig:
-    save_last: bool
-    save_best: bool
+    """callbacks.checkpoint (pelab.harness.callbacks.RunCheckpoint), in the keys checked here."""
+
     mode: str
     every_n_steps: int | None
 
 
 @dataclass
-class CallbacksConfig:
-    checkpoint: CheckpointConfig
-    progress_bar: bool
-    throughput: bool
-    peak_flops: float | None
+class ThroughputConfig:
+    """callbacks.throughput (pelab.harness.callbacks.TokenThroughput)."""
+
+    available_flops: float | None
+
+
+# `callbacks` holds `_target_` entries (null or false = off; more may be added): pelab's own are typed.
+CALLBACKS = {"checkpoint": CheckpointConfig, "throughput": ThroughputConfig}
 
 
 @dataclass
@@ -162,8 +165,7 @@ class RunConfig:
 # Groups typed in the listed keys only (the others are free).
 OPEN_GROUPS = ("data", "trainer", "tokenizer")
 SCHEMAS = {"model": ModelConfig, "data": LoaderConfig, "tokenizer": TokenizerConfig, "optim": OptimConfig,
-           "trainer": TrainerConfig,
-           "callbacks": CallbacksConfig, "eval": EvalConfig, "probes": ProbesConfig}
+           "trainer": TrainerConfig, "eval": EvalConfig, "probes": ProbesConfig}
 
 
 # -- typing ----------------------------------------------------------------------------------------
@@ -342,12 +344,27 @@ def check_trainer(t: DictConfig) -> None:
     need(t.precision in known, "trainer.precision", t.precision, f"must be one of {_show(known)}.")
 
 
-def check_callbacks(c: DictConfig) -> None:
-    ck = c.checkpoint
-    need(ck.mode in ("min", "max"), "callbacks.checkpoint.mode", ck.mode, "must be 'min' or 'max'.")
-    need(ck.every_n_steps is None or ck.every_n_steps >= 1, "callbacks.checkpoint.every_n_steps",
-         ck.every_n_steps, "must be a positive number of steps or null.")
-    need(c.peak_flops is None or c.peak_flops > 0, "callbacks.peak_flops", c.peak_flops, "must be > 0 or null.")
+def typed_callbacks(cfg: DictConfig) -> dict[str, DictConfig]:
+    """pelab's callback entries that are on, typed in the keys checked here (only those are resolved)."""
+    group = cfg.get("callbacks") or {}
+    out = {}
+    for name, schema in CALLBACKS.items():
+        if OmegaConf.is_dict(group.get(name)):
+            entry = group[name]
+            out[name] = typed_group(schema, {f.name: _plain(entry, f.name) for f in fields(schema)},
+                                    f"callbacks.{name}")
+    return out
+
+
+def check_callbacks(c: dict[str, DictConfig]) -> None:
+    if "checkpoint" in c:
+        ck = c["checkpoint"]
+        need(ck.mode in ("min", "max"), "callbacks.checkpoint.mode", ck.mode, "must be 'min' or 'max'.")
+        need(ck.every_n_steps is None or ck.every_n_steps >= 1, "callbacks.checkpoint.every_n_steps",
+             ck.every_n_steps, "must be a positive number of steps or null.")
+    if "throughput" in c:
+        flops = c["throughput"].available_flops
+        need(flops is None or flops > 0, "callbacks.throughput.available_flops", flops, "must be > 0 or null.")
 
 
 def check_lengths(key: str, lengths: Any, seq_len: int) -> None:
@@ -420,6 +437,7 @@ def validate(cfg: DictConfig) -> dict[str, DictConfig]:
     t = {g: typed_group(s, _plain(cfg, g), g, open_keys=g in OPEN_GROUPS) for g, s in SCHEMAS.items()}
     run_keys = {f.name: _plain(cfg, f.name) for f in fields(RunConfig) if f.name in cfg}
     t["run"] = typed_group(RunConfig, run_keys, "")
+    t["callbacks"] = typed_callbacks(cfg)
     check_model(t["model"])
     check_loader(t["data"])
     check_tokenizer(t["tokenizer"])

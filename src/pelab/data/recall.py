@@ -814,14 +814,3 @@ def make_recall_batch(
     x_t = torch.from_numpy(x)
     return (x_t, torch.from_numpy(m)) if return_mask else x_t
 
-
-def describe_sample(tokenizer: Tokenizer, s: RecallSample) -> dict[str, Any]:
-    """Human-readable view of a sample (debugging, W&B examples)."""
-    return {
-        "kind": s.kind,
-        "length": s.length,
-        "depth": s.depth,
-        "gold_index": s.gold_index,
-        "prompt_tail": tokenizer.decode(s.input_ids[-60:]),
-        "answer": tokenizer.decode(s.answer_ids),
-    }

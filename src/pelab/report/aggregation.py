@@ -35,6 +35,7 @@ IGNORED_KEYS = (
     "hydra.",
     "compile",
     "evaluate_after_fit",
+    "datamodule.",  # the DataModule's arguments repeat data.*
 )
 # Always a row key (each named in the labels only where it varies); pe.name always labels a row.
 BASE_KEYS = ["pe.name", "data.seq_len", "model.name"]

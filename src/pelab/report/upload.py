@@ -13,7 +13,7 @@ from pelab.report.document import Report
 
 
 def wandb_group(jobs: Sequence[Job]) -> str | None:
-    """The jobs' W&B group: `logger.wandb.group` if set, else what pelab.train.sweep_group() gives a
+    """The jobs' W&B group: `logger.wandb.group` if set, else what pelab.tasks.task.sweep_group() gives a
     multirun job (`sweep-<date>-<time>` of its sweep folder, the folder holding `multirun.yaml`)."""
     for j in jobs:
         if g := j.setting("logger.wandb.group"):
@@ -29,10 +29,10 @@ def upload_to_wandb(
     report: Report, project: str | None = None, entity: str | None = None, mode: str | None = None
 ) -> Any:
     """Log the report's figures, tables and markdown as a W&B run (job_type=report) in the sweep's
-    group. Online with credentials, offline otherwise (pelab.training.loggers.init_wandb)."""
+    group. Online with credentials, offline otherwise (pelab.harness.loggers.init_wandb)."""
     import wandb
 
-    from pelab.training.loggers import finish_wandb, init_wandb
+    from pelab.harness.loggers import finish_wandb, init_wandb
 
     jobs = report.ok + report.failed
     wcfg = next((w for j in jobs if (w := j.setting("logger.wandb"))), {})

@@ -4,7 +4,7 @@
   a flag; at the end of the current step `PreemptionCheckpoint` writes `checkpoints/last.ckpt` and stops the
   run with `Preempted`. Outside the training loop the same signals raise `Preempted` at once (`JobSignals`):
   nothing was trained since the last checkpoint. `python train.py ... ckpt_path=auto` continues the run.
-  `python train.py` then exits with code 75 (`pelab.train.PREEMPTED_EXIT_CODE`).
+  `python train.py` then exits with code 75 (`pelab.tasks.task.PREEMPTED_EXIT_CODE`).
 - **Atomic checkpoints.** `AtomicCheckpointIO` writes `<name>.tmp-<pid>` and renames it, so a checkpoint file
   is complete or absent even when the process is SIGKILLed mid-write (Lightning writes in place).
 - **Resume checks.** `check_resume_checkpoint` reads the checkpoint's own training config and refuses one
@@ -34,9 +34,9 @@ from pelab.data.datamodule import LMDataModule
 
 log = logging.getLogger(__name__)
 
-# Config keys that do not change the checkpoint's tensors or their meaning; anything else in model.*, pe.*
-# and tokenizer.* must match to resume.
-RUNTIME_KEYS = {"model": {"name", "dropout", "attn_chunk_size"}, "pe": {"scaling"}, "tokenizer": set()}
+# model.* keys that do not change the checkpoint's tensors or their meaning; anything else in model.*, pe.*
+# (except the encoding's own `runtime_keys`) and tokenizer.* must match to resume.
+MODEL_RUNTIME_KEYS = ("name", "dropout", "attn_chunk_size")
 
 
 class Preempted(Exception):
@@ -183,8 +183,11 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
 def checkpoint_mismatches(ckpt_cfg: dict, cfg: dict) -> list[str]:
     """Settings that must match to continue training these weights, as readable differences. Keys that only
     one side has are skipped (a key added to the configs since the checkpoint was written)."""
+    from pelab.encodings import pe_schema
+
+    runtime_keys = {"model": set(MODEL_RUNTIME_KEYS), "pe": set(pe_schema(cfg["pe"]).runtime_keys), "tokenizer": set()}
     out = []
-    for group, runtime in RUNTIME_KEYS.items():
+    for group, runtime in runtime_keys.items():
         old, new = ckpt_cfg.get(group) or {}, cfg.get(group) or {}
         keys = sorted(set(old) & set(new), key=lambda k: (k != "name" and k != "kind", k))
         for key in keys:
@@ -234,7 +237,9 @@ class EmulatedWorldDataModule(LMDataModule):
     """`LMDataModule` whose training stream is the union of `world` ranks' streams; `batch_size` is per rank.
     DDP averages the ranks' gradients, i.e. the gradient of the mean loss over these same B rows."""
 
-    world: int = 1
+    def __init__(self, *args: Any, world: int = 1, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.world = int(world)
 
     def train_dataset(self, start_step: int | None = None, rank: int | None = None) -> IterableDataset:
         return RankUnion([super(EmulatedWorldDataModule, self).train_dataset(start_step, rank=r)

@@ -1,4 +1,5 @@
-"""Loggers: W&B (online with credentials, offline otherwise, never a prompt) and a CSV log alongside.
+"""W&B for `conf/logger/` (online with credentials, offline otherwise, never a prompt); the CSV log beside it
+is Lightning's CSVLogger.
 
 The W&B run is created here with `wandb.init` (not by Lightning) so that the mode is passed to this run
 only (no process-wide WANDB_MODE), an online run that cannot reach its server falls back to offline in
@@ -146,9 +147,16 @@ def guarded(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 class SafeWandbLogger(WandbLogger):
-    """Lightning's WandbLogger whose calls cannot raise: after the first failure (service gone) it goes quiet."""
+    """Lightning's WandbLogger around the run `init_wandb` created, whose calls cannot raise: after the first
+    failure (service gone) it goes quiet.
+
+    Instantiated from `logger.wandb`: `run_settings` are that node's other keys (project, mode, group, ...),
+    already used by `init_wandb` to create `experiment`; the logger itself never starts a run."""
 
     _broken = False
+
+    def __init__(self, experiment: Any, log_model: bool | str = False, **run_settings: Any):
+        super().__init__(experiment=experiment, log_model=log_model)
 
     def _safe(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> None:
         if self._broken:
@@ -171,28 +179,6 @@ class SafeWandbLogger(WandbLogger):
 
     def finalize(self, status: str) -> None:
         self._safe("finalize", super().finalize, status)
-
-
-def build_loggers(lcfg: dict, run: Any | None, output_dir: Path) -> list:
-    """Lightning loggers: W&B wrapping the run we created, and the CSV log in `<output_dir>/csv/`."""
-    from lightning.pytorch.loggers import CSVLogger
-
-    loggers: list = []
-    if run is not None:
-        loggers.append(SafeWandbLogger(experiment=run, log_model=bool((lcfg.get("wandb") or {}).get("log_model"))))
-    if lcfg.get("csv", True):
-        loggers.append(CSVLogger(save_dir=str(output_dir), name="csv", version=""))
-    return loggers
-
-
-def wandb_log(run: Any | None, data: dict, step: int | None = None) -> None:
-    """Log media/tables/scalars to W&B directly (rank 0 only callers); a failure only warns."""
-    if run is None:
-        return
-    try:
-        run.log(data, step=step)
-    except Exception as err:  # noqa: BLE001 - W&B trouble must not kill a run
-        log.warning("W&B log failed: %s", err)
 
 
 def _new_run_id() -> str:

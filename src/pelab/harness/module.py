@@ -3,7 +3,7 @@
 The module owns optimisation and metrics only; the model and the encoding are built by
 `pelab.model.build_model`, which is also what `eval.py` uses to rebuild a checkpoint.
 
-Reliability (see `pelab.training.reliability`):
+Reliability (see `pelab.harness.reliability`):
 - the torch RNG is re-seeded before every training step from (seed, step, rank), like the data stream, so
   dropout masks after a resume equal those of an uninterrupted run without saving any RNG state;
 - a non-finite loss or gradient (checked after backward, before the optimizer step) stops the run
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +25,10 @@ import torch.nn.functional as F
 from torchmetrics import SumMetric
 
 from pelab.data.datamodule import inputs_and_targets
+from pelab.harness.reliability import NonFiniteError
 from pelab.model import GPT, build_model
-from pelab.training.reliability import NonFiniteError
 
-log = logging.getLogger("pelab.train")
+log = logging.getLogger(__name__)
 
 
 def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -56,14 +55,11 @@ class LMModule(L.LightningModule):
         self.cfg = cfg
         self.seq_len = int(cfg["data"]["seq_len"])
         self.model = build_model(cfg["model"], cfg["pe"], vocab_size, self.seq_len)
-        self.flops_per_token = flops_per_token(self.model, self.seq_len)
-        self.peak_flops: float | None = None  # set by the throughput callback
+        self.flops_per_token = flops_per_token(self.model, self.seq_len)  # read by the throughput callback
         # DDP-safe perplexity: sum fp32 NLL and token counts, reduce, then exp (no softmax-then-log).
         self.val_nll = SumMetric()
         self.val_tokens = SumMetric()
         self._compiled: torch.nn.Module | None = None
-        self._t_last: float | None = None
-        self._tokens_since = 0
         self.start_step: int | None = None  # global step when fit began (> 0 after a resume)
         o = cfg["optim"]
         self.nonfinite = str(o.get("nonfinite", "stop"))
@@ -99,7 +95,8 @@ class LMModule(L.LightningModule):
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # Dropout (and any other torch randomness in a step) = f(seed, step, rank), as the batches are.
         seq = np.random.SeedSequence([int(self.cfg.get("seed", 0)), int(self.global_step), self.global_rank])
-        torch.manual_seed(int(seq.generate_state(1, dtype=np.uint64)[0] >> 1))
+        # int() before the shift: numpy 1.x has no uint64 >> int
+        torch.manual_seed(int(seq.generate_state(1, dtype=np.uint64)[0]) >> 1)
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         # (B, T), (B, T); targets that are IGNORE_INDEX (data.recall_loss=answers) are not scored
@@ -109,11 +106,9 @@ class LMModule(L.LightningModule):
             loss = loss * float("nan")
         self._loss = loss.detach()
         tokens = x.numel() * self.trainer.world_size
-        self._tokens_since += tokens
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/tokens", float((self.global_step + 1) * tokens))
         self.log("train/lr", self.optimizers().param_groups[0]["lr"])
-        self._log_throughput()
         return loss
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -173,25 +168,6 @@ class LMModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.nonfinite_skips = int((checkpoint.get("pelab") or {}).get("nonfinite_skips", 0))
         self.last_ckpt_step = int(checkpoint.get("global_step", 0))
-
-    def _log_throughput(self) -> None:
-        # Wall time over a window of steps (no per-step device sync): accurate on average on GPU too.
-        every = max(1, self.trainer.log_every_n_steps)
-        now = time.perf_counter()
-        if self._t_last is None:
-            self._t_last, self._tokens_since = now, 0
-            return
-        if (self.global_step + 1) % every:
-            return
-        dt = now - self._t_last
-        if dt > 0 and self._tokens_since > 0:
-            tps = self._tokens_since / dt
-            self.log("train/tokens_per_sec", tps, prog_bar=True, rank_zero_only=True)
-            self.log("train/tokens_per_sec_per_device", tps / self.trainer.world_size, rank_zero_only=True)
-            if self.peak_flops:
-                mfu = self.flops_per_token * tps / (self.peak_flops * self.trainer.world_size)
-                self.log("train/mfu", mfu, rank_zero_only=True)
-        self._t_last, self._tokens_since = now, 0
 
     # -- validation ------------------------------------------------------------------------------
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:

@@ -1,17 +1,15 @@
 """`python eval.py ckpt_path=...`: rebuild a checkpoint's model and data from its own training config,
 apply the command line's pe.* / eval.* / probes.* overrides, and run the evaluation suite.
 
-RoPE context extension at evaluation: `pe.scaling.type=yarn pe.scaling.factor=4` on a model trained
-without scaling (rotary frequencies are not part of the state dict), or `scaling_sweep=[...]` for the
-"no scaling vs PI vs NTK vs YaRN" comparison as one table.
+Context extension at evaluation, for encodings whose schema `supports_scaling`: `pe.scaling.type=yarn
+pe.scaling.factor=4` on a model trained without scaling, or `scaling_sweep=[...]` for the "no scaling vs
+PI vs NTK vs YaRN" comparison as one table. Runs inside `pelab.tasks.task.run_task` like training.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -19,23 +17,25 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from pelab import CONF_DIR
+from pelab.encodings import pe_schema, resolve_pe_config
+from pelab.errors import ConfigError
 from pelab.model import build_model
-from pelab.summary import command_line, versions, write_summary
-from pelab.train import CONF_DIR, ConfigError, build_datamodule, report_user_error, sweep_group
+from pelab.tasks.task import Task, cli_main, resolved_config, run_task
+from pelab.tasks.train import build_datamodule
 
-log = logging.getLogger("pelab.evaluate")
+log = logging.getLogger(__name__)
 
 # Keys of the eval command line that replace the checkpoint's own settings.
 OVERRIDABLE = ("pe.", "eval.", "probes.")
 # Keys of eval.yaml itself; any other key (model.*, data.*, tokenizer.*, ...) comes from the checkpoint.
 OWN_KEYS = ("ckpt_path", "scaling_sweep", "device", "tags", "notes", "name", "task", "logger", "paths", "hydra",
             "eval", "probes")
-SCALING_TYPES = ("none", "linear", "ntk", "dynamic_ntk", "yarn")
 
 
 def load_checkpoint(path: str | Path) -> dict:
     """The checkpoint's training config and model weights, with a clear error for a bad file."""
-    from pelab.training.reliability import read_checkpoint
+    from pelab.harness.reliability import read_checkpoint
 
     path = Path(path)
     if not path.is_file():
@@ -79,15 +79,13 @@ def merged_config(train_cfg: dict, cfg: DictConfig, keys: list[str]) -> DictConf
                 )
             continue
         value = OmegaConf.select(cfg, key)
-        if key.startswith("pe.scaling") and "scaling" not in merged.pe:
-            raise ConfigError(
-                f"{key} applies to the RoPE family (rope, xpos) only; this checkpoint was trained with "
-                f"pe={merged.pe.name}. "
-                "Drop the pe.scaling overrides."
-            )
+        if key.startswith("pe.scaling") and not pe_schema(merged.pe).supports_scaling:
+            raise ConfigError(f"{key}: this checkpoint's encoding (pe={merged.pe.name}) does not support "
+                              "context-extension scaling; drop the pe.scaling overrides.")
         OmegaConf.update(merged, key, OmegaConf.to_container(value, resolve=True)
                          if OmegaConf.is_config(value) else value, force_add=True)
-    merged.paths = cfg.paths
+    merged.paths = cfg.paths  # this job's folders
+    merged.datamodule = cfg.datamodule  # its interpolations now read the checkpoint's data and tokenizer
     return merged
 
 
@@ -95,13 +93,16 @@ def scaling_variants(merged: DictConfig, sweep: list[str] | None) -> list[str | 
     """[None] = evaluate the (possibly overridden) config as is; else one variant per scaling type."""
     if not sweep:
         return [None]
-    if "scaling" not in merged.pe:
-        raise ConfigError(
-            f"scaling_sweep applies to the RoPE family (rope, xpos) only; this checkpoint uses pe={merged.pe.name}."
-        )
-    unknown = [s for s in sweep if s not in SCALING_TYPES]
-    if unknown:
-        raise ConfigError(f"scaling_sweep has unknown types {unknown}; known: {list(SCALING_TYPES)}.")
+    if not pe_schema(merged.pe).supports_scaling:
+        raise ConfigError(f"scaling_sweep: this checkpoint's encoding (pe={merged.pe.name}) does not support "
+                          "context-extension scaling; drop scaling_sweep.")
+    for variant in sweep:  # each is a pe.scaling.type: the encoding's own checks name a bad one
+        pe = OmegaConf.merge(merged.pe, {"scaling": {"type": variant}})
+        try:
+            resolve_pe_config(pe, d_model=merged.model.d_model, n_heads=merged.model.n_heads,
+                              train_length=int(merged.data.seq_len))
+        except ConfigError as err:
+            raise ConfigError(f"scaling_sweep={list(sweep)}: {err}") from None
     if float(merged.pe.scaling.factor) == 1.0:
         log.warning("pe.scaling.factor=1: every scaling type equals no scaling; pass pe.scaling.factor=4, say.")
     return list(sweep)
@@ -109,68 +110,53 @@ def scaling_variants(merged: DictConfig, sweep: list[str] | None) -> list[str | 
 
 def evaluate(cfg: DictConfig) -> dict:
     """One evaluation job; returns its summary (also written to `<output_dir>/summary.json`)."""
-    from pelab.evaluation.suite import run_evaluation
-    from pelab.training.loggers import finish_wandb, init_wandb
-
     if OmegaConf.is_missing(cfg, "ckpt_path") or cfg.ckpt_path in (None, ""):
         raise ConfigError("ckpt_path is required: python eval.py ckpt_path=outputs/runs/<...>/checkpoints/last.ckpt")
-    t0 = time.time()
-    output_dir = Path(cfg.paths.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    summary: dict[str, Any] = {"status": "running", "task": "eval", "ckpt_path": str(cfg.ckpt_path),
-                               "output_dir": str(output_dir), "command": command_line(), "versions": versions()}
-    run = None
-    try:
+    with run_task(Path(cfg.paths.output_dir), task="eval", ckpt_path=str(cfg.ckpt_path)) as task:
         ckpt = load_checkpoint(cfg.ckpt_path)
-        hp = ckpt["hyper_parameters"]
-        merged = merged_config(hp["cfg"], cfg, overridden_keys(cfg))
+        merged = merged_config(ckpt["hyper_parameters"]["cfg"], cfg, overridden_keys(cfg))
         variants = scaling_variants(merged, list(cfg.scaling_sweep) if cfg.get("scaling_sweep") else None)
-        summary.update(name=f"{merged.name}-eval", config=OmegaConf.to_container(merged, resolve=True),
-                       global_step=ckpt.get("global_step"))
+        task.summary.update(name=f"{merged.name}-eval", config=resolved_config(merged),
+                            global_step=ckpt.get("global_step"))
+        wcfg = (resolved_config(cfg.logger) if cfg.get("logger") else {}).get("wandb")
+        task.start_wandb(wcfg and {**wcfg, "job_type": "eval"}, name=task.summary["name"],
+                         config=task.summary["config"], group=merged.name, tags=list(cfg.get("tags") or []),
+                         notes=cfg.get("notes"))
+        task.summary["metrics"] = evaluate_variants(cfg, merged, ckpt, variants, task)
+    return task.summary
 
-        lcfg = OmegaConf.to_container(cfg.logger, resolve=True) or {}
-        if lcfg.get("wandb"):
-            wcfg = {**lcfg["wandb"], "job_type": "eval"}
-            run = init_wandb(wcfg, name=summary["name"], output_dir=output_dir, config=summary["config"],
-                             group=wcfg.get("group") or sweep_group() or merged.name,
-                             tags=list(cfg.get("tags") or []), notes=cfg.get("notes"))
 
-        device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available()
-                              else ("cpu" if cfg.device == "auto" else cfg.device))
-        datamodule = build_datamodule(merged, int(merged.data.batch_size))
-        datamodule.setup("validate")
-        if datamodule.vocab_size != int(hp["vocab_size"]):
-            raise ConfigError(
-                f"the checkpoint's vocabulary has {hp['vocab_size']} ids but its tokenizer now gives "
-                f"{datamodule.vocab_size}; the token cache or tokenizer settings changed since training."
-            )
-        metrics: dict[str, float] = {}
-        rows = []
-        for variant in variants:
-            vcfg = merged.copy()
-            if variant is not None:
-                vcfg.pe.scaling.type = variant
-            model = load_model(vcfg, ckpt, hp["vocab_size"]).to(device)
-            m = run_evaluation(model, datamodule, vcfg, output_dir, run, summary, prefix=variant or "")
-            metrics.update(m)
-            if variant is not None:
-                res = summary[f"evaluation/{variant}"]["extrapolation"]
-                rows += [{"scaling": variant, **r} for r in res["rows"]]
-        if rows:
-            summary["scaling_table"] = rows
-            log_scaling_table(run, rows)
-        summary["metrics"] = metrics
-        summary["status"] = "ok"
-        return summary
-    except BaseException as err:
-        summary["status"] = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
-        summary["error"] = f"{type(err).__name__}: {err}"
-        summary["traceback"] = traceback.format_exc()
-        raise
-    finally:
-        summary["wall_seconds"] = round(time.time() - t0, 2)
-        write_summary(output_dir, summary)
-        finish_wandb(run, exit_code=0 if summary["status"] == "ok" else 1)
+def evaluate_variants(cfg: DictConfig, merged: DictConfig, ckpt: dict, variants: list[str | None],
+                      task: Task) -> dict[str, float]:
+    """Build the data once, then run the evaluation suite on the checkpoint's model under each variant."""
+    from pelab.evaluation.suite import run_evaluation
+
+    vocab_size = int(ckpt["hyper_parameters"]["vocab_size"])
+    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available()
+                          else ("cpu" if cfg.device == "auto" else cfg.device))
+    datamodule = build_datamodule(merged, int(merged.data.batch_size))
+    datamodule.setup("validate")
+    if datamodule.vocab_size != vocab_size:
+        raise ConfigError(
+            f"the checkpoint's vocabulary has {vocab_size} ids but its tokenizer now gives "
+            f"{datamodule.vocab_size}; the token cache or tokenizer settings changed since training."
+        )
+    metrics: dict[str, float] = {}
+    rows = []
+    for variant in variants:
+        vcfg = merged.copy()
+        if variant is not None:
+            vcfg.pe.scaling.type = variant
+        model = load_model(vcfg, ckpt, vocab_size).to(device)
+        metrics.update(run_evaluation(model, datamodule, vcfg, task.output_dir, task.run, task.summary,
+                                      prefix=variant or ""))
+        if variant is not None:
+            res = task.summary[f"evaluation/{variant}"]["extrapolation"]
+            rows += [{"scaling": variant, **r} for r in res["rows"]]
+    if rows:
+        task.summary["scaling_table"] = rows
+        log_scaling_table(task.run, rows)
+    return metrics
 
 
 def load_model(cfg: DictConfig, ckpt: dict, vocab_size: int) -> torch.nn.Module:
@@ -198,11 +184,7 @@ def log_scaling_table(run: Any | None, rows: list[dict]) -> None:
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="eval")
 def main(cfg: DictConfig) -> None:
-    try:
-        evaluate(cfg)
-    except Exception as err:  # deliberate errors become one line (pelab.train.report_user_error)
-        report_user_error(err)
-        raise
+    cli_main(evaluate, cfg)
 
 
 if __name__ == "__main__":

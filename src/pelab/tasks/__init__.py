@@ -1,0 +1,3 @@
+"""The command-line tasks: `pelab.tasks.train` (`python train.py`, `pelab-train`) and `pelab.tasks.evaluate`
+(`python eval.py`, `pelab-eval`). Both run inside `pelab.tasks.task.run_task`; the Lightning parts they
+assemble live in `pelab.harness`; their configs in `pelab.CONF_DIR`."""

@@ -1,0 +1,290 @@
+"""`python train.py [overrides]`: compose -> validate -> data -> model -> fit -> evaluate, as one job of
+`pelab.tasks.task.run_task` (summary.json, the W&B run and the exit codes: see there).
+
+`train()` is the list of its steps; each step is a function below. The Trainer, its callbacks and loggers,
+and the DataModule are instantiated from their `_target_` configs (conf/trainer, conf/callbacks, conf/logger,
+conf/datamodule).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from pelab import CONF_DIR
+from pelab.errors import ConfigError
+from pelab.tasks.task import Task, cli_main, launcher_rank, resolved_config, run_task
+
+log = logging.getLogger(__name__)
+
+
+# -- configuration ---------------------------------------------------------------------------------
+def validate_config(cfg: DictConfig) -> None:
+    """Every setting typed and range-checked before any data is built or any step is taken: the groups by
+    pelab.schema, `pe` by its encoding's own schema. A bad one is a ConfigError naming the key."""
+    from pelab.encodings import resolve_pe_config
+    from pelab.schema import validate
+
+    typed = validate(cfg)
+    m = typed["model"]
+    resolve_pe_config(cfg.pe, d_model=m.d_model, n_heads=m.n_heads, train_length=typed["data"].seq_len)
+
+
+def train(cfg: DictConfig) -> dict:
+    """One training job. Returns its summary (also written to `<output_dir>/summary.json`)."""
+    import lightning.pytorch as L
+
+    from pelab.harness.reliability import preemption_signals
+
+    single_lightning_log_handler()
+    output_dir = Path(cfg.paths.output_dir)
+    signals = preemption_signals()
+    with run_task(output_dir, rank=launcher_rank(), signals=signals, name=cfg.name) as task:
+        summary = task.summary
+        summary["config"] = resolved_config(cfg)
+        # The W&B run before validation, so that a bad job of a sweep shows up there as failed.
+        task.start_wandb((summary["config"].get("logger") or {}).get("wandb"), name=cfg.name,
+                         config=summary["config"], tags=list(cfg.get("tags") or []), notes=cfg.get("notes"))
+        validate_config(cfg)
+        precision, world = trainer_settings(cfg)
+        ckpt_path, ckpt_vocab = resume_point(cfg, output_dir, summary)
+        L.seed_everything(int(cfg.seed), workers=True, verbose=False)
+        datamodule = prepare_data(cfg, int(cfg.data.batch_size) // world, summary, ckpt_path, ckpt_vocab)
+        module = build_module(summary, datamodule.vocab_size)
+        log_run_start(task, module, datamodule, cfg)
+        trainer, preemption = build_trainer(cfg, precision, task, signals)
+        metrics = fit(trainer, module, datamodule, ckpt_path, preemption, summary)
+        if cfg.get("evaluate_after_fit", True) and trainer.is_global_zero:
+            from pelab.evaluation.suite import run_evaluation
+
+            metrics.update(run_evaluation(module.model, datamodule, cfg, output_dir, task.run, summary))
+        summary["metrics"] = metrics
+    return task.summary
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
+def main(cfg: DictConfig) -> float:
+    return objective(cli_main(train, cfg), cfg.optimized_metric)
+
+
+# -- the steps of train() ------------------------------------------------------------------------------
+def trainer_settings(cfg: DictConfig) -> tuple[str, int]:
+    """The precision (`auto`: bf16-mixed on GPU, 32-true on CPU, where bf16 matmul is ~200x slower) and the
+    number of devices, checked against the batch size."""
+    t = OmegaConf.to_container(cfg.trainer, resolve=True)
+    precision = t.get("precision")
+    if precision == "auto":
+        gpu = torch.cuda.is_available() and t.get("accelerator") in ("auto", "gpu", "cuda")
+        precision = "bf16-mixed" if gpu else "32-true"
+    world = world_size_of(t)
+    if int(cfg.data.batch_size) % world:
+        raise ConfigError(
+            f"data.batch_size={cfg.data.batch_size} (global) is not divisible by the {world} devices; "
+            "change data.batch_size or trainer.devices."
+        )
+    if world > 1 and (cfg.get("debug") or {}).get("emulate_world_size"):
+        raise ConfigError("debug.emulate_world_size emulates several ranks in one process; "
+                          "use it with one device (trainer=cpu) or drop it.")
+    return precision, world
+
+
+def world_size_of(tcfg: dict) -> int:
+    devices = tcfg.get("devices", 1)
+    if devices in (-1, "auto", "-1"):
+        devices = max(1, torch.cuda.device_count()) if tcfg.get("accelerator") != "cpu" else 1
+    n = len(devices) if isinstance(devices, (list, tuple)) else int(devices)
+    return n * int(tcfg.get("num_nodes", 1))
+
+
+def resume_point(cfg: DictConfig, output_dir: Path, summary: dict) -> tuple[str | None, int | None]:
+    """The checkpoint to resume from (`ckpt_path`) and its vocabulary size; another model's / tokenizer's
+    checkpoint is refused here, before any data is built."""
+    from pelab.harness.reliability import check_resume_checkpoint
+
+    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), output_dir)
+    if not ckpt_path:
+        return None, None
+    step, vocab_size = check_resume_checkpoint(ckpt_path, summary["config"])
+    summary["resumed_from"] = {"ckpt_path": ckpt_path, "step": step}
+    log.info("resuming from %s (step %d)", ckpt_path, step)
+    return ckpt_path, vocab_size
+
+
+def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> str | None:
+    """null: fresh run; "auto": this run folder's newest checkpoint (last.ckpt, or a SLURM requeue
+    checkpoint) if there is one, else a fresh run; or a path."""
+    from pelab.harness.reliability import newest_checkpoint
+
+    if ckpt_path in (None, "", "null"):
+        return None
+    if ckpt_path == "auto":
+        newest = newest_checkpoint(output_dir)
+        return str(newest) if newest else None
+    if not Path(ckpt_path).is_file():
+        raise ConfigError(f"ckpt_path={ckpt_path} does not exist; pass a .ckpt file, 'auto' or null.")
+    return ckpt_path
+
+
+def prepare_data(cfg: DictConfig, batch_size: int, summary: dict, ckpt_path: str | None = None,
+                 ckpt_vocab: int | None = None) -> Any:
+    """The DataModule with its token cache built (the first real cost of a run)."""
+    from pelab.harness.reliability import CheckpointError
+
+    datamodule = build_datamodule(cfg, batch_size)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    summary["data"] = {
+        "fingerprint": datamodule.fingerprint,
+        "vocab_size": datamodule.vocab_size,
+        "bytes_per_token": datamodule.bytes_per_token,
+    }
+    if ckpt_vocab is not None and int(ckpt_vocab) != datamodule.vocab_size:
+        raise CheckpointError(
+            f"ckpt_path={ckpt_path} has a vocabulary of {ckpt_vocab} ids but this run's tokenizer gives "
+            f"{datamodule.vocab_size}; resume with the checkpoint's tokenizer.* and data.* settings."
+        )
+    return datamodule
+
+
+def build_datamodule(cfg: DictConfig, batch_size: int) -> Any:
+    """`cfg.datamodule` serving `batch_size` rows per step and device (also eval.py's)."""
+    from pelab.harness.reliability import EmulatedWorldDataModule
+
+    # `data` and `tokenizer` are passed as they are (not walked): the data code names a value left unset
+    # (`???`) by its key, e.g. data.path.
+    kwargs: dict[str, Any] = {"batch_size": batch_size, "seed": int(cfg.get("seed", 0)),
+                              "cache_dir": cfg.paths.get("cache_dir"), "_recursive_": False}
+    emulate = int((cfg.get("debug") or {}).get("emulate_world_size") or 1)
+    if emulate > 1:  # one process draws the rows of `emulate` ranks per step (see pelab.harness.reliability)
+        target = f"{EmulatedWorldDataModule.__module__}.{EmulatedWorldDataModule.__qualname__}"
+        kwargs.update(_target_=target, world=emulate, batch_size=batch_size // emulate)
+    return instantiate(cfg.datamodule, **kwargs)
+
+
+def build_module(summary: dict, vocab_size: int) -> Any:
+    """The LightningModule of the run's config (saved in its checkpoints)."""
+    from pelab.harness.module import LMModule
+
+    module = LMModule(summary["config"], vocab_size=vocab_size)
+    summary["model"] = {
+        "params": module.model.num_params(exclude_embedding=False),
+        "params_non_embedding": module.model.num_params(exclude_embedding=True),
+        "pe_params": module.model.pe.num_learnable_params(),
+        "flops_per_token": module.flops_per_token,
+    }
+    return module
+
+
+def log_run_start(task: Task, module: Any, datamodule: Any, cfg: DictConfig) -> None:
+    """What W&B learns before the first step: the data fingerprint, the model's size, PE diagnostics."""
+    from pelab.harness.loggers import guarded
+
+    if task.run is None:
+        return
+    guarded("config update", task.run.config.update,
+            {"data_fingerprint": datamodule.fingerprint, "model_info": task.summary["model"]},
+            allow_val_change=True)
+    guarded("PE diagnostics", log_pe_diagnostics, task.run, module.model, int(cfg.data.seq_len), task.output_dir)
+
+
+def build_trainer(cfg: DictConfig, precision: str, task: Task, signals: tuple[int, ...]) -> tuple[Any, Any]:
+    """The Trainer of `cfg.trainer`, with the callbacks of `cfg.callbacks` and the loggers of `cfg.logger`
+    (the W&B logger wraps this job's run), plus the preemption checkpoint and atomic checkpoint writes."""
+    from lightning.pytorch.callbacks.progress import ProgressBar
+
+    from pelab.harness.reliability import AtomicCheckpointIO, PreemptionCheckpoint
+
+    callbacks = instantiate_entries(cfg.get("callbacks"))
+    preemption = PreemptionCheckpoint(task.output_dir / "checkpoints" / "last.ckpt", signals)
+    # No W&B run (disabled, or not rank 0): no W&B logger.
+    loggers = instantiate_entries(cfg.get("logger"), skip=() if task.run else ("wandb",),
+                                  wandb={"experiment": task.run})
+    trainer = instantiate(
+        cfg.trainer,
+        precision=precision,
+        logger=loggers or False,
+        callbacks=[*callbacks, preemption],
+        plugins=[AtomicCheckpointIO()],
+        default_root_dir=str(task.output_dir),
+        enable_progress_bar=any(isinstance(c, ProgressBar) for c in callbacks),
+        _convert_="all",
+    )
+    return trainer, preemption
+
+
+def instantiate_entries(group: DictConfig | None, skip: tuple[str, ...] = (), **kwargs: dict) -> list:
+    """The objects of a config group made of `_target_` entries (callbacks, logger); an entry set to null or
+    false is switched off. `kwargs[name]`: extra arguments for entry `name`."""
+    return [instantiate(node, **kwargs.get(name, {})) for name, node in (group or {}).items()
+            if isinstance(node, DictConfig) and "_target_" in node and name not in skip]
+
+
+def fit(trainer: Any, module: Any, datamodule: Any, ckpt_path: str | None, preemption: Any,
+        summary: dict) -> dict[str, float]:
+    """Train; returns the final val/ and train/ metrics."""
+    from pelab.harness.reliability import Preempted
+
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    if preemption.received is not None:  # signalled during the final validation: last.ckpt is final
+        raise Preempted(preemption.received, step=trainer.global_step, ckpt=preemption.ckpt_path)
+    summary["start_step"] = module.start_step
+    summary["global_step"] = final_step(trainer, Path(summary["output_dir"]))
+    summary["nonfinite_skips"] = module.nonfinite_skips
+    return {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("val/", "train/"))}
+
+
+def single_lightning_log_handler() -> None:
+    """`import lightning` adds its own console handler; under Hydra the root logger already prints (and
+    writes the job's log file), so every Lightning message would appear twice."""
+    lightning_logger = logging.getLogger("lightning")
+    if logging.getLogger().handlers:
+        for handler in list(lightning_logger.handlers):
+            lightning_logger.removeHandler(handler)
+
+
+def final_step(trainer: Any, output_dir: Path) -> int:
+    """The step training ended at. Under ddp_spawn the loop ran in child processes and this process's
+    trainer still says 0, so the step comes from the checkpoint the ranks wrote."""
+    if trainer.global_step > 0:
+        return int(trainer.global_step)
+    last = output_dir / "checkpoints" / "last.ckpt"
+    if last.exists():
+        return int(torch.load(last, map_location="cpu", weights_only=False).get("global_step", 0))
+    return 0
+
+
+def log_pe_diagnostics(run: Any, model: Any, seq_len: int, output_dir: Path) -> None:
+    """Parameter count, neighbour similarity and the position-table heatmap, logged once at start."""
+    import wandb
+
+    from pelab.encodings.diagnostics import encoding_report
+
+    report = encoding_report(model.pe, n_positions=seq_len, figures=True)
+    figs = report.pop("figures", {})
+    scalars = {f"pe/{k}": v for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    plot_dir = output_dir / "plots"
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    media = {}
+    for key, fig in figs.items():
+        path = plot_dir / f"pe_{key}.png"
+        fig.savefig(path, dpi=100, bbox_inches="tight")
+        media[f"pe/{key}"] = wandb.Image(str(path))
+    run.summary.update(scalars)
+    run.log({**scalars, **media})
+
+
+def objective(summary: dict, metric: str) -> float:
+    """Value returned to sweepers; a failed or missing metric is +inf (never a crash of the sweep)."""
+    value = (summary.get("metrics") or {}).get(metric)
+    return float(value) if value is not None and math.isfinite(float(value)) else float("inf")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""PELab's formulas against independent implementations, not against re-typed copies of themselves.
+
+RoPE scalings: Hugging Face transformers' ``ROPE_INIT_FUNCTIONS`` (what Llama, Qwen, ... run). T5 buckets:
+transformers' ``T5Attention._relative_position_bucket``. ALiBi slopes: x-transformers' ``AlibiPositionalBias``.
+Both libraries are dev dependencies, so a missing one is an error here, never a skip.
+
+Where the definitions agree the comparison is exact up to float32 (HF computes in fp32, PELab in fp64):
+  none, linear, yarn        same definitions (yarn: HF's default ``truncate=True``, i.e. floor/ceil of the
+                            correction range, as in the paper's code)
+  dynamic_ntk               same formula with HF's ``max_position_embeddings`` as PELab's training length L
+                            (HF also leaves the base unchanged for seq_len <= L)
+  ntk (static NTK-aware)    HF has no static variant; base * s^(d/(d-2)) is HF's dynamic formula with factor 1
+                            at seq_len = s * L (its base change is then (seq_len / L)^(d/(d-2)))
+Not compared, because the definitions differ: HF's ``partial_rotary_factor`` recomputes the spectrum over
+the rotated channels, while PELab's ``frequency_fraction`` (p-RoPE) keeps the highest frequencies of the
+full spectrum; HF's ``llama3`` / ``longrope`` have no PELab counterpart.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+from transformers.models.t5.modeling_t5 import T5Attention
+from x_transformers.x_transformers import AlibiPositionalBias
+
+from pelab.encodings.bias import alibi_slopes, t5_causal_bucket
+from pelab.encodings.rotary import rope_attention_factor, rope_inv_freq
+
+# HF builds the frequencies in float32: base ** (2i/d) has a relative error up to ~ln(base) * 6e-8.
+FP32 = {"rtol": 2e-6, "atol": 0.0}
+
+# (rotary dims d, base, training length L): the micro/tiny head sizes, a Llama-3-like base, a long L, and a
+# small base whose YaRN slow-end correction dim lies past the last pair (the clamp to d - 1 matters there)
+GEOMETRIES = [
+    (16, 10000.0, 64),
+    (32, 10000.0, 512),
+    (64, 10000.0, 256),
+    (128, 500000.0, 2048),
+    (32, 500.0, 4096),
+]
+FACTORS = [1.0, 2.0, 2.5, 4.0, 8.0]
+
+
+def hf_rope(
+    rope_type: str, dim: int, base: float, *, max_position: int, seq_len: int | None = None, **params
+) -> tuple[torch.Tensor, float]:
+    """HF's inverse frequencies and attention factor for a one-head-dim Llama config."""
+    config = LlamaConfig(
+        hidden_size=2 * dim,
+        num_attention_heads=2,
+        head_dim=dim,
+        max_position_embeddings=max_position,
+        rope_parameters={"rope_type": rope_type, "rope_theta": base, **params},
+    )
+    if rope_type == "default":
+        inv_freq, attention = LlamaRotaryEmbedding.compute_default_rope_parameters(config)
+    else:
+        inv_freq, attention = ROPE_INIT_FUNCTIONS[rope_type](config, seq_len=seq_len)
+    return inv_freq.double(), float(attention)
+
+
+def assert_same(ours: torch.Tensor, theirs: torch.Tensor) -> None:
+    assert ours.shape == theirs.shape
+    torch.testing.assert_close(ours, theirs, **FP32)
+
+
+# ---- RoPE -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("dim", "base", "L"), GEOMETRIES)
+def test_rope_none_and_linear_match_hf(dim, base, L):
+    theirs, attention = hf_rope("default", dim, base, max_position=L)
+    assert_same(rope_inv_freq(dim, base, "none"), theirs)
+    assert rope_attention_factor("none") == attention == 1.0
+    for s in FACTORS:
+        theirs, attention = hf_rope("linear", dim, base, max_position=L, factor=s)
+        assert_same(rope_inv_freq(dim, base, "linear", s), theirs)
+        assert rope_attention_factor("linear", s) == attention == 1.0
+
+
+@pytest.mark.parametrize(("dim", "base", "L"), GEOMETRIES)
+def test_rope_dynamic_ntk_matches_hf_dynamic(dim, base, L):
+    # below, at and beyond the training length (the base changes only beyond it)
+    lengths = [1, L // 2, L, L + 1, 2 * L, 3 * L + 7, 16 * L]
+    for s in FACTORS:
+        for seq_len in lengths:
+            theirs, attention = hf_rope("dynamic", dim, base, max_position=L, seq_len=seq_len, factor=s)
+            assert_same(rope_inv_freq(dim, base, "dynamic_ntk", s, L, seq_len=seq_len), theirs)
+            assert rope_attention_factor("dynamic_ntk", s) == attention == 1.0
+    # a long length really changes the frequencies (the comparison above is not between two plain RoPEs)
+    assert not torch.allclose(
+        rope_inv_freq(dim, base, "dynamic_ntk", 4.0, L, seq_len=16 * L), rope_inv_freq(dim, base)
+    )
+
+
+@pytest.mark.parametrize(("dim", "base", "L"), GEOMETRIES)
+def test_rope_static_ntk_is_hf_dynamic_at_factor_one_and_length_s_times_L(dim, base, L):
+    for s in FACTORS:
+        seq_len = round(s * L)
+        assert seq_len == s * L  # the identity needs an integer length
+        theirs, attention = hf_rope("dynamic", dim, base, max_position=L, seq_len=seq_len, factor=1.0)
+        assert_same(rope_inv_freq(dim, base, "ntk", s), theirs)
+        assert rope_attention_factor("ntk", s) == attention == 1.0
+
+
+@pytest.mark.parametrize(("dim", "base", "L"), GEOMETRIES)
+@pytest.mark.parametrize(("beta_fast", "beta_slow"), [(32.0, 1.0), (16.0, 2.0)])
+def test_rope_yarn_frequencies_and_attention_factor_match_hf(dim, base, L, beta_fast, beta_slow):
+    for s in [*FACTORS, 16.0, 40.0]:
+        theirs, attention = hf_rope(
+            "yarn",
+            dim,
+            base,
+            max_position=round(s * L),
+            factor=s,
+            original_max_position_embeddings=L,
+            beta_fast=beta_fast,
+            beta_slow=beta_slow,
+        )
+        ours = rope_inv_freq(dim, base, "yarn", s, L, beta_fast=beta_fast, beta_slow=beta_slow)
+        assert_same(ours, theirs)
+        assert rope_attention_factor("yarn", s) == pytest.approx(attention, rel=1e-12)
+    # not a vacuous match: the fastest pair keeps theta, the slowest is (at least partly) interpolated
+    plain = rope_inv_freq(dim, base)
+    yarn = rope_inv_freq(dim, base, "yarn", 8.0, L, beta_fast=beta_fast, beta_slow=beta_slow)
+    assert yarn[0] == plain[0] and yarn[-1] < plain[-1]
+
+
+# ---- T5 buckets -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("num_buckets", "max_distance"),
+    [(32, 128), (16, 64), (8, 1000), (32, 256), (64, 512), (10, 100), (7, 50), (2, 8)],
+)
+def test_t5_causal_buckets_match_hf(num_buckets, max_distance):
+    distance = torch.arange(5001)  # query - key; HF takes key - query
+    theirs = T5Attention._relative_position_bucket(
+        -distance, bidirectional=False, num_buckets=num_buckets, max_distance=max_distance
+    )
+    ours = torch.tensor([t5_causal_bucket(int(n), num_buckets, max_distance) for n in distance])
+    mismatch = (ours != theirs).nonzero().flatten()[:5].tolist()
+    assert not mismatch, (
+        f"distances {mismatch}: ours {ours[mismatch].tolist()}, HF {theirs[mismatch].tolist()}"
+    )
+    assert set(theirs.tolist()) == set(range(num_buckets))  # every bucket is reached: not a vacuous match
+
+
+# ---- ALiBi slopes ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n_heads", range(1, 17))
+def test_alibi_slopes_match_x_transformers(n_heads):
+    # total_heads: required by older x-transformers (1.30); slopes is an fp32 buffer (H, 1, 1)
+    theirs = AlibiPositionalBias(heads=n_heads, total_heads=n_heads).slopes.flatten().double()
+    ours = torch.tensor(alibi_slopes(n_heads), dtype=torch.float64)
+    torch.testing.assert_close(ours, theirs, rtol=1e-7, atol=0.0)
