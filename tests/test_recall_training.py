@@ -294,6 +294,34 @@ def _byte():
     return ByteTokenizer()
 
 
+def test_harness_trains_on_two_means(tmp_path):
+    """Through the real harness: with recall_loss=two_means the first loss is two means of ~ln V each (random
+    init), with answers one; the mqar mix and its curriculum run end to end; the reserved ranges reach
+    summary.json."""
+    import csv
+    import math
+
+    from conftest import FAST
+    from pelab.tasks.train import train
+
+    first = {}
+    for loss in ("answers", "two_means"):
+        out = tmp_path / loss
+        summary = train(compose([*FAST, "logger=csv", "data.seq_len=48", "data.recall_mix=0.5",
+                                 "data.recall_kinds=[mqar]", "data.recall_pairs=4", f"data.recall_loss={loss}",
+                                 "data.recall_curriculum=[[0,16],[3,48]]", "trainer.max_steps=4",
+                                 "trainer.val_check_interval=4", "trainer.log_every_n_steps=1", "probes.enabled=false",
+                                 "eval.lengths=[1]"], out))
+        assert summary["status"] == "ok"
+        with open(out / "csv" / "metrics.csv") as f:
+            rows = [r for r in csv.DictReader(f) if r.get("train/loss")]
+        first[loss] = float(rows[0]["train/loss"])
+    v = summary["data"]["vocab_size"]
+    reserved = {"keys": [257, 321], "values": [321, 385]}
+    assert summary["data"]["reserved"] == summary["data"]["fingerprint"]["reserved"] == reserved and v == 385
+    assert abs(first["answers"] - math.log(v)) < 0.5 and abs(first["two_means"] - 2 * math.log(v)) < 1.0, first
+
+
 # --------------------------------------------------------------------------------------------------
 # bad recall settings: one line naming the setting, from the config alone (before any data)
 
