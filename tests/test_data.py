@@ -157,7 +157,7 @@ def test_bpe_training_sample_is_spread_over_the_split():
 def test_tokenizer_round_trip(kind, text_dir):
     corpus = build_corpus(_src(text_dir))
     tok = make_tokenizer(BPE_SMALL if kind == "bpe" else "byte", corpus.documents("train"))
-    assert tok.vocab_size == (320 if kind == "bpe" else 257)
+    assert tok.vocab_size == (320 if kind == "bpe" else 257) + 64 + 64  # + the default reserved ids
     assert 0 <= tok.eot_id < tok.vocab_size
     texts = TRICKY + list(corpus.documents("val"))
     for text in texts:
@@ -179,7 +179,60 @@ def test_saved_bpe_tokenizer_reloads_identically(text_dir, tmp_path):
     again = load_tokenizer(dm.cache.path / "tokenizer.json", "bpe")
     for text in TRICKY:
         assert again.encode(text) == dm.tokenizer.encode(text)
-    assert again.eot_id == dm.eot_id and again.vocab_size == dm.vocab_size == 320
+    assert again.eot_id == dm.eot_id and again.vocab_size == dm.vocab_size == 320 + 128
+
+
+# ----------------------------------------------------------------------------- reserved ids
+
+
+def _local_pretrained(text_dir: Path, folder: Path) -> dict:
+    """A 'pretrained' tokenizer without the network: a small BPE saved as <folder>/tokenizer.json (the
+    hub's layout) and loaded through tokenizer=pretrained, tokenizer.name=<folder>."""
+    from pelab.data.tokenizer import train_bpe
+
+    folder.mkdir(parents=True, exist_ok=True)
+    train_bpe(build_corpus(_src(text_dir)).documents("train"), vocab_size=300).tk.save(str(folder / "tokenizer.json"))
+    return {"kind": "pretrained", "name": str(folder), "reserved_keys": 5, "reserved_values": 7}
+
+
+@pytest.mark.parametrize("kind", ["byte", "bpe", "pretrained"])
+def test_reserved_ids_come_after_the_vocabulary_and_never_encode_text(kind, text_dir, tmp_path):
+    tok_cfg = {"byte": {"kind": "byte", "reserved_keys": 5, "reserved_values": 7},
+               "bpe": {**BPE_SMALL, "reserved_keys": 5, "reserved_values": 7},
+               "pretrained": _local_pretrained(text_dir, tmp_path / "hub")}[kind]
+    dm = _dm(text_dir, tmp_path / "cache", tokenizer=tok_cfg)
+    tok = dm.tokenizer
+    v0 = tok.base_vocab_size
+    assert (tok.reserved_key_ids, tok.reserved_value_ids) == (range(v0, v0 + 5), range(v0 + 5, v0 + 12))
+    assert tok.vocab_size == dm.vocab_size == v0 + 12
+    # recorded with the cache (meta.json, fingerprint -> summary.json data.fingerprint.reserved)
+    reserved = {"keys": [v0, v0 + 5], "values": [v0 + 5, v0 + 12]}
+    assert dm.reserved == dm.fingerprint["reserved"] == json.loads((dm.cache.path / "meta.json").read_text())["reserved"]
+    assert dm.reserved == reserved
+    assert dm.fingerprint["tokenizer"]["reserved_keys"] == 5
+    # no text token is a key or a value: every split, and text that spells the decoded form
+    for split in SPLITS:
+        assert int(np.max(dm.cache.tokens(split))) < v0
+    for text in [*TRICKY, "<k0> <v6> <|pelab_k0|>"]:
+        assert max(tok.encode(text), default=0) < v0
+    # decoded as <kN> / <vN> between text
+    ids = tok.encode("key ") + [v0 + 2] + tok.encode(" value ") + [v0 + 5 + 6]
+    assert tok.decode(ids) == "key <k2> value <v6>"
+    # a different reserved count is a different cache entry, with its own meta
+    other = _dm(text_dir, tmp_path / "cache", tokenizer={**tok_cfg, "reserved_keys": 6})
+    assert other.cache.path != dm.cache.path and other.vocab_size == dm.vocab_size + 1
+    assert other.reserved == {"keys": [v0, v0 + 6], "values": [v0 + 6, v0 + 13]}
+
+
+def test_local_pretrained_tokenizer_is_keyed_on_its_content(text_dir, tmp_path):
+    from pelab.data.tokenizer import tokenizer_fingerprint
+
+    cfg = _local_pretrained(text_dir, tmp_path / "hub")
+    before = tokenizer_fingerprint(cfg)
+    assert before["sha256"]
+    (tmp_path / "hub" / "tokenizer.json").write_text(
+        (tmp_path / "hub" / "tokenizer.json").read_text().replace('"<|endoftext|>"', '"<|endoftext|>"', 1) + " ")
+    assert tokenizer_fingerprint(cfg)["sha256"] != before["sha256"]
 
 
 # ----------------------------------------------------------------------------- cache
@@ -383,7 +436,10 @@ def test_lightning_resume_continues_the_exact_batch_stream(accumulate, text_dir,
 
 
 def test_recall_mix_hook_is_deterministic(text_dir, tmp_path):
-    def mixer(n, length, rng):  # marks rows with a recognisable pattern, drawn from the batch rng
+    seen = []
+
+    def mixer(n, length, rng, step, text):  # marks rows with a recognisable pattern, drawn from the batch rng
+        seen.append((step, text.shape))
         return np.full((n, length), 7) + rng.integers(0, 2, size=(n, 1))
 
     dm = _dm(text_dir, tmp_path, batch_size=8, recall_mix=0.25, mixer=mixer)
@@ -393,6 +449,7 @@ def test_recall_mix_hook_is_deterministic(text_dir, tmp_path):
         mixed = [bool((row == row[0]).all() and row[0] in (7, 8)) for row in x]
         assert mixed == [True, True] + [False] * 6
         assert torch.equal(x, dm.train_dataset().batch(step))
+    assert seen[::2] == [(step, (2, 33)) for step in range(5)]  # the step and the text rows it replaces
     with pytest.raises(DataConfigError, match="data.recall_mix"):
         LMDataModule(source=_src(text_dir), tokenizer="byte", seq_len=8, batch_size=2, recall_mix=1.5)
 
@@ -444,7 +501,7 @@ def test_from_hydra_config(text_dir, tmp_path):
     dm = LMDataModule.from_config(cfg)
     dm.setup()
     assert dm.train_dataset().batch(0).shape == (3, 25) and dm.seed == 5
-    assert dm.vocab_size == 300 and dm.cache.path.is_relative_to(tmp_path)
+    assert dm.vocab_size == 300 + 128 and dm.cache.path.is_relative_to(tmp_path)
     assert dm.fingerprint["corpus"]["glob"] == "**/*.txt"
 
 
@@ -513,7 +570,7 @@ def test_hf_parquet_with_native_splits(hf_offline, tmp_path):
         source=src, tokenizer=BPE_SMALL, seq_len=32, batch_size=2, cache_dir=str(tmp_path / "c")
     )
     dm.setup()
-    assert dm.vocab_size == 320 and dm.fingerprint["splits"]["val"]["n_docs"] == 5
+    assert dm.vocab_size == 320 + 128 and dm.fingerprint["splits"]["val"]["n_docs"] == 5
     with pytest.raises(CorpusError, match=r"data.text_field='text'.*\['body', 'n'\]"):
         build_corpus({**src, "text_field": "text"}).documents("train")
 
@@ -642,4 +699,4 @@ def test_default_stdlib_cache_speed(tmp_path):
     assert build_s < 60, f"default cache build took {build_s:.1f}s"
     assert load_s < 1.0, f"loading the built cache took {load_s:.2f}s"
     assert batches_per_s > 200
-    assert again.vocab_size == 4096 and 2.5 < again.bytes_per_token < 5
+    assert again.vocab_size == 4096 + 128 and 2.5 < again.bytes_per_token < 5

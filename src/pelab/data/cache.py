@@ -9,7 +9,8 @@ Layout under `paths.cache_dir` (default ~/.cache/pelab, or $PELAB_CACHE_DIR):
         {split}.idx.npy    int64 document start offsets, plus the total at the end (n_docs + 1,)
     tokens/<key>.lock      fcntl lock: concurrent builders wait for the first one
 
-`key` hashes the corpus fingerprint + tokenizer settings. A build writes into a temp folder
+`key` hashes the corpus fingerprint + tokenizer settings (the reserved key / value counts included; meta.json
+records the reserved id ranges as `reserved`). A build writes into a temp folder
 and renames it into place, so a crash never leaves a half cache and never touches a good one.
 Loading checks sizes and a cheap head/middle/tail hash; a bad cache warns and is rebuilt.
 """
@@ -121,7 +122,9 @@ def open_cache(
 
 def load_entry(entry: Path, built: bool = False) -> TokenCache:
     meta = json.loads((entry / "meta.json").read_text())
-    tok = load_tokenizer(entry / "tokenizer.json", meta["tokenizer_kind"], meta["eot_token"])
+    fp = meta["fingerprint"]["tokenizer"]
+    tok = load_tokenizer(entry / "tokenizer.json", meta["tokenizer_kind"], meta["eot_token"],
+                         fp["reserved_keys"], fp["reserved_values"])
     return TokenCache(entry, meta, tok, built)
 
 
@@ -181,6 +184,7 @@ def _build_entry(corpus: Corpus, tok_cfg: Mapping[str, Any] | str, entry: Path, 
             "eot_token": getattr(tok, "eot_token", EOT),
             "eot_id": tok.eot_id,
             "vocab_size": tok.vocab_size,
+            "reserved": tok.reserved,
             "dtype": dtype.name,
             "tokenizer_sha256": _sha256_file(tmp / "tokenizer.json"),
             "splits": splits,
