@@ -194,29 +194,15 @@ def test_probe_instances_never_appear_in_training_batches(small_texts, tmp_path)
 # a micro model learns mqar from these rows (fast)
 
 
-def _torch_default_init(model: torch.nn.Module) -> None:
-    """PyTorch's default Linear init, N(0, 1) token embeddings and an untied LM head (Zoology-like). Measured
-    on this CPU (d=64-128, 1 head, 2 layers, N = 4-8 pairs, lr 1e-3): with the GPT-2 init (std 0.02, tied) the
-    model stayed at the 1/N copy plateau for 1,400-2,000 steps; with this init it acquired mqar in 600-900 steps;
-    either change alone did not. The model's init is the model preset's choice; this test only shows that the
-    rows teach retrieval."""
-    for m in model.modules():
-        if isinstance(m, torch.nn.Linear):
-            m.reset_parameters()
-    torch.nn.init.normal_(model.tok_emb.weight, std=1.0)
-    model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.tok_emb.weight))
-    torch.nn.init.normal_(model.lm_head.weight, std=model.config.d_model ** -0.5)
-
-
 def test_micro_model_learns_mqar_from_answer_only_rows(small_texts, tmp_path):
     from pelab.model import build_model
 
     torch.manual_seed(0)
     dm = _mqar_dm(small_texts, tmp_path, seq_len=15, recall_pairs=4, recall_mix=1.0, batch_size=32)
     model = build_model({"n_layers": 2, "n_heads": 1, "d_model": 64, "d_ff": None, "dropout": 0.0, "bias": False,
-                         "attn_chunk_size": 512}, {"name": "rope", "_target_": "pelab.encodings.rotary.RoPE"},
+                         "attn_chunk_size": 512, "init": "torch", "tie_embeddings": False},
+                        {"name": "rope"},
                         dm.vocab_size, 15)
-    _torch_default_init(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.98), weight_decay=0.0)
     probes = [s for d in (0.0, 0.25, 0.5, 0.75, 1.0)
               for s in make_probe_samples("mqar", dm.tokenizer, 15, d, 40, 1234, filler_ids=dm.eval_tokens("val"),

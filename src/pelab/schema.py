@@ -40,6 +40,8 @@ class ModelConfig:
     dropout: float
     bias: bool
     attn_chunk_size: int
+    init: str  # gpt2 | torch
+    tie_embeddings: bool
 
 
 @dataclass
