@@ -643,3 +643,81 @@ def test_default_stdlib_cache_speed(tmp_path):
     assert load_s < 1.0, f"loading the built cache took {load_s:.2f}s"
     assert batches_per_s > 200
     assert again.vocab_size == 4096 and 2.5 < again.bytes_per_token < 5
+
+
+# ============================================================================= issue 17: checksums, honest text,
+# fast hub failures (cache.verify_entry, corpora.TextDirCorpus, tokenizer.hub_tokenizer_file)
+
+
+def _words_dir(root: Path, n_files: int, n_bytes: int, seed: int = 0) -> Path:
+    """`n_files` UTF-8 text files of ~`n_bytes` each (generated words, some non-ASCII)."""
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(n_files):
+        text = ""
+        while len(text) < n_bytes:
+            text += _doc(rng) + "\n"
+        (root / f"doc{i:03d}.txt").write_text(text, encoding="utf-8")
+    return root
+
+
+def _e2e(folder: Path, cache: Path, out: Path, *extra: str):
+    from conftest import FAST, compose
+
+    return compose([*FAST, "data=text_dir", f"data.path={folder}", f"paths.cache_dir={cache}", "logger=csv",
+                    "trainer.max_steps=4", "trainer.val_check_interval=4", "evaluate_after_fit=false",
+                    *extra], out)
+
+
+def test_corruption_in_the_middle_of_the_cache_is_detected_rebuilt_and_the_run_trains(tmp_path):
+    from pelab.tasks.train import build_datamodule, train
+
+    folder = _words_dir(tmp_path / "texts", 12, 40_000)
+    cfg = _e2e(folder, tmp_path / "cache", tmp_path / "run")
+    dm = build_datamodule(cfg, 8)
+    dm.prepare_data()
+    dm.setup()
+    entry, size = dm.cache.path, (dm.cache.path / "train.bin").stat().st_size
+    assert (entry / "verified.json").is_file() and verify_entry(entry) is None
+    # The issue's damage on an 18 MB train.bin (bytes 200,000..8,700,000 set to 0xFF), scaled to this file:
+    # same size, head and tail intact; 0xFFFF is no byte-tokenizer id (the old cache let it reach the model).
+    lo, hi = size * 200_000 // 18_118_066 & ~1, size * 8_700_000 // 18_118_066 & ~1
+    with open(entry / "train.bin", "r+b") as f:
+        f.seek(lo)
+        f.write(b"\xff" * (hi - lo))
+    assert (entry / "train.bin").stat().st_size == size
+    with pytest.warns(CacheRebuildWarning, match=r"train\.bin does not match its checksum.*rebuilding"):
+        summary = train(cfg)
+    assert summary["status"] == "ok", summary.get("error")
+    assert summary["metrics"]["val/ppl"] < 257  # trained on real byte ids (a model guessing uniformly: 257)
+    tokens = np.fromfile(entry / "train.bin", dtype=np.uint16)
+    assert tokens.max() < 257 and len(tokens) * 2 == size
+
+
+def test_checksums_cover_every_byte_and_verified_files_are_not_rehashed(tmp_path):
+    folder = _words_dir(tmp_path / "texts", 6, 200_000)
+    corpus = build_corpus(_src(folder))
+    cache = open_cache(corpus, "byte", tmp_path)
+    entry = cache.path
+    meta = json.loads((entry / "meta.json").read_text())
+    assert set(meta["files"]) == {"tokenizer.json", *(f"{s}{x}" for s in SPLITS for x in (".bin", ".idx.npy"))}
+    stamps = json.loads((entry / "verified.json").read_text())
+    assert set(stamps) == set(meta["files"]), "the build records every file as verified"
+    # One byte at a quarter of the file: outside the old head / middle / tail samples.
+    path = entry / "train.bin"
+    assert path.stat().st_size > 4 * (1 << 16) * 2
+    with open(path, "r+b") as f:
+        f.seek(path.stat().st_size // 4)
+        old = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([old[0] ^ 1]))
+    assert verify_entry(entry) == "train.bin does not match its checksum (corrupted)"
+    with pytest.warns(CacheRebuildWarning, match=rf"{entry}: train\.bin does not match"):
+        again = open_cache(corpus, "byte", tmp_path)
+    assert again.built and verify_entry(entry) is None
+    # A verified, unchanged file is not read again: its stamp (size, mtime, inode, sha256) stands for it.
+    stamps = json.loads((entry / "verified.json").read_text())
+    stamps["train.bin"][-1] = "0" * 64  # a stamp for another checksum does not count
+    (entry / "verified.json").write_text(json.dumps(stamps))
+    assert verify_entry(entry) is None
+    assert json.loads((entry / "verified.json").read_text())["train.bin"][-1] == meta["files"]["train.bin"]["sha256"]
