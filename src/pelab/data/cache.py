@@ -40,7 +40,7 @@ from pelab.data.tokenizer import EOT, Tokenizer, load_tokenizer, make_tokenizer,
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 2  # 2: whole-file checksums (`files`)
+CACHE_VERSION = 2  # 2: whole-file checksums (`files`), n_bytes = the documents' bytes on disk
 _VERIFIED = "verified.json"
 _CHUNK_BYTES = 4 << 20  # text per encode_batch call
 
@@ -206,7 +206,7 @@ def _build_entry(corpus: Corpus, tok_cfg: Mapping[str, Any] | str, entry: Path, 
         splits = {}
         for split in SPLITS:
             splits[split] = _encode_split(
-                corpus.documents(split), tok, dtype, tmp / f"{split}.bin", tmp / f"{split}.idx.npy"
+                corpus.sized_documents(split), tok, dtype, tmp / f"{split}.bin", tmp / f"{split}.idx.npy"
             )
             if splits[split]["n_docs"] == 0:
                 raise CorpusError(
@@ -251,20 +251,21 @@ def _bpe_training_docs(corpus: Corpus, tok_fp: Mapping[str, Any]) -> Iterable[st
 
 
 def _encode_split(
-    docs: Iterable[str], tok: Tokenizer, dtype: np.dtype, bin_path: Path, idx_path: Path
+    docs: Iterable[tuple[str, int]], tok: Tokenizer, dtype: np.dtype, bin_path: Path, idx_path: Path
 ) -> dict[str, Any]:
-    """Stream documents through encode_batch into `bin_path`; EOT after every document."""
+    """Stream (text, bytes) documents through encode_batch into `bin_path`; EOT after every document.
+    `bytes` is the document's size in its source (a file's bytes on disk), the denominator of bits per byte."""
     eot = np.array([tok.eot_id], dtype=dtype)
     starts: list[int] = []
     n_tokens = n_bytes = 0
     with open(bin_path, "wb") as f:
         for chunk in _chunks(docs, _CHUNK_BYTES):
             parts = []
-            for text, ids in zip(chunk, tok.encode_batch(chunk)):
+            for (_, size), ids in zip(chunk, tok.encode_batch([text for text, _ in chunk])):
                 starts.append(n_tokens)
                 parts += [np.asarray(ids, dtype=dtype), eot]
                 n_tokens += len(ids) + 1
-                n_bytes += len(text.encode("utf-8"))
+                n_bytes += size
             f.write(np.concatenate(parts).tobytes())
     np.save(idx_path, np.asarray(starts + [n_tokens], dtype=np.int64))
     return {
@@ -276,13 +277,13 @@ def _encode_split(
     }
 
 
-def _chunks(docs: Iterable[str], max_chars: int) -> Iterator[list[str]]:
-    buf: list[str] = []
+def _chunks(docs: Iterable[tuple[str, int]], max_bytes: int) -> Iterator[list[tuple[str, int]]]:
+    buf: list[tuple[str, int]] = []
     size = 0
     for d in docs:
         buf.append(d)
-        size += len(d)
-        if size >= max_chars:
+        size += d[1]
+        if size >= max_bytes:
             yield buf
             buf, size = [], 0
     if buf:
