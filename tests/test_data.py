@@ -808,3 +808,47 @@ def test_folder_of_random_binary_files_is_one_error_before_tokenizing(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "failed" and "model" not in summary
     assert [p.suffix for p in (tmp_path / "cache" / "tokens").iterdir()] == [".lock"], "no cache entry left behind"
+
+
+def _hub_cache_with(root: Path, repo: str, tokenizer_json: Path) -> Path:
+    """The Hugging Face hub cache layout (models--org--name/refs/main -> snapshots/<commit>/tokenizer.json)."""
+    folder = root / f"models--{repo.replace('/', '--')}"
+    commit = "0" * 40
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(commit)
+    (folder / "snapshots" / commit).mkdir(parents=True)
+    (folder / "snapshots" / commit / "tokenizer.json").write_bytes(tokenizer_json.read_bytes())
+    return root
+
+
+def test_pretrained_tokenizer_from_the_local_hub_cache_offline(hf_offline, text_dir, tmp_path, monkeypatch):
+    import huggingface_hub.constants as hub_constants
+
+    bpe = make_tokenizer(BPE_SMALL, build_corpus(_src(text_dir)).documents("train"))
+    bpe.save(tmp_path / "tokenizer.json")
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(_hub_cache_with(tmp_path / "hub", "org/tiny",
+                                                                           tmp_path / "tokenizer.json")))
+    t0 = time.perf_counter()
+    tok = load_pretrained("org/tiny")
+    assert time.perf_counter() - t0 < 2
+    assert tok.encode(TRICKY[0]) == bpe.encode(TRICKY[0]) and tok.eot_id == bpe.eot_id
+    with pytest.raises(TokenizerError, match=r"tokenizer.name='org/other' is not in the local .*HF_HUB_OFFLINE"):
+        load_pretrained("org/other")
+
+
+def test_unreachable_hub_fails_fast_in_one_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    # A real process against a hub endpoint that refuses connections, with an empty hub cache.
+    code = ("from pelab.data.tokenizer import load_pretrained\n"
+            "try:\n    load_pretrained('org/does-not-exist')\nexcept Exception as e:\n    print(repr(e))\n")
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "0"}
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
+                         check=False)
+    elapsed = time.perf_counter() - t0
+    assert ("TokenizerError(\"tokenizer.name='org/does-not-exist' is not in the local Hugging Face cache and the "
+            "hub is unreachable") in out.stdout, out.stdout + out.stderr
+    assert "Retrying" not in out.stderr and elapsed < 10, (elapsed, out.stderr)  # was ~25 s of retries
