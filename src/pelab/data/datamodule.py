@@ -354,10 +354,7 @@ class LMDataModule(L.LightningDataModule):
             "cache_path": str(cache.path),
             "vocab_size": self.vocab_size,
             "reserved": self.reserved,
-            "splits": {
-                s: {k: v for k, v in m.items() if k != "sample_sha256"}
-                for s, m in cache.meta["splits"].items()
-            },
+            "splits": cache.meta["splits"],
         }
         self._val = fixed_windows(cache.tokens("val"), self.seq_len, self.val_windows)  # (N, T+1)
         self._test = fixed_windows(cache.tokens("test"), self.seq_len, self.val_windows)

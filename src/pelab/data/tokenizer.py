@@ -215,24 +215,59 @@ def load_pretrained(
     name: str | None, revision: str | None = None, eot_token: str | None = None,
     reserved_keys: int = RESERVED_DEFAULT, reserved_values: int = RESERVED_DEFAULT,
 ) -> HFTokenizer:
-    """`tokenizers.Tokenizer.from_pretrained` (no transformers needed), or `from_file` when `name` is a local
-    tokenizer.json or a folder holding one (a saved hub tokenizer, offline)."""
+    """A local tokenizer.json (or a folder holding one, e.g. a saved hub tokenizer: offline), else the hub
+    repo's tokenizer.json (`hub_tokenizer_file`), as a `tokenizers.Tokenizer` (no transformers needed)."""
     from tokenizers import Tokenizer as _Tk
 
     if not name or name == "???":
         raise TokenizerError("tokenizer=pretrained needs a hub name: set tokenizer.name=gpt2 (for example)")
     local = _local_tokenizer_file(name)
+    path = str(local) if local is not None else hub_tokenizer_file(name, revision)
     try:
-        if local is not None:
-            tk = _Tk.from_file(str(local))
-        else:
-            tk = _Tk.from_pretrained(name, revision=revision or "main")
-    except Exception as e:  # offline, unknown repo, no tokenizer.json in the repo
+        tk = _Tk.from_file(path)
+    except Exception as e:  # a tokenizer.json this version of `tokenizers` cannot read
         raise TokenizerError(
-            f"cannot fetch tokenizer.name={name!r} from the Hugging Face hub ({type(e).__name__}: {e}). "
-            "Offline? Use tokenizer=bpe (trained locally) or tokenizer=byte."
+            f"tokenizer.name={name!r}: cannot read its tokenizer.json ({type(e).__name__}: {e}); "
+            "use another tokenizer.name, tokenizer=bpe or tokenizer=byte"
         ) from e
     return HFTokenizer(tk, eot_token or _guess_eot(tk, name), "pretrained", reserved_keys, reserved_values)
+
+
+def hub_tokenizer_file(name: str, revision: str | None = None) -> str:
+    """Local path of hub repo `name`'s tokenizer.json: from the local Hugging Face cache if it is there, else
+    downloaded. Fails fast, in one line, when the hub is unreachable (or HF_HUB_OFFLINE is set) or does not
+    know the name: one request with the hub's metadata timeout (HF_HUB_ETAG_TIMEOUT, 10 s) and no retries,
+    where `hf_hub_download` alone retries for ~25 s before giving up."""
+    import huggingface_hub as hub
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError
+
+    where = f"tokenizer.name={name!r}" + (f" (tokenizer.revision={revision!r})" if revision else "")
+    offline_fix = "use tokenizer=bpe (trained locally) or tokenizer=byte, or run once with network access"
+    try:
+        cached = hub.try_to_load_from_cache(name, "tokenizer.json", revision=revision)
+    except HFValidationError as e:
+        raise TokenizerError(f"{where} is not a Hugging Face hub repo name ({e}); set e.g. tokenizer.name=gpt2") from e
+    if isinstance(cached, str):
+        return cached
+    if hub.constants.is_offline_mode():
+        raise TokenizerError(
+            f"{where} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; {offline_fix}"
+        )
+    url = hub.hf_hub_url(name, "tokenizer.json", revision=revision)
+    try:
+        hub.get_hf_file_metadata(url, timeout=hub.constants.HF_HUB_ETAG_TIMEOUT)
+    except HfHubHTTPError as e:  # the hub answered: no such repo / revision / file, or no access
+        first = str(e).splitlines()[0]
+        raise TokenizerError(
+            f"{where} has no tokenizer.json on the Hugging Face hub ({type(e).__name__}: {first}); check the "
+            "name (a repo that ships tokenizer.json, e.g. gpt2), or use tokenizer=bpe or tokenizer=byte"
+        ) from e
+    except Exception as e:  # no answer: offline, DNS, proxy, timeout
+        raise TokenizerError(
+            f"{where} is not in the local Hugging Face cache and the hub is unreachable "
+            f"({type(e).__name__}: {e}); {offline_fix}"
+        ) from e
+    return hub.hf_hub_download(name, "tokenizer.json", revision=revision)
 
 
 def _guess_eot(tk: Any, name: str) -> str:
