@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 MODEL_RUNTIME_KEYS = ("name", "dropout", "attn_chunk_size")
 
 
+RESUME_HINT = "Relaunch the same command with ckpt_path=auto (and the same paths.output_dir) to continue."
+
+
 class Preempted(BaseException):
     """The job received a preemption signal or Ctrl-C; `ckpt` holds everything trained (None: nothing new to
     save). `status`: "interrupted" for Ctrl-C (SIGINT), else "preempted".
@@ -47,11 +50,10 @@ class Preempted(BaseException):
     A BaseException, like KeyboardInterrupt: raised by a signal handler in the middle of any call, it must not
     be swallowed by an `except Exception` there (logging's handlers catch and print those)."""
 
-    def __init__(self, signum: int, step: int | None = None, ckpt: str | None = None):
+    def __init__(self, signum: int, step: int | None = None, ckpt: str | None = None, hint: str = RESUME_HINT):
         self.signum, self.step, self.ckpt = signum, step, ckpt
         where = f" at step {step}; saved {ckpt}" if ckpt else ""
-        super().__init__(f"received {signal.Signals(signum).name}{where}. Relaunch the same command with "
-                         "ckpt_path=auto (and the same paths.output_dir) to continue.")
+        super().__init__(f"received {signal.Signals(signum).name}{where}. {hint}")
 
     @property
     def status(self) -> str:
@@ -107,15 +109,16 @@ class JobSignals:
     After a first Ctrl-C, and while the job is finishing (`finishing()`: summary, W&B), a signal calls
     `quit_now` instead: a second Ctrl-C never waits."""
 
-    def __init__(self, signals: tuple[int, ...], quit_now: QuitNow | None = None):
+    def __init__(self, signals: tuple[int, ...], quit_now: QuitNow | None = None, hint: str = RESUME_HINT):
         self.signals = signals
         self.quit_now = quit_now
+        self.hint = hint  # what the user should do next, in the Preempted message
         self.previous: dict[int, Any] = {}
 
     def _raise(self, signum: int, frame: Any) -> None:
         if signum == signal.SIGINT:
             _quit_on((signal.SIGINT,), self.quit_now)
-        raise Preempted(signum)
+        raise Preempted(signum, hint=self.hint)
 
     def finishing(self) -> None:
         _quit_on(self.signals, self.quit_now)

@@ -94,17 +94,18 @@ class Task:
 
 
 @contextmanager
-def run_task(output_dir: Path, *, rank: int = 0, signals: tuple[int, ...] = (), **fields: Any) -> Iterator[Task]:
+def run_task(output_dir: Path, *, rank: int = 0, signals: tuple[int, ...] = (), hint: str | None = None,
+             **fields: Any) -> Iterator[Task]:
     """Run the body as one job: summary.json is written at once (status "running"), and on leaving it holds
     the job's outcome and its W&B run is finished.
 
     `signals`: preemption signals and SIGINT, which raise `Preempted` in the body (see
     `pelab.harness.reliability`); such a job ends normally with status "preempted" or "interrupted" (the
-    caller exits with its EXIT_CODES). Any other exception is recorded and re-raised. Only rank 0 writes
-    summary.json.
+    caller exits with its EXIT_CODES), `hint` saying how to go on (default: relaunch with ckpt_path=auto).
+    Any other exception is recorded and re-raised. Only rank 0 writes summary.json.
     """
     from pelab.harness.loggers import finish_wandb
-    from pelab.harness.reliability import JobSignals, Preempted
+    from pelab.harness.reliability import RESUME_HINT, JobSignals, Preempted
 
     quiet_third_party()
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -112,7 +113,7 @@ def run_task(output_dir: Path, *, rank: int = 0, signals: tuple[int, ...] = (), 
                                "command": command_line(), "versions": versions()}
     task = Task(output_dir, summary, rank)
     task.save()
-    with JobSignals(signals, quit_now=task.quit_now) as job_signals:
+    with JobSignals(signals, quit_now=task.quit_now, hint=hint or RESUME_HINT) as job_signals:
         try:
             yield task
             summary["status"] = "ok"
