@@ -78,7 +78,7 @@ def test_bad_setting_is_one_line_naming_it(overrides, key):
 def test_the_message_says_what_the_value_must_be():
     assert "converted to Integer" in _fails_naming(["trainer.max_steps=abc"], "trainer.max_steps")
     assert "[0, 1]" in _fails_naming(["probes.depths=[0.5,1.5]"], "probes.depths")
-    assert "[kv, passkey]" in _fails_naming(["probes.kinds=[kv,bogus]"], "probes.kinds")
+    assert "[kv, passkey, mqar," in _fails_naming(["probes.kinds=[kv,bogus]"], "probes.kinds")
 
 
 # -- through the real command line: exit 1, one `Error:` line, nothing built --------------------------

@@ -21,11 +21,12 @@ def test_dashboard_spec_names_exactly_the_metrics_the_runs_log(sweep, capsys):
     plotted = dashboard.spec_metric_keys(spec)
     for s in summaries(sweep):
         logged = set(s["metrics"])
-        assert plotted <= logged  # no panel names a key that is never logged
+        assert plotted - dashboard.DEVICE_DEPENDENT <= logged  # no panel names a key that is never logged
         # every evaluation scalar has a panel, except the probes' mean log-prob (in the tables only)
         evaluation = {k for k in logged if k.startswith(("extrap/", "probe/")) and "/logprob@" not in k}
         assert plotted - set(dashboard.TRAINING_METRICS) == evaluation
-        assert set(dashboard.TRAINING_METRICS) <= logged
+        assert set(dashboard.TRAINING_METRICS) - dashboard.DEVICE_DEPENDENT <= logged
+        assert "train/mfu" not in logged  # CPU: no peak FLOP/s, so no MFU (GPU runs log it)
         media = {m for sec in spec["sections"] for p in sec["panels"] for m in p.get("media_keys", [])}
         assert media == {f"plots/{k}" for k in s["evaluation"]["plots"]}
         for col in spec["runset"]["pinned_columns"]:

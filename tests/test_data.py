@@ -157,7 +157,7 @@ def test_bpe_training_sample_is_spread_over_the_split():
 def test_tokenizer_round_trip(kind, text_dir):
     corpus = build_corpus(_src(text_dir))
     tok = make_tokenizer(BPE_SMALL if kind == "bpe" else "byte", corpus.documents("train"))
-    assert tok.vocab_size == (320 if kind == "bpe" else 257)
+    assert tok.vocab_size == (320 if kind == "bpe" else 257) + 64 + 64  # + the default reserved ids
     assert 0 <= tok.eot_id < tok.vocab_size
     texts = TRICKY + list(corpus.documents("val"))
     for text in texts:
@@ -179,7 +179,60 @@ def test_saved_bpe_tokenizer_reloads_identically(text_dir, tmp_path):
     again = load_tokenizer(dm.cache.path / "tokenizer.json", "bpe")
     for text in TRICKY:
         assert again.encode(text) == dm.tokenizer.encode(text)
-    assert again.eot_id == dm.eot_id and again.vocab_size == dm.vocab_size == 320
+    assert again.eot_id == dm.eot_id and again.vocab_size == dm.vocab_size == 320 + 128
+
+
+# ----------------------------------------------------------------------------- reserved ids
+
+
+def _local_pretrained(text_dir: Path, folder: Path) -> dict:
+    """A 'pretrained' tokenizer without the network: a small BPE saved as <folder>/tokenizer.json (the
+    hub's layout) and loaded through tokenizer=pretrained, tokenizer.name=<folder>."""
+    from pelab.data.tokenizer import train_bpe
+
+    folder.mkdir(parents=True, exist_ok=True)
+    train_bpe(build_corpus(_src(text_dir)).documents("train"), vocab_size=300).tk.save(str(folder / "tokenizer.json"))
+    return {"kind": "pretrained", "name": str(folder), "reserved_keys": 5, "reserved_values": 7}
+
+
+@pytest.mark.parametrize("kind", ["byte", "bpe", "pretrained"])
+def test_reserved_ids_come_after_the_vocabulary_and_never_encode_text(kind, text_dir, tmp_path):
+    tok_cfg = {"byte": {"kind": "byte", "reserved_keys": 5, "reserved_values": 7},
+               "bpe": {**BPE_SMALL, "reserved_keys": 5, "reserved_values": 7},
+               "pretrained": _local_pretrained(text_dir, tmp_path / "hub")}[kind]
+    dm = _dm(text_dir, tmp_path / "cache", tokenizer=tok_cfg)
+    tok = dm.tokenizer
+    v0 = tok.base_vocab_size
+    assert (tok.reserved_key_ids, tok.reserved_value_ids) == (range(v0, v0 + 5), range(v0 + 5, v0 + 12))
+    assert tok.vocab_size == dm.vocab_size == v0 + 12
+    # recorded with the cache (meta.json, fingerprint -> summary.json data.fingerprint.reserved)
+    reserved = {"keys": [v0, v0 + 5], "values": [v0 + 5, v0 + 12]}
+    assert dm.reserved == dm.fingerprint["reserved"] == json.loads((dm.cache.path / "meta.json").read_text())["reserved"]
+    assert dm.reserved == reserved
+    assert dm.fingerprint["tokenizer"]["reserved_keys"] == 5
+    # no text token is a key or a value: every split, and text that spells the decoded form
+    for split in SPLITS:
+        assert int(np.max(dm.cache.tokens(split))) < v0
+    for text in [*TRICKY, "<k0> <v6> <|pelab_k0|>"]:
+        assert max(tok.encode(text), default=0) < v0
+    # decoded as <kN> / <vN> between text
+    ids = tok.encode("key ") + [v0 + 2] + tok.encode(" value ") + [v0 + 5 + 6]
+    assert tok.decode(ids) == "key <k2> value <v6>"
+    # a different reserved count is a different cache entry, with its own meta
+    other = _dm(text_dir, tmp_path / "cache", tokenizer={**tok_cfg, "reserved_keys": 6})
+    assert other.cache.path != dm.cache.path and other.vocab_size == dm.vocab_size + 1
+    assert other.reserved == {"keys": [v0, v0 + 6], "values": [v0 + 6, v0 + 13]}
+
+
+def test_local_pretrained_tokenizer_is_keyed_on_its_content(text_dir, tmp_path):
+    from pelab.data.tokenizer import tokenizer_fingerprint
+
+    cfg = _local_pretrained(text_dir, tmp_path / "hub")
+    before = tokenizer_fingerprint(cfg)
+    assert before["sha256"]
+    (tmp_path / "hub" / "tokenizer.json").write_text(
+        (tmp_path / "hub" / "tokenizer.json").read_text().replace('"<|endoftext|>"', '"<|endoftext|>"', 1) + " ")
+    assert tokenizer_fingerprint(cfg)["sha256"] != before["sha256"]
 
 
 # ----------------------------------------------------------------------------- cache
@@ -383,7 +436,10 @@ def test_lightning_resume_continues_the_exact_batch_stream(accumulate, text_dir,
 
 
 def test_recall_mix_hook_is_deterministic(text_dir, tmp_path):
-    def mixer(n, length, rng):  # marks rows with a recognisable pattern, drawn from the batch rng
+    seen = []
+
+    def mixer(n, length, rng, step, text):  # marks rows with a recognisable pattern, drawn from the batch rng
+        seen.append((step, text.shape))
         return np.full((n, length), 7) + rng.integers(0, 2, size=(n, 1))
 
     dm = _dm(text_dir, tmp_path, batch_size=8, recall_mix=0.25, mixer=mixer)
@@ -393,6 +449,7 @@ def test_recall_mix_hook_is_deterministic(text_dir, tmp_path):
         mixed = [bool((row == row[0]).all() and row[0] in (7, 8)) for row in x]
         assert mixed == [True, True] + [False] * 6
         assert torch.equal(x, dm.train_dataset().batch(step))
+    assert seen[::2] == [(step, (2, 33)) for step in range(5)]  # the step and the text rows it replaces
     with pytest.raises(DataConfigError, match="data.recall_mix"):
         LMDataModule(source=_src(text_dir), tokenizer="byte", seq_len=8, batch_size=2, recall_mix=1.5)
 
@@ -444,7 +501,7 @@ def test_from_hydra_config(text_dir, tmp_path):
     dm = LMDataModule.from_config(cfg)
     dm.setup()
     assert dm.train_dataset().batch(0).shape == (3, 25) and dm.seed == 5
-    assert dm.vocab_size == 300 and dm.cache.path.is_relative_to(tmp_path)
+    assert dm.vocab_size == 300 + 128 and dm.cache.path.is_relative_to(tmp_path)
     assert dm.fingerprint["corpus"]["glob"] == "**/*.txt"
 
 
@@ -513,7 +570,7 @@ def test_hf_parquet_with_native_splits(hf_offline, tmp_path):
         source=src, tokenizer=BPE_SMALL, seq_len=32, batch_size=2, cache_dir=str(tmp_path / "c")
     )
     dm.setup()
-    assert dm.vocab_size == 320 and dm.fingerprint["splits"]["val"]["n_docs"] == 5
+    assert dm.vocab_size == 320 + 128 and dm.fingerprint["splits"]["val"]["n_docs"] == 5
     with pytest.raises(CorpusError, match=r"data.text_field='text'.*\['body', 'n'\]"):
         build_corpus({**src, "text_field": "text"}).documents("train")
 
@@ -642,4 +699,213 @@ def test_default_stdlib_cache_speed(tmp_path):
     assert build_s < 60, f"default cache build took {build_s:.1f}s"
     assert load_s < 1.0, f"loading the built cache took {load_s:.2f}s"
     assert batches_per_s > 200
-    assert again.vocab_size == 4096 and 2.5 < again.bytes_per_token < 5
+    assert again.vocab_size == 4096 + 128 and 2.5 < again.bytes_per_token < 5
+
+
+# ============================================================================= issue 17: checksums, honest text,
+# fast hub failures (cache.verify_entry, corpora.TextDirCorpus, tokenizer.hub_tokenizer_file)
+
+
+def _words_dir(root: Path, n_files: int, n_bytes: int, seed: int = 0) -> Path:
+    """`n_files` UTF-8 text files of ~`n_bytes` each (generated words, some non-ASCII)."""
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(n_files):
+        text = ""
+        while len(text) < n_bytes:
+            text += _doc(rng) + "\n"
+        (root / f"doc{i:03d}.txt").write_text(text, encoding="utf-8")
+    return root
+
+
+def _e2e(folder: Path, cache: Path, out: Path, *extra: str):
+    from conftest import FAST, compose
+
+    return compose([*FAST, "data=text_dir", f"data.path={folder}", f"paths.cache_dir={cache}", "logger=csv",
+                    "trainer.max_steps=4", "trainer.val_check_interval=4", "evaluate_after_fit=false",
+                    *extra], out)
+
+
+def test_corruption_in_the_middle_of_the_cache_is_detected_rebuilt_and_the_run_trains(tmp_path):
+    from pelab.tasks.train import build_datamodule, train
+
+    folder = _words_dir(tmp_path / "texts", 12, 40_000)
+    cfg = _e2e(folder, tmp_path / "cache", tmp_path / "run")
+    dm = build_datamodule(cfg, 8)
+    dm.prepare_data()
+    dm.setup()
+    entry, size = dm.cache.path, (dm.cache.path / "train.bin").stat().st_size
+    assert (entry / "verified.json").is_file() and verify_entry(entry) is None
+    # The issue's damage on an 18 MB train.bin (bytes 200,000..8,700,000 set to 0xFF), scaled to this file:
+    # same size, head and tail intact; 0xFFFF is no byte-tokenizer id (the old cache let it reach the model).
+    lo, hi = size * 200_000 // 18_118_066 & ~1, size * 8_700_000 // 18_118_066 & ~1
+    with open(entry / "train.bin", "r+b") as f:
+        f.seek(lo)
+        f.write(b"\xff" * (hi - lo))
+    assert (entry / "train.bin").stat().st_size == size
+    with pytest.warns(CacheRebuildWarning, match=r"train\.bin does not match its checksum.*rebuilding"):
+        summary = train(cfg)
+    assert summary["status"] == "ok", summary.get("error")
+    assert summary["metrics"]["val/ppl"] < 257  # trained on real byte ids (a model guessing uniformly: 257)
+    tokens = np.fromfile(entry / "train.bin", dtype=np.uint16)
+    assert tokens.max() < 257 and len(tokens) * 2 == size
+
+
+def test_checksums_cover_every_byte_and_verified_files_are_not_rehashed(tmp_path):
+    folder = _words_dir(tmp_path / "texts", 6, 200_000)
+    corpus = build_corpus(_src(folder))
+    cache = open_cache(corpus, "byte", tmp_path)
+    entry = cache.path
+    meta = json.loads((entry / "meta.json").read_text())
+    assert set(meta["files"]) == {"tokenizer.json", *(f"{s}{x}" for s in SPLITS for x in (".bin", ".idx.npy"))}
+    stamps = json.loads((entry / "verified.json").read_text())
+    assert set(stamps) == set(meta["files"]), "the build records every file as verified"
+    # One byte at a quarter of the file: outside the old head / middle / tail samples.
+    path = entry / "train.bin"
+    assert path.stat().st_size > 4 * (1 << 16) * 2
+    with open(path, "r+b") as f:
+        f.seek(path.stat().st_size // 4)
+        old = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([old[0] ^ 1]))
+    assert verify_entry(entry) == "train.bin does not match its checksum (corrupted)"
+    with pytest.warns(CacheRebuildWarning, match=rf"{entry}: train\.bin does not match"):
+        again = open_cache(corpus, "byte", tmp_path)
+    assert again.built and verify_entry(entry) is None
+    # A verified, unchanged file is not read again: its stamp (size, mtime, inode, sha256) stands for it.
+    stamps = json.loads((entry / "verified.json").read_text())
+    stamps["train.bin"][-1] = "0" * 64  # a stamp for another checksum does not count
+    (entry / "verified.json").write_text(json.dumps(stamps))
+    assert verify_entry(entry) is None
+    assert json.loads((entry / "verified.json").read_text())["train.bin"][-1] == meta["files"]["train.bin"]["sha256"]
+
+
+def _latin1_dir(root: Path) -> tuple[Path, list[str]]:
+    root.mkdir(parents=True, exist_ok=True)
+    texts = [f"Café n°{i}: naïve façade, Ångström, señor, déjà vu, 50 µm, ±3 °C. " * 40 for i in range(5)]
+    for i, t in enumerate(texts):
+        (root / f"latin{i}.txt").write_bytes(t.encode("latin-1"))
+    return root, texts
+
+
+def test_latin1_files_decode_with_data_encoding_and_bits_per_byte_count_the_files_bytes(tmp_path):
+    import warnings as _w
+
+    from pelab.data.corpora import CorpusWarning
+
+    folder, texts = _latin1_dir(tmp_path / "latin")
+    with _w.catch_warnings():
+        _w.simplefilter("error")  # correct decoding: nothing to report
+        corpus = build_corpus(_src(folder, encoding="latin-1"))
+        docs = {s: list(corpus.documents(s)) for s in SPLITS}
+    assert sorted(itertools.chain(*docs.values())) == sorted(texts), "decoded exactly"
+    cache = open_cache(corpus, "byte", tmp_path / "cache")
+    for s in SPLITS:
+        on_disk = sum((folder / r).stat().st_size for r in corpus.files(s))
+        assert cache.meta["splits"][s]["n_bytes"] == on_disk  # not the UTF-8 re-encoding (2 bytes per é)
+        assert cache.n_tokens(s) > on_disk  # the byte tokenizer sees UTF-8: more tokens than file bytes
+    # Read as UTF-8 (the default) the same files are kept, with a warning counting the replaced bytes.
+    wrong = build_corpus(_src(folder))
+    with pytest.warns(CorpusWarning, match=r"data.encoding='utf-8'.*kept 5 files with \d+ undecodable .*latin0\.txt"):
+        wrong.files("train")
+    utf8 = open_cache(wrong, "byte", tmp_path / "cache")
+    assert utf8.path != cache.path, "the encoding is part of the cache key"
+    assert utf8.meta["splits"]["train"]["n_bytes"] == cache.meta["splits"]["train"]["n_bytes"], (
+        "bits per byte count the file's bytes, not 3 per U+FFFD"
+    )
+    with pytest.raises(CorpusError, match=r"data.encoding='klingon'"):
+        build_corpus(_src(folder, encoding="klingon"))
+    with pytest.raises(CorpusError, match=r"data.encoding='rot13'"):
+        build_corpus(_src(folder, encoding="rot13"))
+
+
+def test_mixed_folder_skips_binaries_keeps_the_text_splits_and_trains(tmp_path):
+    from pelab.data.corpora import CorpusWarning
+    from pelab.tasks.train import train
+
+    text = _words_dir(tmp_path / "mixed", 20, 3_000)
+    before = build_corpus(_src(text, glob="*"))
+    split_of_text = {s: before.files(s) for s in SPLITS}
+    rng = random.Random(3)
+    for i in range(4):
+        (text / f"blob{i}.bin").write_bytes(bytes(rng.randrange(256) for _ in range(4096)))
+    (text / "zz-latin.txt").write_bytes("déjà vu, señor".encode("latin-1") * 50)
+    corpus = build_corpus(_src(text, glob="*"))
+    with pytest.warns(CorpusWarning) as rec:
+        files = {s: corpus.files(s) for s in SPLITS}
+    (msg,) = [str(w.message) for w in rec]
+    assert "skipped 4 of 25 files as binary" in msg and "blob0.bin, blob1.bin, blob2.bin, ..." in msg
+    assert "kept 1 files with 150 undecodable byte sequences" in msg and "zz-latin.txt (150)" in msg  # é, à, ñ x 50
+    assert "\n" not in msg
+    assert not any(f.startswith("blob") for f in itertools.chain(*files.values()))
+    for s in SPLITS:  # the binaries take no text file's place
+        assert [f for f in files[s] if f != "zz-latin.txt"] == split_of_text[s]
+    with pytest.warns(CorpusWarning, match="skipped 4 of 25"):
+        summary = train(_e2e(text, tmp_path / "cache", tmp_path / "run", "data.glob=*"))
+    assert summary["status"] == "ok", summary.get("error")
+    assert summary["data"]["fingerprint"]["corpus"]["n_files"] == 25
+
+
+def test_folder_of_random_binary_files_is_one_error_before_tokenizing(tmp_path):
+    from pelab.harness.reliability import is_user_error
+    from pelab.tasks.train import train
+
+    folder = tmp_path / "binary"
+    folder.mkdir()
+    rng = random.Random(4)
+    for i in range(6):  # random bytes: NULs, or (small files) mostly undecodable
+        (folder / f"f{i}.dat").write_bytes(bytes(rng.randrange(256) for _ in range(rng.choice([64, 5000]))))
+    out = tmp_path / "run"
+    with pytest.raises(CorpusError) as err:
+        train(_e2e(folder, tmp_path / "cache", out, "data.glob=*"))
+    message = str(err.value)
+    assert is_user_error(err.value) and "\n" not in message
+    for key in (f"data.path={folder}", "data.glob='*'", "data.encoding='utf-8'", "all 6 files are binary"):
+        assert key in message
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "failed" and "model" not in summary
+    assert [p.suffix for p in (tmp_path / "cache" / "tokens").iterdir()] == [".lock"], "no cache entry left behind"
+
+
+def _hub_cache_with(root: Path, repo: str, tokenizer_json: Path) -> Path:
+    """The Hugging Face hub cache layout (models--org--name/refs/main -> snapshots/<commit>/tokenizer.json)."""
+    folder = root / f"models--{repo.replace('/', '--')}"
+    commit = "0" * 40
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(commit)
+    (folder / "snapshots" / commit).mkdir(parents=True)
+    (folder / "snapshots" / commit / "tokenizer.json").write_bytes(tokenizer_json.read_bytes())
+    return root
+
+
+def test_pretrained_tokenizer_from_the_local_hub_cache_offline(hf_offline, text_dir, tmp_path, monkeypatch):
+    import huggingface_hub.constants as hub_constants
+
+    bpe = make_tokenizer(BPE_SMALL, build_corpus(_src(text_dir)).documents("train"))
+    bpe.save(tmp_path / "tokenizer.json")
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(_hub_cache_with(tmp_path / "hub", "org/tiny",
+                                                                           tmp_path / "tokenizer.json")))
+    t0 = time.perf_counter()
+    tok = load_pretrained("org/tiny")
+    assert time.perf_counter() - t0 < 2
+    assert tok.encode(TRICKY[0]) == bpe.encode(TRICKY[0]) and tok.eot_id == bpe.eot_id
+    with pytest.raises(TokenizerError, match=r"tokenizer.name='org/other' is not in the local .*HF_HUB_OFFLINE"):
+        load_pretrained("org/other")
+
+
+def test_unreachable_hub_fails_fast_in_one_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    # A real process against a hub endpoint that refuses connections, with an empty hub cache.
+    code = ("from pelab.data.tokenizer import load_pretrained\n"
+            "try:\n    load_pretrained('org/does-not-exist')\nexcept Exception as e:\n    print(repr(e))\n")
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "0"}
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
+                         check=False)
+    elapsed = time.perf_counter() - t0
+    assert ("TokenizerError(\"tokenizer.name='org/does-not-exist' is not in the local Hugging Face cache and the "
+            "hub is unreachable") in out.stdout, out.stdout + out.stderr
+    assert "Retrying" not in out.stderr and elapsed < 10, (elapsed, out.stderr)  # was ~25 s of retries

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import re
 
+import numpy as np
 import pytest
 import torch
 
 from pelab.data.recall import (
+    OFFSET_DEPTH,
     PASSKEY_FILLER,
     RecallLengthError,
     RecallSample,
@@ -46,7 +49,7 @@ def kv_pairs(tok, s: RecallSample) -> tuple[list[tuple[str, str]], str]:
     text = tok.decode(s.input_ids)
     obj = text[text.index("{") : text.rindex("}") + 1]
     pairs = json.loads(obj, object_pairs_hook=list)  # keeps duplicates, if any
-    query = re.search(r'\nKey: "([0-9a-f]+)" Value: "$', text)
+    query = re.search(r'\nKey: "([0-9a-f]+|<k\d+>)" Value: "$', text)
     assert query, text[-40:]
     return pairs, query.group(1)
 
@@ -224,3 +227,182 @@ def test_recall_batch_skips_kinds_that_do_not_fit(byte_tok):
     assert all("{" in byte_tok.decode(r) for r in x.tolist())
     with pytest.raises(RecallLengthError, match="data.seq_len"):
         make_recall_batch(byte_tok, 16, 2, rng=0)
+
+
+# ---- single-token kinds (reserved ids): mqar, mqar_offset, kv_single, passkey_single --------------
+
+FILLER = list(range(32, 127)) * 8  # printable bytes: never a reserved id
+
+
+def _reserved_only(tok, ids):
+    return [t for t in ids if t >= tok.reserved_key_ids.start]
+
+
+@pytest.mark.parametrize("tok_name", ["byte_tok", "bpe_tok"])
+@pytest.mark.parametrize("pairs,length", [(8, 64), (8, 257), (3, 40), (1, 30)])
+def test_mqar_probe_slots_gold_depth_and_candidates(request, tok_name, pairs, length):
+    tok = request.getfixturevalue(tok_name)
+    K, M = tok.reserved_key_ids, tok.reserved_value_ids
+    H = length - 2 * pairs - 2
+    for depth in DEPTHS:
+        for s in make_probe_samples("mqar", tok, length, depth, n=4, seed=5, filler_ids=FILLER, pairs=pairs):
+            ids = s.input_ids
+            assert len(ids) + 1 == s.length == length and len(s.answer_ids) == 1
+            assert (s.n_items, s.answer_space, s.prefix) == (pairs, len(M), 0)
+            # the pairs sit at slots s_j = round(j * H / (N - 1)) of the filler: key at s_j + 2j, value next
+            slots = [round(j * H / (pairs - 1)) for j in range(pairs)] if pairs > 1 else [round(depth * H)]
+            kpos = [sj + 2 * j for j, sj in enumerate(slots)]
+            assert [i for i, t in enumerate(ids[:-1]) if t in K] == kpos
+            assert [i for i, t in enumerate(ids[:-1]) if t in M] == [p + 1 for p in kpos]
+            keys, values = [ids[p] for p in kpos], [ids[p + 1] for p in kpos]
+            assert len(set(keys)) == len(set(values)) == pairs  # without replacement
+            assert all(t < K.start for i, t in enumerate(ids[:-1]) if i not in kpos and i - 1 not in kpos)
+            # gold at slot round(depth * (N - 1)); the query is its key, the answer its value
+            g = round(depth * (pairs - 1))
+            assert ids[-1] == keys[g] and s.answer_ids == [values[g]] and s.gold_index == kpos[g] + 1
+            assert s.gold_distance == len(ids) - s.gold_index
+            assert s.candidates == values
+            assert s.candidate_depths == [(p + 1) / (len(ids) - 1) for p in kpos]
+
+
+def test_mqar_probes_are_paired_across_depths_and_stable_in_n(byte_tok):
+    by_depth = {d: make_probe_samples("mqar", byte_tok, 100, d, n=5, seed=9, filler_ids=FILLER) for d in DEPTHS}
+    more = make_probe_samples("mqar", byte_tok, 100, 0.5, n=8, seed=9, filler_ids=FILLER)
+    assert [s.input_ids for s in more[:5]] == [s.input_ids for s in by_depth[0.5]]  # sample i does not depend on n
+    for i in range(5):
+        row = [by_depth[d][i] for d in DEPTHS]
+        pairs = [{(s.input_ids[j - 1], s.input_ids[j]) for j in range(1, len(s.input_ids) - 1)
+                  if s.input_ids[j] in byte_tok.reserved_value_ids} for s in row]
+        assert all(p == pairs[0] for p in pairs)  # the same N pairs
+        filler = [[t for t in s.input_ids if t < 256] for s in row]
+        assert all(f == filler[0] for f in filler)  # the same filler, in the same order
+        assert len({s.answer_ids[0] for s in row}) == 1  # the same gold
+        # distractors keep their relative order: only the gold's slot changes
+        others = [[v for v in s.candidates if v != s.answer_ids[0]] for s in row]
+        assert all(o == others[0] for o in others)
+        assert [s.gold_index for s in row] == sorted(s.gold_index for s in row)
+    assert by_depth[0.0][0].input_ids != make_probe_samples("mqar", byte_tok, 100, 0.0, n=1, seed=10,
+                                                            filler_ids=FILLER)[0].input_ids
+
+
+def test_mqar_offset_keeps_the_distance_and_moves_the_position(byte_tok):
+    window, filler = 48, list(range(250))  # distinct filler ids: contiguity is visible
+    by_m = {m: make_probe_samples("mqar_offset", byte_tok, window, 0.0, n=4, seed=2, filler_ids=filler,
+                                  prefix_multiple=m) for m in (0, 1, 3, 7)}
+    for m, samples in by_m.items():
+        for s, s0 in zip(samples, by_m[0], strict=True):
+            assert s.length == (1 + m) * window and s.prefix == m * window
+            assert s.input_ids[s.prefix:] == s0.input_ids  # the same window at every prefix (paired)
+            assert s.gold_distance == s0.gold_distance  # fixed distance to the query ...
+            assert s.gold_index == s0.gold_index + m * window  # ... at a growing absolute position
+            assert _reserved_only(byte_tok, s.input_ids[: s.prefix]) == []  # the prefix is filler text ...
+            text = [t for t in s.input_ids if t < 256]  # ... that precedes the window's filler
+            assert all((b - a) % 250 == 1 for a, b in itertools.pairwise(text))
+    # the gold sits at OFFSET_DEPTH of the window whatever depth is asked
+    a = make_probe_samples("mqar_offset", byte_tok, window, 0.0, n=2, seed=2, filler_ids=FILLER)
+    b = make_probe_samples("mqar_offset", byte_tok, window, 1.0, n=2, seed=2, filler_ids=FILLER)
+    assert [s.input_ids for s in a] == [s.input_ids for s in b] and a[0].depth == OFFSET_DEPTH
+
+
+@pytest.mark.parametrize("tok_name", ["byte_tok", "bpe_tok"])
+def test_kv_single_is_json_with_one_token_keys_and_values(request, tok_name):
+    tok = request.getfixturevalue(tok_name)
+    K, M = tok.reserved_key_ids, tok.reserved_value_ids
+    for length in (100, 2000):  # 2000: more room than the 64 reserved keys -> whitespace between pairs
+        for depth in DEPTHS:
+            for s in make_probe_samples("kv_single", tok, length, depth, n=2, seed=4):
+                assert len(s.input_ids) + 1 == length and len(s.answer_ids) == 1 and s.answer_ids[0] in M
+                pairs, qkey = kv_pairs(tok, s)  # valid JSON once decoded
+                keys, values = [k for k, _ in pairs], [v for _, v in pairs]
+                assert len(set(keys)) == len(keys) == s.n_items and len(set(values)) == len(values)
+                assert all(re.fullmatch(r"<k\d+>", k) for k in keys) and all(re.fullmatch(r"<v\d+>", v) for v in values)
+                assert keys.index(qkey) == round(depth * (len(pairs) - 1))
+                assert tok.decode(s.answer_ids) == dict(pairs)[qkey]
+                assert s.input_ids[s.gold_index] == s.answer_ids[0]
+                assert s.candidates == [t for t in s.input_ids if t in M]
+                if length == 2000:  # keys ran out: the pairs still span the context
+                    assert s.n_items == len(K)
+                    at = [i for i, t in enumerate(s.input_ids) if t in K][:-1]
+                    assert at[0] < 0.1 * length and at[-1] > 0.85 * length
+
+
+@pytest.mark.parametrize("tok_name", ["byte_tok", "bpe_tok"])
+def test_passkey_single_is_one_reserved_value(request, tok_name):
+    tok = request.getfixturevalue(tok_name)
+    for depth in DEPTHS:
+        for s in make_probe_samples("passkey_single", tok, 200, depth, n=3, seed=8, filler_ids=FILLER):
+            (v,) = s.answer_ids
+            assert v in tok.reserved_value_ids and s.input_ids.count(v) == 2
+            assert _reserved_only(tok, s.input_ids) == [v, v]
+            key = tok.decode([v])
+            assert f"The pass key is {key}. Remember it. {key} is the pass key." in tok.decode(s.input_ids)
+            assert s.input_ids[s.gold_index] == v and s.candidates == [v]
+    p0 = make_probe_samples("passkey_single", tok, 200, 0.0, n=3, seed=8)
+    p1 = make_probe_samples("passkey_single", tok, 200, 1.0, n=3, seed=8)
+    assert [s.answer_ids for s in p0] == [s.answer_ids for s in p1]
+
+
+def test_kv_and_passkey_candidates():
+    tok = ByteTokenizer()
+    for s in make_probe_samples("kv", tok, 200, 0.5, n=2, seed=1):
+        pairs, _ = kv_pairs(tok, s)
+        assert [tok.decode([c]) for c in s.candidates] == [v[0] for _, v in pairs]
+        assert s.candidates[round(0.5 * (len(pairs) - 1))] == s.answer_ids[0]
+    s = make_probe_samples("passkey", tok, 200, 0.5, n=1, seed=1)[0]
+    assert s.candidates == s.answer_ids[:1] and s.gold_distance == len(s.input_ids) - s.gold_index
+
+
+def test_single_token_kinds_need_room_and_reserved_ids():
+    few = ByteTokenizer(reserved_keys=4, reserved_values=16)
+    with pytest.raises(RecallLengthError, match="tokenizer.reserved_keys"):
+        make_probe_samples("mqar", few, 100, 0.5, n=1, seed=0, pairs=8)
+    with pytest.raises(RecallLengthError, match="probes.pairs"):
+        make_probe_samples("mqar", ByteTokenizer(), 17, 0.5, n=1, seed=0, pairs=8)  # needs 2 * 8 + 2
+    with pytest.raises(RecallLengthError, match="reserved_values"):
+        make_probe_samples("passkey_single", ByteTokenizer(4, 0), 200, 0.5, n=1, seed=0)
+    with pytest.raises(RecallLengthError, match="data.recall_pairs"):
+        make_recall_batch(ByteTokenizer(), 20, 2, rng=0, kinds=("mqar",), pairs=8)  # needs 4 * 8 tokens
+
+
+# ---- mqar training rows --------------------------------------------------------------------------
+
+
+def test_mqar_training_rows_ask_every_key_and_mask_exactly_the_answers(byte_tok):
+    K, M = byte_tok.reserved_key_ids, byte_tok.reserved_value_ids
+    text = np.random.default_rng(0).integers(32, 127, size=(16, 97))
+    for span in (None, 40, 32):
+        x, mask = make_recall_batch(byte_tok, 96, 16, rng=3, kinds=("mqar",), pairs=8, return_mask=True,
+                                    span=span, text=text)
+        assert x.shape == mask.shape == (16, 97)
+        S = 97 if span is None else span
+        for row, m, t in zip(x.tolist(), mask.tolist(), text.tolist(), strict=True):
+            assert row[: 97 - S] == t[: 97 - S]  # before the span: the row's own text, untouched
+            hay, queries = row[97 - S : 97 - 16], row[97 - 16 :]
+            pairs = {hay[i]: hay[i + 1] for i in range(len(hay) - 1) if hay[i] in K}
+            assert len(pairs) == 8 and set(pairs.values()) <= set(M)
+            assert [t for t in hay if t < 256] == t[97 - S : 97 - S + S - 32]  # filler: the row's text, in order
+            asked = queries[::2]
+            assert sorted(asked) == sorted(pairs) and queries[1::2] == [pairs[k] for k in asked]
+            assert [i for i, on in enumerate(m) if on] == list(range(97 - 15, 97, 2))  # exactly the N answers
+    a = make_recall_batch(byte_tok, 96, 4, rng=3, kinds=("mqar",), return_mask=True, text=text[:4])
+    b = make_recall_batch(byte_tok, 96, 4, rng=3, kinds=("mqar",), return_mask=True, text=text[:4])
+    assert all(torch.equal(u, v) for u, v in zip(a, b))
+
+
+def test_training_mix_of_every_kind_fits_its_row(byte_tok):
+    kinds = ("kv", "passkey", "mqar", "kv_single", "passkey_single")
+    x, mask = make_recall_batch(byte_tok, 255, 40, rng=1, kinds=kinds, return_mask=True)
+    assert x.shape == (40, 256) and int(x.max()) < byte_tok.vocab_size and int(x.min()) >= 0
+    seen = set()
+    for row, m in zip(x.tolist(), mask.tolist()):
+        text, answers = byte_tok.decode(row), [t for t, on in zip(row, m) if on]
+        assert m[-1] and answers
+        if "Key:" in text:
+            seen.add("kv_single" if "<k" in text else "kv")
+        elif "pass key" in text:
+            seen.add("passkey_single" if "<v" in text else "passkey")
+            assert len(answers) == (1 if "<v" in text else 6)
+        else:
+            seen.add("mqar")
+            assert len(answers) == 8 and all(t in byte_tok.reserved_value_ids for t in answers)
+    assert seen == set(kinds)

@@ -3,6 +3,7 @@ small model that learns in-window kv retrieval from it (slow)."""
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 import time
@@ -12,7 +13,13 @@ import pytest
 import torch
 
 from conftest import compose
-from pelab.data.datamodule import IGNORE_INDEX, DataConfigError, LMDataModule, inputs_and_targets
+from pelab.data.datamodule import (
+    IGNORE_INDEX,
+    DataConfigError,
+    LMDataModule,
+    inputs_and_targets,
+    two_means_loss,
+)
 from pelab.data.recall import make_probe_samples
 
 QUERY = re.compile(r'Key: "([0-9a-f]+)" Value: "')
@@ -98,6 +105,132 @@ def test_preset_trains_and_probes_on_disjoint_kv_instances(small_texts, tmp_path
 
 
 # --------------------------------------------------------------------------------------------------
+# mqar rows in the training mix: answer mask, two means, curriculum, disjoint from the probes
+
+
+def _mqar_dm(texts: Path, cache: Path, **kw) -> LMDataModule:
+    return _dm(texts, cache, **{"recall_kinds": ["mqar"], "recall_pairs": 4, "seq_len": 48, "recall_loss": "answers",
+                                **kw})
+
+
+@pytest.mark.parametrize("loss", ["answers", "two_means"])
+def test_mqar_rows_score_exactly_their_answers(small_texts, tmp_path, loss):
+    dm = _mqar_dm(small_texts, tmp_path, recall_loss=loss)
+    plain = _mqar_dm(small_texts, tmp_path, recall_loss="all").train_dataset()
+    K, M = dm.tokenizer.reserved_key_ids, dm.tokenizer.reserved_value_ids
+    n_mixed = 0
+    for step in range(5):
+        x, y, answers = inputs_and_targets(dm.train_dataset().batch(step), answers=True)
+        ref = plain.batch(step)
+        assert torch.equal(x, ref[:, :-1]) and torch.equal(inputs_and_targets(ref)[0], x)
+        for row in range(x.shape[0]):
+            ids = ref[row].tolist()
+            scored = (y[row] != IGNORE_INDEX).nonzero().flatten().tolist()
+            if not any(t in K for t in ids):  # a text row: every target scored, none an answer
+                assert torch.equal(y[row], ref[row, 1:]) and not answers[row].any()
+                continue
+            n_mixed += 1
+            # exactly the 4 answered values: the targets at the query keys of the last 8 tokens
+            assert scored == answers[row].nonzero().flatten().tolist() == [49 - 8 + 2 * q for q in range(4)]
+            assert all(int(y[row, t]) in M and int(x[row, t]) in K for t in scored)
+    assert n_mixed >= 8
+
+
+def test_two_means_weighs_text_and_answers_as_two_means():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 11)
+    targets = torch.randint(0, 11, (3, 5))
+    targets[2, :3] = IGNORE_INDEX  # context-only tokens of a mixed row
+    answers = torch.zeros(3, 5, dtype=torch.bool)
+    answers[2, 3:] = True
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets.clamp_min(0), reduction="none")
+    text = (targets != IGNORE_INDEX) & ~answers
+    expected = nll[text].mean() + nll[answers].mean()
+    assert torch.allclose(two_means_loss(logits, targets, answers), expected)
+    # a batch without answers (or without text) is just the mean it has
+    none = torch.zeros_like(answers)
+    assert torch.allclose(two_means_loss(logits, targets, none), nll[targets != IGNORE_INDEX].mean())
+    only = torch.full_like(targets, IGNORE_INDEX)
+    only[2, 3:] = targets[2, 3:]
+    assert torch.allclose(two_means_loss(logits, only, answers), nll[answers].mean())
+
+
+def test_curriculum_keeps_the_recall_in_the_last_span_tokens(small_texts, tmp_path):
+    dm = _mqar_dm(small_texts, tmp_path, recall_mix=1.0, recall_curriculum=[[0, 16], [3, 32]])
+    K = dm.tokenizer.reserved_key_ids
+    ds = dm.train_dataset()
+    for step, span in [(0, 16), (2, 16), (3, 32), (9, 32)]:
+        x, y = inputs_and_targets(ds.batch(step))
+        for row, tgt in zip(x, y):
+            first_key = next(i for i, t in enumerate(row.tolist()) if t in K)
+            assert first_key >= 49 - span  # nothing of the recall before the span ...
+            assert (tgt[: 48 - span] == IGNORE_INDEX).all()  # ... and the text before it is not scored
+        assert min(next(i for i, t in enumerate(r.tolist()) if t in K) for r in x) < 49 - span + 8
+    with pytest.raises(DataConfigError, match="data.recall_curriculum"):
+        _mqar_dm(small_texts, tmp_path, recall_curriculum=[[0, 8]])  # 4 pairs need 16 tokens
+
+
+def test_probe_instances_never_appear_in_training_batches(small_texts, tmp_path):
+    """Single-token probes and training rows draw from the same reserved ids, so they are disjoint by instance:
+    an mqar / kv_single instance is its set of (key, value) pairs (with its filler: validation text for the
+    probes, training text for the rows). No probe's pair set occurs in 1,600 training rows."""
+    dm = _mqar_dm(small_texts, tmp_path, recall_mix=1.0, recall_kinds=["mqar", "kv_single"], seq_len=64)
+    K, M = dm.tokenizer.reserved_key_ids, dm.tokenizer.reserved_value_ids
+
+    def pair_set(ids: list[int]) -> frozenset:  # each reserved key with the reserved value that follows it
+        r = [t for t in ids if t in K or t in M]
+        return frozenset((a, b) for a, b in itertools.pairwise(r) if a in K and b in M)
+
+    ds = dm.train_dataset()
+    train = {pair_set(row) for step in range(200) for row in inputs_and_targets(ds.batch(step))[0].tolist()}
+    val = dm.eval_tokens("val")
+    probes = {pair_set(s.input_ids + s.answer_ids) for d in (0.0, 0.5, 1.0) for kind in ("mqar", "kv_single")
+              for s in make_probe_samples(kind, dm.tokenizer, 64, d, 50, 1234, filler_ids=val, pairs=4)}
+    assert len(train) > 1500 and len(probes) == 100 and all(probes | train)
+    assert not probes & train
+
+
+# --------------------------------------------------------------------------------------------------
+# a micro model learns mqar from these rows (fast)
+
+
+def test_micro_model_learns_mqar_from_answer_only_rows(small_texts, tmp_path):
+    from pelab.model import build_model
+
+    torch.manual_seed(0)
+    dm = _mqar_dm(small_texts, tmp_path, seq_len=15, recall_pairs=4, recall_mix=1.0, batch_size=32)
+    model = build_model({"n_layers": 2, "n_heads": 1, "d_model": 64, "d_ff": None, "dropout": 0.0, "bias": False,
+                         "attn_chunk_size": 512, "init": "torch", "tie_embeddings": False},
+                        {"name": "rope"},
+                        dm.vocab_size, 15)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.98), weight_decay=0.0)
+    probes = [s for d in (0.0, 0.25, 0.5, 0.75, 1.0)
+              for s in make_probe_samples("mqar", dm.tokenizer, 15, d, 40, 1234, filler_ids=dm.eval_tokens("val"),
+                                          pairs=4)]
+    px = torch.tensor([s.input_ids for s in probes])
+    gold = torch.tensor([s.answer_ids[0] for s in probes])
+
+    def accuracy() -> float:
+        model.eval()
+        with torch.no_grad():
+            acc = (model(px)[:, -1].argmax(-1) == gold).float().mean().item()
+        model.train()
+        return acc
+
+    ds, t0, acc, step = dm.train_dataset(), time.perf_counter(), 0.0, 0
+    for step in range(1, 1501):
+        x, y = inputs_and_targets(ds.batch(step))
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 100 == 0 and (acc := accuracy()) >= 0.9:
+            break
+    print(f"\nmqar N=4 after {step} steps ({time.perf_counter() - t0:.0f}s): in-window accuracy {acc:.3f}")
+    assert acc >= 0.75, f"accuracy {acc:.3f} after {step} steps; copying a random context value gives 0.25"
+
+
+# --------------------------------------------------------------------------------------------------
 # the slow proof: a micro model trained on the mix retrieves in-window kv values
 
 
@@ -145,3 +278,69 @@ def _byte():
     from pelab.data.tokenizer import ByteTokenizer
 
     return ByteTokenizer()
+
+
+def test_harness_trains_on_two_means(tmp_path):
+    """Through the real harness: with recall_loss=two_means the first loss is two means of ~ln V each (random
+    init), with answers one; the mqar mix and its curriculum run end to end; the reserved ranges reach
+    summary.json."""
+    import csv
+    import math
+
+    from conftest import FAST
+    from pelab.tasks.train import train
+
+    first = {}
+    for loss in ("answers", "two_means"):
+        out = tmp_path / loss
+        summary = train(compose([*FAST, "logger=csv", "data.seq_len=48", "data.recall_mix=0.5",
+                                 "data.recall_kinds=[mqar]", "data.recall_pairs=4", f"data.recall_loss={loss}",
+                                 "data.recall_curriculum=[[0,16],[3,48]]", "trainer.max_steps=4",
+                                 "trainer.val_check_interval=4", "trainer.log_every_n_steps=1", "probes.enabled=false",
+                                 "eval.lengths=[1]"], out))
+        assert summary["status"] == "ok"
+        with open(out / "csv" / "metrics.csv") as f:
+            rows = [r for r in csv.DictReader(f) if r.get("train/loss")]
+        first[loss] = float(rows[0]["train/loss"])
+    v = summary["data"]["vocab_size"]
+    reserved = {"keys": [257, 321], "values": [321, 385]}
+    assert summary["data"]["reserved"] == summary["data"]["fingerprint"]["reserved"] == reserved and v == 385
+    assert abs(first["answers"] - math.log(v)) < 0.5 and abs(first["two_means"] - 2 * math.log(v)) < 1.0, first
+
+
+# --------------------------------------------------------------------------------------------------
+# bad recall settings: one line naming the setting, from the config alone (before any data)
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["probes.kinds=[mqar,bogus]"], "probes.kinds"),
+    (["data.recall_kinds=[mqar_offset]"], "data.recall_kinds"),  # a probe, not a training kind
+    (["data.recall_kinds=[mqar]", "data.recall_pairs=40"], "data.recall_pairs"),  # 4 x 40 > seq_len + 1
+    (["probes.kinds=[mqar]", "probes.pairs=70", "tokenizer.reserved_keys=100", "tokenizer.reserved_values=100"],
+     "probes.pairs"),  # 2 x 70 + 2 > the shortest probe length
+    (["probes.kinds=[mqar]", "tokenizer.reserved_keys=4"], "tokenizer.reserved_keys"),  # fewer keys than pairs
+    (["probes.kinds=[passkey_single]", "tokenizer.reserved_values=0"], "tokenizer.reserved_values"),
+    (["tokenizer.reserved_values=100000"], "tokenizer.reserved_values"),  # larger than allowed
+    (["tokenizer.reserved_keys=-1"], "tokenizer.reserved_keys"),
+    (["data.recall_curriculum=[0,32]"], "data.recall_curriculum"),  # not a list of [step, span]
+    (["data.recall_curriculum=[[10,32],[5,64]]"], "data.recall_curriculum"),  # steps out of order
+    (["data.recall_kinds=[mqar]", "data.recall_curriculum=[[0,16]]"], "data.recall_curriculum"),  # < 4 x pairs
+    (["data.recall_loss=two_mean"], "data.recall_loss"),
+    (["probes.prefix_multiples=[0,-1]"], "probes.prefix_multiples"),
+])
+def test_bad_recall_settings_fail_in_one_line_naming_them(overrides, key):
+    from pelab.errors import ConfigError
+    from pelab.schema import validate
+
+    with pytest.raises(ConfigError) as err:
+        validate(compose(overrides))
+    message = str(err.value)
+    assert message.startswith(key) and "\n" not in message, message
+
+
+def test_every_recall_setting_together_is_valid():
+    from pelab.schema import validate
+
+    validate(compose(["data.recall_loss=two_means", "data.recall_kinds=[mqar,kv_single,passkey_single,kv,passkey]",
+                      "data.recall_curriculum=[[0,32],[200,64],[400,128]]",
+                      "probes.kinds=[mqar,mqar_offset,kv_single,passkey_single,kv,passkey]"]))

@@ -543,7 +543,7 @@ def test_eval_of_a_checkpoint_with_another_encoding_or_vocabulary_is_refused(ref
     other = tmp_path / "other-vocab.ckpt"
     torch.save(ckpt, other)
     cfg = compose([f"ckpt_path={other}", "logger=csv"], config_name="eval", output_dir=tmp_path / "eval")
-    with pytest.raises(ConfigError, match="vocabulary has 300 ids but its tokenizer now gives 257"):
+    with pytest.raises(ConfigError, match="vocabulary has 300 ids but its tokenizer now gives 385"):
         evaluate(cfg)
 
 

@@ -91,7 +91,7 @@ def test_report_figures_are_real_images(sweep, tmp_path):
     from PIL import Image
 
     rep = report.build_report([sweep], tmp_path)
-    assert set(rep.figures) == {"ppl_vs_length", "loss_by_position", "probe_heatmaps"}
+    assert set(rep.figures) == {"ppl_vs_length", "loss_by_position", "probe_heatmaps", "probe_kv_vs_length"}
     md = rep.path.read_text()
     for name, path in rep.figures.items():
         assert path.parent == tmp_path and path.suffix == ".png"

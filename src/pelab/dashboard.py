@@ -6,7 +6,8 @@ with sections
 * Extrapolation -- `extrap/ppl@L` for every evaluation length as bars, runs grouped by `pe.name`
   (mean, std band over seeds), the ppl ratios, sliding-window ppl, bits per byte, and each run's
   ppl-vs-length / loss-by-position figures;
-* Probes -- per kind, `acc@L` and `lim_gap@L` by length and the heatmap / depth-curve media;
+* Probes -- per kind, `acc@L` and `lim_gap@L` by length with their intervals, the error split, the gold's
+  rank, effective length and AUC, and the heatmap / depth-curve media;
 * Training -- train/loss, val/ppl, train/tokens_per_sec, train/mfu, train/lr;
 
 and the runs table grouped by `pe.name` with the headline metrics pinned.
@@ -29,6 +30,8 @@ from typing import Any
 
 GROUP_BY = "pe.name"  # config key the runs are grouped by
 TRAINING_METRICS = ["train/loss", "val/ppl", "train/tokens_per_sec", "train/mfu", "train/lr"]
+# Logged only where the device's peak FLOP/s is known (GPUs), never on CPU.
+DEVICE_DEPENDENT = {"train/mfu"}
 DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
@@ -73,6 +76,12 @@ def metric_keys(
             for L in p_lengths:
                 pr.cells[(k, float(d), L)] = ProbeCell(kind=k, depth=float(d), length=L)
     return list(ex.metrics()) + list(pr.metrics())
+
+
+def interleave(keys: Sequence[str], prefixes: Sequence[str]) -> list[str]:
+    """Keys of several prefixes, by L, then in the order of ``prefixes`` (bars side by side per length)."""
+    rows = [select(keys, p) for p in prefixes]
+    return [k for group in zip(*rows) for k in group]
 
 
 def select(keys: Sequence[str], prefix: str) -> list[str]:
@@ -148,10 +157,20 @@ def dashboard_spec(
     probes = {"name": "Probes", "panels": []}
     for k in kinds:
         probes["panels"] += [
-            _bars(f"{k}: accuracy by length (mean over depths)", select(keys, f"probe/{k}/acc"), group_by),
-            _bars(f"{k}: lost-in-the-middle gap by length", select(keys, f"probe/{k}/lim_gap"), group_by),
+            _bars(f"{k}: accuracy by length (mean over depths) with its 95% interval",
+                  interleave(keys, [f"probe/{k}/acc_lo", f"probe/{k}/acc", f"probe/{k}/acc_hi"]), group_by),
+            _bars(f"{k}: lost-in-the-middle gap by length with its 95% interval",
+                  interleave(keys, [f"probe/{k}/lim_gap_lo", f"probe/{k}/lim_gap", f"probe/{k}/lim_gap_hi"]),
+                  group_by),
+            _bars(f"{k}: errors by length (another in-context value / not in the context)",
+                  interleave(keys, [f"probe/{k}/other_in_context", f"probe/{k}/not_in_context"]), group_by),
+            _bars(f"{k}: rank of the gold value among the context's values", select(keys, f"probe/{k}/rank"),
+                  group_by),
+            _bars(f"{k}: effective length and area under accuracy vs length",
+                  [m for m in (f"probe/{k}/effective_length", f"probe/{k}/auc") if m in keys], group_by),
             _media(f"{k}: accuracy heatmaps", [f"plots/probe_{k}_heatmap"]),
             _media(f"{k}: accuracy by depth", [f"plots/probe_{k}_depth"]),
+            _media(f"{k}: accuracy by length", [f"plots/probe_{k}_length"]),
         ]
     training = {"name": "Training", "panels": [_lines(m, m, group_by) for m in TRAINING_METRICS]}
     pinned = ["val/ppl", f"extrap/ppl@{longest}", f"extrap/ppl_ratio@{longest}"]

@@ -12,6 +12,7 @@ in the keys pelab reads: a corpus has its own keys (path, name, ...) and the Tra
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, fields
 from typing import Any
@@ -22,7 +23,9 @@ from omegaconf.errors import OmegaConfBaseException
 from pelab.errors import ConfigError, typed
 
 # How the data loader scores synthetic recall rows (see pelab.data.datamodule).
-RECALL_LOSSES = ("all", "answers")
+RECALL_LOSSES = ("all", "answers", "two_means")
+# Each reserved range is at most this many ids: every reserved id is an embedding row only recall rows train.
+MAX_RESERVED = 1 << 16
 FILLERS = ("val", "sentence")  # probes.filler: real validation text or the classic repeated sentence
 
 
@@ -37,6 +40,8 @@ class ModelConfig:
     dropout: float
     bias: bool
     attn_chunk_size: int
+    init: str  # gpt2 | torch
+    tie_embeddings: bool
 
 
 @dataclass
@@ -52,10 +57,21 @@ class LoaderConfig:
     recall_key_len: int
     recall_value_len: int
     recall_loss: str
+    recall_pairs: int
+    recall_curriculum: Any  # null or [[step, span], ...] (checked below: OmegaConf names nested errors poorly)
     num_workers: int
 
 
 LOADER_KEYS = tuple(f.name for f in fields(LoaderConfig))
+
+
+@dataclass
+class TokenizerConfig:
+    """The keys every tokenizer config has; each kind adds its own (vocab_size, name, ...)."""
+
+    kind: str
+    reserved_keys: int
+    reserved_values: int
 
 
 @dataclass
@@ -123,6 +139,8 @@ class ProbesConfig:
     key_len: int
     value_len: int
     filler: str
+    pairs: int
+    prefix_multiples: list[int]
 
 
 @dataclass
@@ -147,9 +165,9 @@ class RunConfig:
 
 
 # Groups typed in the listed keys only (the others are free).
-OPEN_GROUPS = ("data", "trainer")
-SCHEMAS = {"model": ModelConfig, "data": LoaderConfig, "optim": OptimConfig, "trainer": TrainerConfig,
-           "eval": EvalConfig, "probes": ProbesConfig}
+OPEN_GROUPS = ("data", "trainer", "tokenizer")
+SCHEMAS = {"model": ModelConfig, "data": LoaderConfig, "tokenizer": TokenizerConfig, "optim": OptimConfig,
+           "trainer": TrainerConfig, "eval": EvalConfig, "probes": ProbesConfig}
 
 
 # -- typing ----------------------------------------------------------------------------------------
@@ -217,19 +235,67 @@ def check_model(m: DictConfig) -> None:
 
 
 def check_loader(d: DictConfig) -> None:
-    from pelab.data.recall import KINDS
+    from pelab.data.recall import TRAIN_KINDS
 
     need(d.seq_len >= 1, "data.seq_len", d.seq_len, "must be a positive number of tokens.")
     need(d.batch_size >= 1, "data.batch_size", d.batch_size, "must be a positive number of sequences.")
     for k in ("val_windows", "val_batch_size"):
         need(d[k] is None or d[k] >= 1, f"data.{k}", d[k], "must be >= 1 or null.")
     need(0.0 <= d.recall_mix <= 1.0, "data.recall_mix", d.recall_mix, "must be in [0, 1] (0 = pure text).")
-    need(len(d.recall_kinds) > 0 and set(d.recall_kinds) <= set(KINDS), "data.recall_kinds", d.recall_kinds,
-         f"must be a non-empty list of {_show(KINDS)}.")
+    need(len(d.recall_kinds) > 0 and set(d.recall_kinds) <= set(TRAIN_KINDS), "data.recall_kinds", d.recall_kinds,
+         f"must be a non-empty list of {_show(TRAIN_KINDS)}.")
     for k in ("recall_key_len", "recall_value_len"):
         need(d[k] >= 1, f"data.{k}", d[k], "must be >= 1 hex chars.")
     need(d.recall_loss in RECALL_LOSSES, "data.recall_loss", d.recall_loss, f"must be one of {_show(RECALL_LOSSES)}.")
+    need(d.recall_pairs >= 1, "data.recall_pairs", d.recall_pairs, "must be >= 1 key-value pairs per mqar row.")
+    mqar = d.recall_mix > 0 and "mqar" in d.recall_kinds
+    # an mqar row holds N pairs and N queries with their answers: 4N tokens
+    need(not mqar or 4 * d.recall_pairs <= d.seq_len + 1, "data.recall_pairs", d.recall_pairs,
+         f"does not fit: an mqar row needs 4 x pairs tokens and has data.seq_len + 1 = {d.seq_len + 1}; "
+         "lower data.recall_pairs or raise data.seq_len.")
+    cur = d.recall_curriculum
+    ok = cur is None or (OmegaConf.is_list(cur) and len(cur) > 0 and all(
+        OmegaConf.is_list(e) and len(e) == 2 and all(_is_int(v) for v in e) for e in cur))
+    need(ok, "data.recall_curriculum", cur, "must be null or a list of [step, span] pairs of whole numbers, "
+         "e.g. [[0, 32], [200, 64], [400, 128]].")
+    if cur is not None:
+        steps = [e[0] for e in cur]
+        need(steps[0] >= 0 and all(a < b for a, b in itertools.pairwise(steps)), "data.recall_curriculum", cur,
+             "must list steps >= 0 in increasing order.")
+        least = 4 * d.recall_pairs if mqar else 1
+        need(all(e[1] >= least for e in cur), "data.recall_curriculum", cur,
+             f"spans must be >= {least} tokens" + (" (4 x data.recall_pairs for mqar)." if mqar else "."))
     need(d.num_workers >= 0, "data.num_workers", d.num_workers, "must be >= 0.")
+
+
+def check_tokenizer(t: DictConfig) -> None:
+    from pelab.data.tokenizer import KINDS
+
+    need(t.kind in KINDS, "tokenizer.kind", t.kind, f"must be one of {_show(KINDS)}.")
+    for k in ("reserved_keys", "reserved_values"):
+        need(0 <= t[k] <= MAX_RESERVED, f"tokenizer.{k}", t[k],
+             f"must be in [0, {MAX_RESERVED}] (ids appended after the tokenizer's vocabulary; each is an "
+             "embedding row that only recall rows train).")
+
+
+def check_reserved(tok: Any, d: DictConfig, probes: DictConfig | None) -> None:
+    """The single-token recall kinds in use (training mix, probes) against the reserved ids: mqar needs N
+    distinct keys and values, kv_single / passkey_single at least one. `tok`: the tokenizer config."""
+    from pelab.data.recall import SINGLE_KINDS
+
+    uses = []  # (setting naming the kinds, kinds, pairs setting, pairs)
+    if d.recall_mix > 0:
+        uses.append(("data.recall_kinds", d.recall_kinds, "data.recall_pairs", d.recall_pairs))
+    if probes is not None and probes.enabled:
+        uses.append(("probes.kinds", probes.kinds, "probes.pairs", probes.pairs))
+    for where, kinds, pairs_key, pairs in uses:
+        for kind in set(kinds) & set(SINGLE_KINDS):
+            n = pairs if kind.startswith("mqar") else 1
+            for k in ("reserved_values",) if kind == "passkey_single" else ("reserved_keys", "reserved_values"):
+                have = int(tok.get(k, 0))
+                need(have >= n, f"tokenizer.{k}", have, f"is too small for {kind} in {where}: "
+                     + (f"it needs {n} distinct ids ({pairs_key}={pairs}); raise it or lower {pairs_key}."
+                        if n > 1 else "it needs at least one id; raise it."))
 
 
 def loader_settings(values: dict) -> DictConfig:
@@ -328,6 +394,7 @@ def check_eval(e: DictConfig, seq_len: int) -> None:
 
 def check_probes(p: DictConfig, seq_len: int) -> None:
     from pelab.data.recall import KINDS
+    from pelab.evaluation.extrapolation import resolve_lengths
 
     need(set(p.kinds) <= set(KINDS), "probes.kinds", p.kinds, f"must list kinds of {_show(KINDS)} ([] = no probes).")
     need(len(p.depths) > 0 and all(0.0 <= d <= 1.0 for d in p.depths), "probes.depths", p.depths,
@@ -338,6 +405,18 @@ def check_probes(p: DictConfig, seq_len: int) -> None:
     for k in ("key_len", "value_len"):
         need(p[k] >= 1, f"probes.{k}", p[k], "must be >= 1 hex chars.")
     need(p.filler in FILLERS, "probes.filler", p.filler, f"must be one of {_show(FILLERS)}.")
+    need(p.pairs >= 1, "probes.pairs", p.pairs, "must be >= 1 key-value pairs per mqar probe.")
+    need(len(p.prefix_multiples) > 0 and all(m >= 0 for m in p.prefix_multiples), "probes.prefix_multiples",
+         p.prefix_multiples, "must be a non-empty list of whole numbers >= 0 (filler before the window, in "
+         "multiples of data.seq_len).")
+    if p.enabled and {"mqar", "mqar_offset"} & set(p.kinds):
+        # an mqar probe holds N pairs, the query and the answer: 2N + 2 tokens
+        shortest = min(resolve_lengths(list(p.lengths), seq_len)) if "mqar" in p.kinds else seq_len
+        if "mqar_offset" in p.kinds:
+            shortest = min(shortest, seq_len)
+        need(2 * p.pairs + 2 <= shortest, "probes.pairs", p.pairs,
+             f"does not fit: an mqar probe needs 2 x pairs + 2 tokens and the shortest probe length is {shortest}; "
+             "lower probes.pairs or drop the short probes.lengths.")
 
 
 def check_run(r: DictConfig, batch_size: int) -> None:
@@ -363,10 +442,12 @@ def validate(cfg: DictConfig) -> dict[str, DictConfig]:
     t["callbacks"] = typed_callbacks(cfg)
     check_model(t["model"])
     check_loader(t["data"])
+    check_tokenizer(t["tokenizer"])
     check_optim(t["optim"])
     check_trainer(t["trainer"])
     check_callbacks(t["callbacks"])
     check_eval(t["eval"], t["data"].seq_len)
     check_probes(t["probes"], t["data"].seq_len)
+    check_reserved(t["tokenizer"], t["data"], t["probes"])
     check_run(t["run"], t["data"].batch_size)
     return t

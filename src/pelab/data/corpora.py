@@ -11,16 +11,21 @@ document's split never depends on which other documents exist or on the machine.
 
 Every corpus has a `fingerprint()`: a JSON-able dict computed WITHOUT reading document text
 (paths, sizes, versions, settings); it keys the token cache and is recorded with results.
+
+`sized_documents(split)` yields (text, bytes): a file's size on disk (a hub row's UTF-8 bytes), so that bits
+per byte count the source's own bytes, not those of a re-encoded or U+FFFD-patched text.
 """
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import math
 import os
 import re
 import sys
 import sysconfig
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -36,6 +41,10 @@ class CorpusError(ValueError):
 
 class CorpusUnavailable(CorpusError):
     """A remote corpus cannot be fetched (offline, unknown name, ...)."""
+
+
+class CorpusWarning(UserWarning):
+    """Some files of a text folder were skipped (binary) or not fully decodable."""
 
 
 # ----------------------------------------------------------------------------- splitting
@@ -83,19 +92,18 @@ def assign_splits(
     return out
 
 
-def _read_text(path: Path) -> str:
-    # errors="replace": a few stdlib test files are deliberately not UTF-8.
-    return path.read_bytes().decode("utf-8", errors="replace")
-
-
-def _capped(docs: Iterator[str], max_bytes: int | None) -> Iterator[str]:
-    """Stop once the split holds max_bytes (UTF-8 bytes of the text); at least one document."""
+def _capped(docs: Iterator[tuple[str, int]], max_bytes: int | None) -> Iterator[tuple[str, int]]:
+    """(text, bytes) documents until the split holds max_bytes; at least one document."""
     total = 0
-    for doc in docs:
-        if max_bytes is not None and total > 0 and total + len(doc.encode("utf-8")) > max_bytes:
+    for doc, size in docs:
+        if max_bytes is not None and total > 0 and total + size > max_bytes:
             return
-        total += len(doc.encode("utf-8"))
-        yield doc
+        total += size
+        yield doc, size
+
+
+def _utf8_sized(docs: Iterator[str]) -> Iterator[tuple[str, int]]:
+    return ((d, len(d.encode("utf-8"))) for d in docs)
 
 
 # ----------------------------------------------------------------------------- file corpora
@@ -105,6 +113,7 @@ class FileCorpus:
     """One document per file; `files` sorted by relative path; split by hash of that path."""
 
     kind = "files"
+    encoding = "utf-8"
 
     def __init__(
         self,
@@ -126,21 +135,29 @@ class FileCorpus:
         _check_split(split)
         return [self.rel[i] for i in self.split_index[split]]
 
+    def _read(self, rel: str) -> tuple[str, int]:
+        # errors="replace": a few stdlib test files are deliberately not UTF-8 (text_dir counts and reports them).
+        data = (self.root / rel).read_bytes()
+        return data.decode(self.encoding, errors="replace"), len(data)
+
+    def sized_documents(self, split: str) -> Iterator[tuple[str, int]]:
+        """(text, bytes of the file) per document of the split."""
+        return _capped((self._read(r) for r in self.files(split)), self.max_bytes)
+
     def documents(self, split: str) -> Iterator[str]:
-        docs = (_read_text(self.root / r) for r in self.files(split))
-        return _capped(docs, self.max_bytes)
+        return (text for text, _ in self.sized_documents(split))
 
     def sample_documents(self, split: str, n_bytes: int) -> Iterator[str]:
         """About `n_bytes` of the split, as every k-th document (spread over the whole split,
         not its alphabetical head); sizes come from the file system, nothing extra is read."""
         files = self.files(split)
         sizes = [(self.root / r).stat().st_size for r in files]
-        if self.max_bytes is not None:  # the same prefix `documents` would yield (sizes ~ UTF-8 bytes)
+        if self.max_bytes is not None:  # the same prefix `documents` would yield
             cum = np.cumsum(sizes)
             keep = max(1, int(np.searchsorted(cum, self.max_bytes, side="right")))
             files, sizes = files[:keep], sizes[:keep]
         stride = max(1, math.ceil(sum(sizes) / max(n_bytes, 1)))
-        return (_read_text(self.root / r) for r in files[::stride])
+        return (self._read(r)[0] for r in files[::stride])
 
     def _file_list_fingerprint(self, with_mtime: bool) -> dict[str, Any]:
         h = hashlib.sha256()
@@ -190,7 +207,13 @@ class StdlibCorpus(FileCorpus):
 
 
 class TextDirCorpus(FileCorpus):
-    """Any local folder: `path` + `glob` (recursive patterns like '**/*.txt' work)."""
+    """Any local folder: `path` + `glob` (recursive patterns like '**/*.txt' work), decoded as `encoding`.
+
+    At the cache build (never on a cached start) every file is read once first: a binary file (a NUL
+    character, or over a quarter of its characters undecodable) is skipped; a text file with undecodable
+    bytes is kept with U+FFFD in their place. One warning gives the counts and examples; a folder with no
+    text left is an error. The splits are then drawn over the text files (same hash rule).
+    """
 
     kind = "text_dir"
 
@@ -201,6 +224,7 @@ class TextDirCorpus(FileCorpus):
         max_bytes: int | None = None,
         val_fraction: float = 0.02,
         test_fraction: float = 0.02,
+        encoding: str = "utf-8",
     ):
         if path is None or str(path) in ("", "???"):
             raise CorpusError("data=text_dir needs a folder: set data.path=/path/to/texts")
@@ -209,15 +233,77 @@ class TextDirCorpus(FileCorpus):
             raise CorpusError(
                 f"data.path={path} is not an existing folder; set data.path to a folder of text files"
             )
+        try:
+            b"x".decode(encoding, "replace")  # a LookupError for unknown names and non-text codecs (rot13, base64)
+        except (LookupError, TypeError):
+            raise CorpusError(
+                f"data.encoding={encoding!r} is not a text encoding Python knows; use e.g. utf-8, latin-1, "
+                "cp1252 or utf-16"
+            ) from None
         files = sorted(p for p in root.glob(glob) if p.is_file())
         if not files:
             raise CorpusError(
                 f"no files match data.glob={glob!r} under data.path={root}; change data.glob or data.path"
             )
-        self.glob = glob
+        self.glob, self.encoding = glob, codecs.lookup(encoding).name  # latin-1 == iso8859-1: one cache key
+        self._scanned = False
         super().__init__(
             root, files, max_bytes, val_fraction, test_fraction, what=f"data.path={root} (data.glob={glob!r})"
         )
+
+    def files(self, split: str) -> list[str]:
+        self._scan()
+        return super().files(split)
+
+    def _scan(self) -> None:
+        if self._scanned:
+            return
+        where = f"data.path={self.root} (data.glob={self.glob!r}, data.encoding={self.encoding!r})"
+        binary, garbled = [], {}  # garbled: kept file -> number of U+FFFD put in
+        for r in self.rel:
+            data = (self.root / r).read_bytes()
+            try:
+                text, bad = data.decode(self.encoding), 0
+            except UnicodeDecodeError:
+                text = data.decode(self.encoding, errors="replace")
+                bad = text.count("\ufffd")
+            if "\0" in text or bad > len(text) / 4:
+                binary.append(r)
+            elif bad:
+                garbled[r] = bad
+        skipped = set(binary)
+        text_files = [r for r in self.rel if r not in skipped]
+        if not text_files:
+            raise CorpusError(
+                f"no text in {where}: all {len(binary)} files are binary (NUL characters or mostly undecodable), "
+                f"e.g. {_examples(binary)}; point data.path / data.glob at text files, or set data.encoding "
+                "if they are text in another encoding (e.g. utf-16)"
+            )
+        if binary or garbled:
+            parts = []
+            if binary:
+                parts.append(
+                    f"skipped {len(binary)} of {len(self.rel)} files as binary (NUL characters or mostly "
+                    f"undecodable), e.g. {_examples(binary)}"
+                )
+            if garbled:
+                parts.append(
+                    f"kept {len(garbled)} files with {sum(garbled.values())} undecodable byte sequences replaced "
+                    f"by U+FFFD, e.g. {_examples([f'{r} ({n})' for r, n in garbled.items()])}"
+                )
+            warnings.warn(
+                f"{where}: {'; '.join(parts)}. Narrow data.glob, or set data.encoding (e.g. latin-1) if the "
+                "files are text in another encoding",
+                CorpusWarning,
+                stacklevel=2,
+            )
+        # Splits over the text files only (the hash rule puts every file where it was; only a split left
+        # empty by the skipped files borrows one).
+        pos = {r: i for i, r in enumerate(self.rel)}
+        what = f"{where} after skipping {len(binary)} binary file(s)" if binary else where
+        split = assign_splits(text_files, self.val_fraction, self.test_fraction, what)
+        self.split_index = {s: [pos[text_files[j]] for j in idx] for s, idx in split.items()}
+        self._scanned = True
 
     def fingerprint(self) -> dict[str, Any]:
         # Local files change in place, so mtimes are part of the key here.
@@ -225,9 +311,14 @@ class TextDirCorpus(FileCorpus):
             "source": "text_dir",
             "path": str(self.root),
             "glob": self.glob,
+            "encoding": self.encoding,
             **self._file_list_fingerprint(with_mtime=True),
             **self._split_fingerprint(),
         }
+
+
+def _examples(names: list[str], n: int = 3) -> str:
+    return ", ".join(names[:n]) + (", ..." if len(names) > n else "")
 
 
 # ----------------------------------------------------------------------------- Hugging Face
@@ -327,21 +418,25 @@ class HFCorpus:
         docs = _wikitext_articles(r or "" for r in rows) if self.doc_split == "wikitext" else rows
         return (d for d in docs if d and d.strip())
 
-    def documents(self, split: str) -> Iterator[str]:
+    def sized_documents(self, split: str) -> Iterator[tuple[str, int]]:
+        """(text, UTF-8 bytes) per document of the split."""
         _check_split(split)
         native = self._native(split)
         derived = [s for s in ("val", "test") if self._native(s) is None]
         if native is not None and (split != "train" or not derived):
-            return _capped(self._docs_of(native), self.max_bytes)
+            return _capped(_utf8_sized(self._docs_of(native)), self.max_bytes)
         # Carve missing splits out of train by hash of the document index.
         vf = self.val_fraction if "val" in derived else 0.0
         tf = self.test_fraction if "test" in derived else 0.0
         docs = (d for i, d in enumerate(self._docs_of("train")) if split_of(str(i), vf, tf) == split)
-        return _capped(docs, self.max_bytes)
+        return _capped(_utf8_sized(docs), self.max_bytes)
+
+    def documents(self, split: str) -> Iterator[str]:
+        return (text for text, _ in self.sized_documents(split))
 
     def sample_documents(self, split: str, n_bytes: int) -> Iterator[str]:
         """The first ~`n_bytes` of the split (a dataset's row order is usually already mixed)."""
-        return _capped(self.documents(split), n_bytes)
+        return (text for text, _ in _capped(self.sized_documents(split), n_bytes))
 
     def fingerprint(self) -> dict[str, Any]:
         # Settings only (loading the dataset just to hash it would cost seconds on every run);
@@ -414,7 +509,9 @@ def build_corpus(cfg: Mapping[str, Any] | str) -> Corpus:
     if kind == "stdlib":
         return StdlibCorpus(**split_knobs)
     if kind == "text_dir":
-        return TextDirCorpus(c.get("path"), c.get("glob", "**/*.txt"), **split_knobs)
+        return TextDirCorpus(
+            c.get("path"), c.get("glob", "**/*.txt"), encoding=c.get("encoding", "utf-8"), **split_knobs
+        )
     if kind == "hf":
         return HFCorpus(
             c.get("name"),

@@ -12,19 +12,23 @@ The stream is an IterableDataset (not map-style + sampler) on purpose: Lightning
 in a DistributedSampler for iterable datasets, so the (seed, step, rank) scheme survives DDP
 untouched, and an infinite stream never ends an "epoch" mid-run (the trainer stops at max_steps).
 
-Recall mix hook: with `recall_mix = p > 0`, a `mixer(n, length, rng) -> (n, length)` int array
-replaces the first n rows of each batch, where n ~ p * B (fractional part drawn from rng, so the
-expected fraction is exactly p). It receives the batch's own generator, so mixed batches are as
-deterministic as plain ones. Without an explicit `mixer`, `RecallMixer` (synthetic sequences of the
-`recall_kinds` from `pelab.data.recall.make_recall_batch`, "train" key space, `recall_key_len` /
-`recall_value_len` hex chars) is used.
+Recall mix hook: with `recall_mix = p > 0`, `mixer(n, length, rng, step, text) -> (n, length)` int array
+(or `(rows, answer_mask)`) replaces the first n rows of each batch, where n ~ p * B (fractional part drawn
+from rng, so the expected fraction is exactly p). It receives the batch's own generator, the step (for a
+curriculum) and the (n, length) text rows it replaces (real training text, e.g. filler), so mixed batches
+are as deterministic as plain ones. Without an explicit `mixer`, `RecallMixer` (synthetic sequences of the
+`recall_kinds` from `pelab.data.recall.make_recall_batch`: "train" key space, `recall_key_len` /
+`recall_value_len` hex chars, `recall_pairs` mqar pairs, `recall_curriculum` spans) is used.
 
-Loss on mixed rows (`recall_loss`): "all" (default) = every token of a mixed row is a training
-target, like text. "answers" = only the answer tokens (the retrieved values / passkeys) are; the
-mixer then returns `(rows, answer_mask)`. The batch stays one `(B, T+1)` LongTensor: a token that is
-context only is stored as `-1 - id` (negative), and `inputs_and_targets(batch)` turns a batch into
-model inputs (ids) and targets (`IGNORE_INDEX` where not scored). Text rows are never marked.
-Why answer-only: a random hex key or value cannot be predicted, so with "all" most of a mixed row's
+Loss on mixed rows (`recall_loss`): "all" (default) = every token of a mixed row is a training target,
+like text. "answers" = only the answer tokens (the retrieved values / passkeys) are. "two_means" = the mean
+NLL over text targets (the text rows) plus the mean NLL over answer targets, each over the whole batch
+(`two_means_loss`): the few answers weigh as much as all the text. The batch stays one `(B, T+1)`
+LongTensor; under "answers" and "two_means" a mixed row stores a token that is context only as `-1 - id`
+(negative: fed, not scored) and an answer token as `id + ANSWER_FLAG` (fed, scored, and an answer);
+`inputs_and_targets(batch)` turns a batch into model inputs (ids), targets (`IGNORE_INDEX` where not
+scored) and, with `answers=True`, the answer mask. Text rows are never marked.
+Why answer-only: a random key or value cannot be predicted, so with "all" most of a mixed row's
 loss is irreducible noise and the few retrieval targets carry little of the gradient.
 """
 
@@ -36,26 +40,47 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from pelab.data.cache import TokenCache, open_cache
 from pelab.data.corpora import SPLITS, build_corpus
+from pelab.data.tokenizer import tokenizer_fingerprint
 from pelab.errors import ConfigError
-from pelab.schema import LOADER_KEYS, loader_settings
+from pelab.schema import LOADER_KEYS, check_reserved, loader_settings
 
-Mixer = Callable[[int, int, np.random.Generator], Any]
+Mixer = Callable[..., Any]  # (n, length, rng, step, text) -> rows or (rows, answer_mask)
 
 IGNORE_INDEX = -100  # target of a position that is not scored (F.cross_entropy's default ignore_index)
+ANSWER_FLAG = 1 << 40  # added to an answer token's id in a batch (ids stay far below it)
 
 
-def inputs_and_targets(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, T+1) training batch -> inputs (B, T) ids, targets (B, T) ids or IGNORE_INDEX.
+def inputs_and_targets(
+    batch: torch.Tensor, answers: bool = False
+) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(B, T+1) training batch -> inputs (B, T) ids, targets (B, T) ids or IGNORE_INDEX
+    [, answer mask (B, T) bool: the target is a recall answer, with `answers=True`].
 
-    Negative entries (`-1 - id`, written under `recall_loss="answers"`) are fed as `id` but not scored.
+    Negative entries (`-1 - id`) are fed as `id` but not scored; entries >= ANSWER_FLAG are fed and scored as
+    `id` and are answers (recall_loss answers / two_means; see the module doc).
     """
-    ids = torch.where(batch < 0, -1 - batch, batch)  # (B, T+1)
-    targets = torch.where(batch[:, 1:] < 0, IGNORE_INDEX, batch[:, 1:])  # (B, T)
+    is_answer = batch >= ANSWER_FLAG
+    ids = torch.where(batch < 0, -1 - batch, batch - is_answer.long() * ANSWER_FLAG)  # (B, T+1)
+    targets = torch.where(batch[:, 1:] < 0, IGNORE_INDEX, ids[:, 1:])  # (B, T)
+    if answers:
+        return ids[:, :-1], targets, is_answer[:, 1:]
     return ids[:, :-1], targets
+
+
+def two_means_loss(logits: torch.Tensor, targets: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
+    """recall_loss=two_means: mean NLL over the scored text targets + mean NLL over the answer targets, each
+    over the whole batch; a batch without answers (or without text) gets only the mean it has.
+    (B, T, V), (B, T), (B, T) -> scalar, fp32. No data-dependent branch: no device sync."""
+    nll = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none").view_as(targets)
+    text = (targets != IGNORE_INDEX) & ~answers
+    answers = answers & (targets != IGNORE_INDEX)
+    mean = lambda m: (nll * m).sum() / m.sum().clamp_min(1)
+    return mean(text) + mean(answers)
 
 
 # Bad loader settings (seq_len, batch_size, recall_mix, ...): the package's one user-error class.
@@ -118,19 +143,21 @@ class TrainWindows(IterableDataset):
         idx = starts[:, None] + np.arange(self.seq_len + 1)  # (B, T+1)
         x = self.tokens[idx].astype(np.int64)
         if self.recall_mix > 0:
-            x = self._mix(x, rng)
+            x = self._mix(x, rng, step)
         return torch.from_numpy(x)
 
-    def _mix(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def _mix(self, x: np.ndarray, rng: np.random.Generator, step: int) -> np.ndarray:
         want = self.recall_mix * self.batch_size
         n = min(self.batch_size, int(want) + int(rng.random() < want - int(want)))
         if n:
-            out = self.mixer(n, self.seq_len + 1, rng)
+            out = self.mixer(n, self.seq_len + 1, rng, step=step, text=x[:n].copy())
             rows, answers = out if isinstance(out, tuple) else (out, None)
             x[:n] = np.asarray(rows, dtype=np.int64)
-            if self.recall_loss == "answers" and answers is not None:
-                context = ~np.asarray(answers, dtype=bool)  # (n, T+1): not a target
-                x[:n][context] = -1 - x[:n][context]
+            if self.recall_loss in ("answers", "two_means") and answers is not None:
+                answers = np.asarray(answers, dtype=bool)  # (n, T+1)
+                mixed = x[:n]  # a view
+                mixed[~answers] = -1 - mixed[~answers]
+                mixed[answers] += ANSWER_FLAG
         return x
 
     def __iter__(self) -> Iterator[torch.Tensor]:
@@ -172,8 +199,11 @@ class RecallMixer:
     """Default `mixer`: rows of synthetic recall sequences (pelab.data.recall), seeded from the
     batch's generator. A class (not a closure) so it pickles into DataLoader workers.
 
-    kinds: which generators to mix ("kv", "passkey"); key_len / value_len: hex chars of kv keys /
-    values. With `answers=True` it returns `(rows, answer_mask)`, both (n, length)."""
+    kinds: which generators to mix (pelab.data.recall.TRAIN_KINDS); key_len / value_len: hex chars of kv
+    keys / values; pairs: N of mqar rows; curriculum: [[step, span], ...] (from `step` on, each recall
+    sequence occupies only the last `span` tokens of its row, after the row's own text; before the first
+    entry and with None: the whole row). With `answers=True` it returns `(rows, answer_mask)`, both
+    (n, length)."""
 
     def __init__(
         self,
@@ -182,18 +212,31 @@ class RecallMixer:
         key_len: int = 3,
         value_len: int = 3,
         answers: bool = False,
+        pairs: int = 8,
+        curriculum: Sequence[Sequence[int]] | None = None,
     ):
         self.tokenizer, self.kinds = tokenizer, tuple(kinds)
         self.key_len, self.value_len, self.answers = int(key_len), int(value_len), bool(answers)
+        self.pairs = int(pairs)
+        self.curriculum = sorted((int(s), int(w)) for s, w in curriculum) if curriculum else []
+
+    def span(self, step: int) -> int | None:
+        """The recall span at this step (None = the whole row)."""
+        span = None
+        for start, width in self.curriculum:
+            if step >= start:
+                span = width
+        return span
 
     def __call__(
-        self, n: int, length: int, rng: np.random.Generator
+        self, n: int, length: int, rng: np.random.Generator, step: int = 0, text: np.ndarray | None = None
     ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         from pelab.data.recall import make_recall_batch
 
         rows, mask = make_recall_batch(
             self.tokenizer, length - 1, n, int(rng.integers(2**62)), kinds=self.kinds,
-            key_len=self.key_len, value_len=self.value_len, return_mask=True,
+            key_len=self.key_len, value_len=self.value_len, return_mask=True, pairs=self.pairs,
+            span=self.span(step), text=text,
         )  # (n, length) each
         rows = np.asarray(rows, dtype=np.int64)
         return (rows, mask.numpy()) if self.answers else rows
@@ -212,9 +255,9 @@ class LMDataModule(L.LightningDataModule):
     max_steps: stop the training stream after this many batches (micro-steps); None = endless,
                which is what a Trainer wants (it stops at trainer.max_steps; with an endless
                stream `trainer.val_check_interval` must be an int number of steps).
-    recall_mix, recall_kinds, recall_key_len, recall_value_len, recall_loss: the synthetic recall
-               rows of the training mix (see the module docstring); defaults = both kinds, 3-char
-               keys and values, every token a target.
+    recall_mix, recall_kinds, recall_key_len, recall_value_len, recall_loss, recall_pairs,
+    recall_curriculum: the synthetic recall rows of the training mix (see the module docstring);
+               defaults = kv and passkey, 3-char keys and values, every token a target.
     """
 
     def __init__(
@@ -235,6 +278,8 @@ class LMDataModule(L.LightningDataModule):
         recall_key_len: int = 3,
         recall_value_len: int = 3,
         recall_loss: str = "all",
+        recall_pairs: int = 8,
+        recall_curriculum: Sequence[Sequence[int]] | None = None,
     ):
         super().__init__()
         # The checks of the harness's config (pelab.schema), so direct use fails the same way, naming data.*.
@@ -243,11 +288,16 @@ class LMDataModule(L.LightningDataModule):
             "val_batch_size": val_batch_size, "recall_mix": recall_mix,
             "recall_kinds": [recall_kinds] if isinstance(recall_kinds, str) else list(recall_kinds),
             "recall_key_len": recall_key_len, "recall_value_len": recall_value_len, "recall_loss": recall_loss,
+            "recall_pairs": recall_pairs, "recall_curriculum": _plain(recall_curriculum),
             "num_workers": num_workers,
         })
+        # pairs vs the reserved ids, before any data cost (the tokenizer config is not typed here).
+        check_reserved(tokenizer_fingerprint(_plain(tokenizer)), loader, probes=None)
         self.recall_kinds = tuple(loader.recall_kinds)
         self.recall_key_len, self.recall_value_len = loader.recall_key_len, loader.recall_value_len
         self.recall_loss = loader.recall_loss
+        self.recall_pairs = loader.recall_pairs
+        self.recall_curriculum = _plain(loader.recall_curriculum)
         self.source_cfg, self.tokenizer_cfg = _plain(source), _plain(tokenizer)
         self.seq_len, self.batch_size, self.seed = loader.seq_len, loader.batch_size, int(seed)
         self.cache_dir, self.val_windows = cache_dir, loader.val_windows
@@ -292,19 +342,19 @@ class LMDataModule(L.LightningDataModule):
         if self.recall_mix > 0 and self.mixer is None:
             self.mixer = RecallMixer(
                 self.tokenizer, self.recall_kinds, self.recall_key_len, self.recall_value_len,
-                answers=self.recall_loss == "answers",
+                answers=self.recall_loss in ("answers", "two_means"), pairs=self.recall_pairs,
+                curriculum=self.recall_curriculum,
             )
         self.vocab_size: int = int(cache.meta["vocab_size"])
         self.eot_id: int = int(cache.meta["eot_id"])
+        self.reserved: dict[str, list[int]] = dict(cache.meta["reserved"])  # {"keys": [a, b], "values": [b, c]}
         self.bytes_per_token: float = cache.bytes_per_token("val")
         self.fingerprint: dict[str, Any] = {
             **cache.meta["fingerprint"],
             "cache_path": str(cache.path),
             "vocab_size": self.vocab_size,
-            "splits": {
-                s: {k: v for k, v in m.items() if k != "sample_sha256"}
-                for s, m in cache.meta["splits"].items()
-            },
+            "reserved": self.reserved,
+            "splits": cache.meta["splits"],
         }
         self._val = fixed_windows(cache.tokens("val"), self.seq_len, self.val_windows)  # (N, T+1)
         self._test = fixed_windows(cache.tokens("test"), self.seq_len, self.val_windows)

@@ -216,6 +216,27 @@ def plot_probe_heatmap_grid(
     return fig
 
 
+Band = tuple[Sequence[float], Sequence[float]]  # (lower, upper) per point: an interval drawn as a band
+
+
+def _baselines(ax, chance: float | None, copy: float | None) -> None:
+    """Dotted floors: chance (a uniform guess over the answer space) and copy (a random value of the
+    context)."""
+    if chance is not None and _finite(chance):
+        ax.axhline(chance, color="grey", linestyle=":", linewidth=1, label=f"chance {chance:.2g}")
+    if copy is not None and _finite(copy):
+        ax.axhline(copy, color="black", linestyle="-.", linewidth=1, label=f"copy a random value {copy:.2g}")
+
+
+def _curve(ax, xs: Sequence[float], ys: Sequence[float], label: str, band: Band | None, **style) -> None:
+    ys = [float(y) if _finite(y) else float("nan") for y in ys]
+    (line,) = ax.plot(xs, ys, label=label or None, **style)
+    if band is not None:
+        lo = [float(v) if _finite(v) else float("nan") for v in band[0]]
+        hi = [float(v) if _finite(v) else float("nan") for v in band[1]]
+        ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15, linewidth=0)
+
+
 def plot_depth_curve(
     curves: Mapping[str, Sequence[float]] | Sequence[float],
     depths: Sequence[float],
@@ -223,19 +244,21 @@ def plot_depth_curve(
     chance: float | None = None,
     title: str | None = None,
     ylabel: str = "accuracy",
+    bands: Mapping[str, Band] | None = None,
+    copy: float | None = None,
 ) -> Figure:
-    """Accuracy by depth (the lost-in-the-middle U-curve) at one length; one line per label.
-    A bare list is one unlabeled curve. ``chance`` draws a dotted floor."""
+    """Accuracy by depth (the lost-in-the-middle U-curve); one line per label (e.g. encoding, or length).
+    A bare list is one unlabeled curve. ``bands[label]`` = (lower, upper) per depth, drawn as a shaded
+    interval; ``chance`` and ``copy`` draw dotted floors."""
     if not isinstance(curves, Mapping):
         curves = {"": curves}
-    fig = _figure(5.5, 3.8)
+    bands = bands or {}
+    fig = _figure(5.5 if len(curves) <= 6 else 7.5, 3.8)
     ax = fig.add_subplot()
     xs = [100 * float(d) for d in depths]
-    for label, ys in curves.items():
-        ys = [float(y) if _finite(y) else float("nan") for y in ys]
-        ax.plot(xs, ys, marker="o", label=str(label) or None)
-    if chance is not None and _finite(chance):
-        ax.axhline(chance, color="grey", linestyle=":", linewidth=1, label=f"chance {chance:.2g}")
+    for (label, ys), style in zip(curves.items(), _styles(len(curves))):
+        _curve(ax, xs, ys, str(label), bands.get(label), **style)
+    _baselines(ax, chance, copy)
     if ylabel == "accuracy":
         ax.set_ylim(-0.02, 1.02)
     ax.set_xticks(xs)
@@ -243,9 +266,90 @@ def plot_depth_curve(
     ax.set_ylabel(ylabel)
     ax.set_title(title or (f"Accuracy by depth at {length} tokens" if length else "Accuracy by depth"))
     ax.grid(True, alpha=0.3)
-    if any(str(k) for k in curves) or chance is not None:
-        ax.legend(fontsize=8)
+    if any(str(k) for k in curves) or _finite(chance) or _finite(copy):
+        _legend(ax, len(curves) + 2)
     return fig
+
+
+def plot_accuracy_vs_length(
+    curves: Mapping[str, Mapping[int, float]],
+    train_len: int | None = None,
+    bands: Mapping[str, Mapping[int, tuple[float, float]]] | None = None,
+    chance: float | None = None,
+    copy: float | None = None,
+    title: str = "Retrieval accuracy vs context length",
+    xlabel: str = "context length (tokens)",
+) -> Figure:
+    """Accuracy by length (log2 x), one line per label, ``bands[label][L]`` = (lower, upper) shaded; the
+    training length, chance and copy baselines marked. NaN points (n/a) are gaps."""
+    bands = bands or {}
+    fig = _figure(8.5 if len(curves) > 6 else 6.0, 4.0)
+    ax = fig.add_subplot()
+    all_x: set[int] = set()
+    for (label, curve), style in zip(curves.items(), _styles(len(curves))):
+        xs = sorted(int(L) for L in curve)
+        all_x.update(xs)
+        b = bands.get(label)
+        band = ([b[L][0] for L in xs], [b[L][1] for L in xs]) if b and all(L in b for L in xs) else None
+        _curve(ax, xs, [curve[L] for L in xs], str(label), band, **style)
+    if train_len:
+        ax.axvline(train_len, color="grey", linestyle="--", linewidth=1, label=f"train length {train_len}")
+        all_x.add(int(train_len))
+    _baselines(ax, chance, copy)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(all_x))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{round(v)}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("accuracy")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    _legend(ax, len(curves) + 3)
+    return fig
+
+
+def probe_figures(probes, label: str) -> dict[str, Figure]:
+    """The figures of one run's ``ProbeResult``, per kind: the depth x length heatmap, accuracy by depth at
+    every length (one line per length, Wilson bands), accuracy vs length (mean over depths, paired-bootstrap
+    band); and mqar_offset's accuracy vs total length at a fixed distance. Chance and copy marked."""
+    figs: dict[str, Figure] = {}
+    train_len = probes.train_len
+    for kind in probes.kinds:
+        figs[f"probe_{kind}_heatmap"] = plot_probe_heatmap(
+            probes.grid(kind, "acc"), probes.depths, probes.lengths,
+            title=f"{kind} retrieval accuracy — {label}", train_len=train_len,
+        )
+        names = {L: f"{L} tokens" + (" (train)" if L == train_len else "") for L in probes.lengths}
+        figs[f"probe_{kind}_depth"] = plot_depth_curve(
+            {names[L]: probes.depth_curve(kind, L) for L in probes.lengths}, probes.depths,
+            bands={names[L]: (probes.depth_curve(kind, L, "lo"), probes.depth_curve(kind, L, "hi"))
+                   for L in probes.lengths},
+            chance=probes.chance(kind), copy=probes.copy(kind),
+            title=f"{kind}: accuracy by depth (95% Wilson bands) — {label}",
+        )
+        summaries = {L: probes.summary(kind, L) for L in probes.lengths}
+        figs[f"probe_{kind}_length"] = plot_accuracy_vs_length(
+            {label: {L: s["acc"] for L, s in summaries.items()}}, train_len,
+            bands={label: {L: (s["acc_lo"], s["acc_hi"]) for L, s in summaries.items()}},
+            chance=probes.chance(kind), copy=probes.copy(kind),
+            title=f"{kind}: accuracy (mean over depths) vs length",
+        )
+    if probes.offset:
+        cells = sorted(probes.offset.values(), key=lambda c: c.length)
+        figs["probe_mqar_offset"] = plot_accuracy_vs_length(
+            {label: {c.length: c.acc for c in cells}}, train_len,
+            bands={label: {c.length: (c.lo, c.hi) for c in cells}},
+            chance=_mean_finite([c.chance for c in cells]), copy=_mean_finite([c.chance_copy for c in cells]),
+            title="mqar_offset: gold pair at a fixed distance after a prefix of m × train length",
+            xlabel="context length (tokens) = (m + 1) × train length",
+        )
+    return figs
+
+
+def _mean_finite(xs: Sequence[float]) -> float | None:
+    xs = [x for x in xs if _finite(x)]
+    return sum(xs) / len(xs) if xs else None
 
 
 def save_figure(fig: Figure, path: str | Path, dpi: int = 120) -> Path:

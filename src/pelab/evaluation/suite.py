@@ -15,14 +15,8 @@ import torch
 from omegaconf import DictConfig
 
 from pelab.evaluation.extrapolation import eval_token_budget, evaluate_extrapolation, resolve_lengths
-from pelab.evaluation.plots import (
-    plot_depth_curve,
-    plot_loss_by_position,
-    plot_ppl_vs_length,
-    plot_probe_heatmap,
-    save_figure,
-)
-from pelab.evaluation.probes import run_probes
+from pelab.evaluation.plots import plot_loss_by_position, plot_ppl_vs_length, probe_figures, save_figure
+from pelab.evaluation.probes import OFFSET_KIND, run_probes
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +73,8 @@ def run_evaluation(
             samples_per_cell=int(pcfg.samples), seed=int(pcfg.seed),
             filler_ids=filler if pcfg.get("filler", "val") == "val" else None,
             device=device, train_len=train_len, batch_tokens=int(ecfg.batch_tokens),
-            key_len=int(pcfg.get("key_len", 3)), value_len=int(pcfg.get("value_len", 3)),
+            prefix_multiples=list(pcfg.get("prefix_multiples", [0, 1, 3, 7])),
+            **{k: int(pcfg[k]) for k in ("key_len", "value_len", "pairs") if k in pcfg},
         )
         metrics.update(probes.metrics())
     if prefix:
@@ -115,16 +110,7 @@ def make_figures(extrap: Any, probes: Any | None, label: str, train_len: int) ->
     if extrap.loss_by_position:
         figs["loss_by_position"] = plot_loss_by_position({label: extrap.loss_by_position}, train_len)
     if probes is not None:
-        for kind in probes.kinds:
-            figs[f"probe_{kind}_heatmap"] = plot_probe_heatmap(
-                probes.grid(kind, "acc"), probes.depths, probes.lengths,
-                title=f"{kind} retrieval accuracy — {label}", train_len=train_len,
-            )
-            at = train_len if train_len in probes.lengths else probes.lengths[0]
-            figs[f"probe_{kind}_depth"] = plot_depth_curve(
-                {label: probes.depth_curve(kind, at, "acc")}, probes.depths, length=at,
-                chance=probes.chance(kind),
-            )
+        figs.update(probe_figures(probes, label))
     return figs
 
 
@@ -154,10 +140,14 @@ def log_to_wandb(run: Any, metrics: dict, extrap: Any, probes: Any | None, paths
         data[f"extrap/{ns}loss_by_position"] = wandb.plot.line(pos_table, "position", "loss",
                                                                title="Loss by token position")
     if probes is not None:
-        pcols = ["kind", "depth", "length", "acc", "logprob", "n", "chance", "note"]
-        for kind in probes.kinds:
+        # n, the Wilson interval (lo, hi), the gold's mean rank and the error split (other in-context value,
+        # not in the context, depth of the wrongly picked value) beside each accuracy
+        pcols = ["kind", "depth", "length", "n", "acc", "lo", "hi", "logprob", "rank", "other", "absent",
+                 "other_depth", "chance", "chance_copy", "note"]
+        for kind in probes.kinds + ([OFFSET_KIND] if probes.offset else []):
+            cols = pcols + (["prefix"] if kind == OFFSET_KIND else [])
             data[f"probe/{kind}/{ns}table"] = wandb.Table(
-                columns=pcols, data=[[r[c] for c in pcols] for r in probes.rows(kind)])
+                columns=cols, data=[[r[c] for c in cols] for r in probes.rows(kind)])
     for key, path in paths.items():
         data[f"plots/{ns}{key}"] = wandb.Image(str(path))
     try:

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import SumMetric
 
-from pelab.data.datamodule import inputs_and_targets
+from pelab.data.datamodule import inputs_and_targets, two_means_loss
 from pelab.harness.reliability import NonFiniteError
 from pelab.model import GPT, build_model
 
@@ -102,9 +102,13 @@ class LMModule(L.LightningModule):
         torch.manual_seed(int(seq.generate_state(1, dtype=np.uint64)[0]) >> 1)
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        # (B, T), (B, T); targets that are IGNORE_INDEX (data.recall_loss=answers) are not scored
-        x, y = inputs_and_targets(batch)
-        loss = self.nll(self(x), y)
+        # (B, T) each; targets that are IGNORE_INDEX are not scored, `answers` marks recall answers (data.recall_loss)
+        x, y, answers = inputs_and_targets(batch, answers=True)
+        logits = self(x)
+        if self.cfg["data"].get("recall_loss") == "two_means":
+            loss = two_means_loss(logits, y, answers)
+        else:
+            loss = self.nll(logits, y)
         if self.global_step in self.inject_nan_at:  # testing aid: debug.inject_nan_at_step
             loss = loss * float("nan")
         self._loss = loss.detach()

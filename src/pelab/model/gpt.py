@@ -22,6 +22,9 @@ if TYPE_CHECKING:  # the encodings import model.attention: no import at run time
     from pelab.encodings.base import PositionEncoding, PositionState
 
 
+INITS = ("gpt2", "torch")
+
+
 @dataclass
 class GPTConfig:
     vocab_size: int
@@ -32,6 +35,10 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = False  # biases in Linear and LayerNorm layers
     attn_chunk_size: int = 1024  # query chunk of the CPU biased-attention path
+    # gpt2: N(0, 0.02) weights, residual projections scaled by 1/sqrt(2 * layers) (GPT-2, nanoGPT).
+    # torch: PyTorch's default Linear init and N(0, 1) token embeddings (Zoology's retrieval models).
+    init: str = "gpt2"
+    tie_embeddings: bool = True  # the LM head is the token embedding (GPT-2); False: its own N(0, d^-0.5)
 
     def __post_init__(self) -> None:
         if self.d_ff is None:
@@ -56,6 +63,7 @@ class GPTConfig:
             ),
             (0.0 <= self.dropout < 1.0, f"model.dropout must be in [0, 1); got {self.dropout}"),
             (self.attn_chunk_size >= 1, f"model.attn_chunk_size must be >= 1; got {self.attn_chunk_size}"),
+            (self.init in INITS, f"model.init={self.init} is unknown; choose one of {list(INITS)}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -144,10 +152,14 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.ln_f = nn.LayerNorm(config.d_model, bias=config.bias)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        self.lm_head.weight = self.tok_emb.weight  # weight tying
-        # GPT-2 init for the model's own modules; the encoding initialises its own parameters
-        for module in (self.tok_emb, self.blocks, self.ln_f):
-            module.apply(self._init_weights)
+        # The model's own modules are initialised here; the encoding initialises its own parameters.
+        if config.init == "gpt2":
+            for module in (self.tok_emb, self.blocks, self.ln_f):
+                module.apply(self._init_weights)
+        else:  # torch: nn.Linear / nn.LayerNorm keep PyTorch's defaults; nn.Embedding's is N(0, 1)
+            nn.init.normal_(self.lm_head.weight, std=config.d_model**-0.5)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
@@ -171,6 +183,8 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         if exclude_embedding:
             n -= sum(p.numel() for p in self.pe.parameters())
+            if not self.config.tie_embeddings:  # the input embedding is a lookup; the head has its own matrix
+                n -= self.tok_emb.weight.numel()
         return n
 
     def positions(self, idx: Tensor, pos: Tensor | None, start: int) -> tuple[Tensor, int | None]:
@@ -184,9 +198,10 @@ class GPT(nn.Module):
             raise ValueError(f"pos must have shape ({T},) or ({B}, {T}); got {tuple(pos.shape)}")
         return pos.to(device=idx.device, dtype=torch.long), None
 
-    def forward(self, idx: Tensor, pos: Tensor | None = None, start: int = 0) -> Tensor:
-        """idx (B, T) token ids -> logits (B, T, V) fp32. Positions: ``pos`` (T,) or (B, T), else
-        arange(start, start + T)."""
+    def hidden(self, idx: Tensor, pos: Tensor | None = None, start: int = 0) -> Tensor:
+        """idx (B, T) token ids -> the final hidden states (B, T, D), after ln_f and before the LM head
+        (a caller that needs logits at a few positions applies ``lm_head`` to those rows only).
+        Positions: ``pos`` (T,) or (B, T), else arange(start, start + T)."""
         consecutive = pos is None
         pos, max_position = self.positions(idx, pos, start)
         state = self.pe.prepare(pos, consecutive, max_position)  # once per forward, for every layer
@@ -196,4 +211,8 @@ class GPT(nn.Module):
         x = self.drop(x)
         for block in self.blocks:
             x = block(x, self.pe, state)
-        return self.lm_head(self.ln_f(x)).float()
+        return self.ln_f(x)
+
+    def forward(self, idx: Tensor, pos: Tensor | None = None, start: int = 0) -> Tensor:
+        """idx (B, T) token ids -> logits (B, T, V) fp32 (positions as in ``hidden``)."""
+        return self.lm_head(self.hidden(idx, pos, start)).float()

@@ -240,7 +240,7 @@ def probe_kinds(rows: Sequence[Row]) -> list[str]:
 
 
 def probe_panel(row: Row, kind: str) -> dict | None:
-    """{grid, depths, lengths, train_len, chance, n} for one row and kind (mean over its seeds; the
+    """{grid, depths, lengths, train_len, chance, copy, n} for one row and kind (mean over its seeds; the
     seeds probed on the first one's depth x length grid)."""
     ps = [j.probes for j in row.jobs if kind in (j.probes.get("grids") or {})]
     if not ps:
@@ -254,5 +254,63 @@ def probe_panel(row: Row, kind: str) -> dict | None:
         "lengths": [int(L) for L in shape[1]],
         "train_len": row.train_len,
         "chance": float(seed_mean([as_float((p.get("chance") or {}).get(kind)) for p in ps])),
+        "copy": float(seed_mean([as_float((p.get("copy") or {}).get(kind)) for p in ps])),
         "n": len(ps),
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# probes: per-instance outcomes and paired comparisons between rows
+
+# pelab.evaluation.probes.OFFSET_KIND, not imported: `import pelab.report` stays light
+OFFSET_KIND = "mqar_offset"
+# Probe settings that do not change which instance sample i is (it is seeded by its index).
+_NOT_PAIRING = ("samples", "kinds", "depths", "lengths", "enabled", "prefix_multiples")
+
+
+def pairing_key(job: Job) -> str:
+    """Jobs with equal keys probed the same instances: the same corpus and tokenizer (data fingerprint) and
+    probe settings (seed, key/value lengths, filler, ...). The sample count may differ: instance i is the
+    same whatever the count, so two runs share their first min(n) instances."""
+    probes = {k: v for k, v in (job.setting("probes") or {}).items() if k not in _NOT_PAIRING}
+    fp = ((job.summary.get("data") or {}).get("fingerprint") or {}).get("key")
+    return json.dumps([fp, probes], sort_keys=True, default=str)
+
+
+def probe_outcomes(job: Job, kind: str) -> dict[tuple[float, int], str]:
+    """{(depth, length): outcome bits} of one job and kind (mqar_offset: (prefix multiple, length))."""
+    rows = job.probes.get("offset" if kind == OFFSET_KIND else "rows") or []
+    key = "prefix" if kind == OFFSET_KIND else "depth"
+    return {
+        (as_float(r[key]), int(r["length"])): str(r["outcomes"])
+        for r in rows
+        if r.get("kind") == kind and r.get("outcomes")
+    }
+
+
+def paired_outcomes(a: Row, b: Row, kind: str) -> dict[int, tuple[list[bool], list[bool]]]:
+    """By length: the outcomes of rows a and b on the same instances. Jobs are paired by seed (seeds both
+    rows ran) when they probed the same instances (``pairing_key``); per (seed, depth) cell the common
+    prefix of the two bit strings. Lengths without a common cell are left out."""
+    out: dict[int, tuple[list[bool], list[bool]]] = {}
+    b_by_seed = {j.setting("seed"): j for j in b.jobs}
+    for ja in a.jobs:
+        jb = b_by_seed.get(ja.setting("seed"))
+        if jb is None or pairing_key(ja) != pairing_key(jb):
+            continue
+        oa, ob = probe_outcomes(ja, kind), probe_outcomes(jb, kind)
+        for cell in sorted(set(oa) & set(ob)):
+            n = min(len(oa[cell]), len(ob[cell]))
+            xa, xb = out.setdefault(cell[1], ([], []))
+            xa += [c == "1" for c in oa[cell][:n]]
+            xb += [c == "1" for c in ob[cell][:n]]
+    return out
+
+
+def offset_cells(row: Row) -> dict[int, list[dict]]:
+    """{prefix multiple: the seeds' mqar_offset rows} of one row."""
+    out: dict[int, list[dict]] = {}
+    for j in row.jobs:
+        for r in j.probes.get("offset") or []:
+            out.setdefault(int(r["prefix"]), []).append(r)
+    return dict(sorted(out.items()))

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pelab.report.aggregation import Row, group_rows, probe_kinds, probe_panel
+from pelab.report.aggregation import OFFSET_KIND, Row, group_rows, probe_kinds, probe_panel
 from pelab.report.discovery import Job, find_jobs
 from pelab.report.figures import make_figures
 from pelab.report.tables import (
@@ -18,6 +18,8 @@ from pelab.report.tables import (
     failures_table,
     metadata_table,
     metric_table,
+    offset_table,
+    paired_table,
     probe_tables,
 )
 
@@ -128,16 +130,26 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
         "Mean NLL by position in the window at the longest evaluated length (dashed line: training length).",
     )
     for kind in probe_kinds(rows):
-        chance = [p["chance"] for r in rows if (p := probe_panel(r, kind)) and math.isfinite(p["chance"])]
+        panels = [p for r in rows if (p := probe_panel(r, kind))]
+        chance = [p["chance"] for p in panels if math.isfinite(p["chance"])]
+        copy = [p["copy"] for p in panels if math.isfinite(p.get("copy", math.nan))]
         section(
             f"Probe: {kind}",
             probe_tables(rows, kind),
-            (),
-            f"Retrieval accuracy with the answer at each depth of contexts of each length; chance ≈ "
-            f"{statistics.fmean(chance):.2g}. * = training length."
+            [f"probe_{kind}_vs_length"],
+            (
+                f"Retrieval accuracy with the answer at each depth of contexts of each length; chance ≈ "
+                f"{statistics.fmean(chance):.2g}"
+                + (f", copying a random value of the context ≈ {statistics.fmean(copy):.2g}" if copy else "")
+                + ". * = training length."
+            )
             if chance
             else "",
         )
+    section(
+        f"Probe: {OFFSET_KIND} (position vs distance)",
+        [offset_table(rows), paired_table(rows, OFFSET_KIND)],
+    )
     section("Probe heatmaps", [], ["probe_heatmaps"])
     if ok:
         section("Runs", [metadata_table(ok)])

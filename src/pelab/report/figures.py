@@ -1,5 +1,6 @@
 """Rendering, figures (drawn by pelab.evaluation.plots): ppl vs evaluation length and loss by position,
-one of each per training length, and a grid of probe heatmaps."""
+one of each per training length, probe accuracy vs length per kind (bands: the seeds' mean 95% interval;
+chance and copy baselines), and a grid of probe heatmaps."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ def make_figures(rows: Sequence[Row], out: Path) -> dict[str, Path]:
     """{name: PNG path} of the figures written to `out` (names get `_L<train length>` when the rows
     have several training lengths)."""
     from pelab.evaluation.plots import (
+        plot_accuracy_vs_length,
         plot_loss_by_position,
         plot_ppl_vs_length,
         plot_probe_heatmap_grid,
@@ -45,9 +47,33 @@ def make_figures(rows: Sequence[Row], out: Path) -> dict[str, Path]:
                 losses, train_len, title=f"Loss by token position (train {train_len})"
             )
             paths[f"loss_by_position{suffix}"] = save_figure(fig, out / f"loss_by_position{suffix}.png")
+        for kind in probe_kinds(sub):
+            acc = by_length(sub, f"probe/{kind}/acc@{{L}}", seed_mean)
+            if not np.isfinite(acc.to_numpy(dtype=float)).any():
+                continue
+            lo = by_length(sub, f"probe/{kind}/acc_lo@{{L}}", seed_mean).reindex(columns=acc.columns)
+            hi = by_length(sub, f"probe/{kind}/acc_hi@{{L}}", seed_mean).reindex(columns=acc.columns)
+            curves, bands = {}, {}
+            for i, r in enumerate(sub):
+                curves[r.label] = {int(L): float(v) for L, v in acc.iloc[i].items()}
+                bands[r.label] = {int(L): (float(lo.iloc[i][L]), float(hi.iloc[i][L])) for L in acc.columns}
+            panels = [p for r in sub if (p := probe_panel(r, kind))]
+            fig = plot_accuracy_vs_length(
+                curves, train_len, bands=bands,
+                chance=_nanmean([p["chance"] for p in panels]),
+                copy=_nanmean([p["copy"] for p in panels]),
+                title=f"{kind}: accuracy (mean over depths) vs length (train {train_len})",
+            )
+            name = f"probe_{kind}_vs_length{suffix}"
+            paths[name] = save_figure(fig, out / f"{name}.png")
     panels = {r.label: {k: p for k in probe_kinds(rows) if (p := probe_panel(r, k))} for r in rows}
     panels = {k: v for k, v in panels.items() if v}
     if panels:
         fig = plot_probe_heatmap_grid(panels)
         paths["probe_heatmaps"] = save_figure(fig, out / "probe_heatmaps.png")
     return paths
+
+
+def _nanmean(xs: Sequence[float]) -> float | None:
+    xs = [x for x in xs if np.isfinite(x)]
+    return float(np.mean(xs)) if xs else None

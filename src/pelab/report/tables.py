@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pelab.report.aggregation import Row, aggregate, by_length, probe_panel
+from pelab.evaluation.stats import mcnemar
+from pelab.report.aggregation import (
+    OFFSET_KIND,
+    Row,
+    aggregate,
+    by_length,
+    offset_cells,
+    paired_outcomes,
+    probe_panel,
+)
 from pelab.report.discovery import Job
 
 
@@ -82,23 +92,159 @@ def probe_notes(rows: Sequence[Row], kind: str) -> list[str]:
     return [f"{label} @ {L}: {n}" for (label, L), n in notes.items()]
 
 
+def interval_cell(row: Row, metric: str, digits: int = 2) -> str:
+    """``metric`` (e.g. "probe/kv/acc@128") of a row: with one seed its value and 95% interval (the metrics
+    ``<name>_lo@L`` / ``<name>_hi@L``), "0.85 [0.80, 0.89]"; with several, mean ± std over the seeds."""
+    name, _, length = metric.rpartition("@")
+    vals = [j.metrics[metric] for j in row.jobs if metric in j.metrics]
+    if len(row.jobs) == 1 and len(vals) == 1 and math.isfinite(vals[0]):
+        m = row.jobs[0].metrics
+        lo, hi = m.get(f"{name}_lo@{length}", math.nan), m.get(f"{name}_hi@{length}", math.nan)
+        if math.isfinite(lo) and math.isfinite(hi):
+            return f"{vals[0]:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+    return aggregate(vals, digits)
+
+
+def _lengths(rows: Sequence[Row], name: str) -> list[int]:
+    rx = re.compile("^" + re.escape(name) + r"@(\d+)$")
+    return sorted({int(m.group(1)) for r in rows for j in r.jobs for k in j.metrics if (m := rx.match(k))})
+
+
+def interval_table(rows: Sequence[Row], name: str, title: str, caption: str = "") -> Table | None:
+    """rows x lengths of ``name@L`` with intervals (``interval_cell``); the training length in bold."""
+    lengths = _lengths(rows, name)
+    if not lengths:
+        return None
+    seeds = "seeds" if any(len(r.jobs) > 1 for r in rows) else "seed"
+    table = Table(title, ["encoding", seeds] + [str(L) for L in lengths], [], caption)
+    for r in rows:
+        cells = [interval_cell(r, f"{name}@{L}") for L in lengths]
+        marked = [
+            f"**{c}**" if L == r.train_len and c not in ("—", "n/a") else c for L, c in zip(lengths, cells)
+        ]
+        table.rows.append([r.label, ",".join(map(str, r.seeds))] + marked)
+    return table
+
+
+def _in_window(row: Row, kind: str) -> int | None:
+    """The training length when probed there, else the shortest probed length."""
+    lengths = _lengths([row], f"probe/{kind}/acc")
+    return row.train_len if row.train_len in lengths else (lengths[0] if lengths else None)
+
+
+def _seed_values(row: Row, metric: str, fmt: Callable[[float], str]) -> str:
+    vals = list(dict.fromkeys(fmt(j.metrics[metric]) for j in row.jobs if metric in j.metrics))
+    return ", ".join(vals) or "—"
+
+
+def probe_summary_table(rows: Sequence[Row], kind: str) -> Table:
+    """Per row at the training length: accuracy and lim_gap with intervals, the error split and the gold's
+    rank; over lengths: the effective length (longest with accuracy >= 0.9) and the AUC."""
+    cols = ["encoding", "L", "accuracy", "lim_gap", "effective length", "AUC", "other value",
+            "not in context", "gold rank"]
+    t = Table(f"{kind}: summary at the training length", cols, [], caption=(
+        "accuracy and lim_gap (edges − middle) at the training length with 95% intervals (one seed; paired "
+        "bootstrap over instances) or mean ± std (several seeds); effective length = the longest length with "
+        "accuracy ≥ 0.9; AUC = area under accuracy vs log2(length / training length), in [0, 1]; errors: the "
+        "fraction of instances answered with another value of the context / with something not in it; gold "
+        "rank = mean rank of the gold among the context's values (1 = best)."))
+    for r in rows:
+        L = _in_window(r, kind)
+        if L is None:
+            continue
+        m = f"probe/{kind}/{{}}@{L}"
+        t.rows.append([
+            r.label, str(L), interval_cell(r, m.format("acc")), interval_cell(r, m.format("lim_gap")),
+            _seed_values(r, f"probe/{kind}/effective_length", lambda v: str(int(v)) if v > 0 else "none"),
+            aggregate([j.metrics[f"probe/{kind}/auc"] for j in r.jobs if f"probe/{kind}/auc" in j.metrics]),
+            *(aggregate([j.metrics[m.format(x)] for j in r.jobs if m.format(x) in j.metrics])
+              for x in ("other_in_context", "not_in_context", "rank")),
+        ])
+    return t
+
+
+def paired_table(rows: Sequence[Row], kind: str) -> Table | None:
+    """Every pair of rows with the same training length, compared on the same instances: per length the
+    accuracy difference (first − second) and McNemar's exact p over the paired (seed, depth, instance)
+    outcomes. None when no pair shares instances."""
+    lengths: set[int] = set()
+    results = []
+    for i, a in enumerate(rows):
+        for b in rows[i + 1 :]:
+            if a.train_len != b.train_len:
+                continue
+            by_len = {L: mcnemar(xa, xb) for L, (xa, xb) in paired_outcomes(a, b, kind).items() if xa}
+            if by_len:
+                lengths |= set(by_len)
+                results.append((a, b, by_len))
+    if not results:
+        return None
+    cols = sorted(lengths)
+    train_len = results[0][0].train_len
+    if kind == OFFSET_KIND and train_len:  # its lengths are (m + 1) x the training length
+        names = [f"prefix {L // train_len - 1}×L" for L in cols]
+    else:
+        names = [str(L) for L in cols]
+    t = Table(f"{kind}: paired comparisons on the same instances", ["pair"] + names, [],
+              caption=(
+                  "Accuracy of the first minus the second, McNemar's exact two-sided p and the number "
+                  "of paired outcomes (seed, depth, instance). The same instance appears at every depth, "
+                  "so pairs are not fully independent: read p as approximate, small p as a real "
+                  "difference only with a clear Δ."),
+              collapsed=len(results) > 6)
+    for a, b, by_len in results:
+        cells = []
+        for L in cols:
+            r = by_len.get(L)
+            delta = None if r is None else (r["b10"] - r["b01"]) / r["n"]
+            cells.append("—" if r is None else f"{delta:+.2f} (p={r['p']:.2g}, n={r['n']})")
+        t.rows.append([f"{a.label} vs {b.label}"] + cells)
+    return t
+
+
+def offset_table(rows: Sequence[Row]) -> Table | None:
+    """mqar_offset: accuracy with the gold pair at a fixed distance from the query after a filler prefix of
+    m × the training length, one column per m (absolute position grows, distance does not)."""
+    cells = {r.label: offset_cells(r) for r in rows}
+    prefixes = sorted({m for c in cells.values() for m in c})
+    if not prefixes:
+        return None
+    seeds = "seeds" if any(len(r.jobs) > 1 for r in rows) else "seed"
+    cols = ["encoding", seeds] + [f"prefix {m}×L" for m in prefixes]
+    t = Table(f"{OFFSET_KIND}: position vs distance", cols,
+              [], caption=(
+                  "Accuracy (95% Wilson interval with one seed, mean ± std over seeds) with the gold pair at "
+                  "the same distance from its query as in training and m × L filler tokens before the "
+                  "haystack: a drop here is absolute position, not distance."))
+    for r in rows:
+        line = []
+        for m in prefixes:
+            recs = cells[r.label].get(m, [])
+            accs = [float(x["acc"]) for x in recs]
+            if len(recs) == 1 and math.isfinite(accs[0]):
+                line.append(f"{accs[0]:.2f} [{float(recs[0]['lo']):.2f}, {float(recs[0]['hi']):.2f}]")
+            else:
+                line.append(aggregate(accs))
+        t.rows.append([r.label, ",".join(map(str, r.seeds))] + line)
+    return t
+
+
 def probe_tables(rows: Sequence[Row], kind: str) -> list[Table]:
-    """Per kind: mean accuracy over depths by length, the lost-in-the-middle gap by length, and one
-    depth x length table per row."""
-    out = []
-    acc = metric_table(rows, f"probe/{kind}/acc@{{L}}", f"{kind}: accuracy (mean over depths)")
+    """Per kind: a summary at the training length, accuracy (mean over depths) by length, the
+    lost-in-the-middle gap by length, the gold's log-probability, paired comparisons between rows, and
+    one depth x length table per row."""
+    out: list[Table | None] = [probe_summary_table(rows, kind)]
+    acc = interval_table(rows, f"probe/{kind}/acc", f"{kind}: accuracy (mean over depths)")
     if acc is not None:
         acc.notes += probe_notes(rows, kind)
-    gap = metric_table(
-        rows, f"probe/{kind}/lim_gap@{{L}}", f"{kind}: lost-in-the-middle gap (edges − middle)"
-    )
+    gap = interval_table(rows, f"probe/{kind}/lim_gap", f"{kind}: lost-in-the-middle gap (edges − middle)")
     # informative where accuracy sits at chance: how much probability the gold answer gets
     logprob = metric_table(
         rows,
         f"probe/{kind}/logprob@{{L}}",
         f"{kind}: mean log-probability of the gold answer tokens (mean over depths)",
     )
-    out += [t for t in (acc, gap, logprob) if t is not None]
+    out += [acc, gap, logprob, paired_table(rows, kind)]
     for r in rows:
         p = probe_panel(r, kind)
         if p is None:
@@ -114,7 +260,7 @@ def probe_tables(rows: Sequence[Row], kind: str) -> list[Table]:
                 [f"{100 * d:.0f}%"] + [("n/a" if not math.isfinite(v) else f"{v:.2f}") for v in line]
             )
         out.append(t)
-    return out
+    return [t for t in out if t is not None and t.rows]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -146,6 +146,7 @@ def prepare_data(cfg: DictConfig, batch_size: int, summary: dict, ckpt_path: str
     summary["data"] = {
         "fingerprint": datamodule.fingerprint,
         "vocab_size": datamodule.vocab_size,
+        "reserved": datamodule.reserved,  # the recall key / value id ranges [start, stop)
         "bytes_per_token": datamodule.bytes_per_token,
     }
     if ckpt_vocab is not None and int(ckpt_vocab) != datamodule.vocab_size:

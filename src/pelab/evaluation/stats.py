@@ -1,0 +1,131 @@
+"""Statistics of probe accuracies: Wilson intervals, the lost-in-the-middle gap with an interval, effective
+length, area under accuracy vs log-length, and McNemar's exact test for paired comparisons.
+
+Every probe instance is a Bernoulli outcome (retrieved or not). A cell (kind, depth, length) holds n
+independent instances, so its accuracy gets a Wilson score interval (Wilson 1927; good coverage at small n
+and near 0 or 1, where the normal interval collapses to a point). Across depths the design is *paired*: the
+same instances at every depth, only the gold item moves. Summaries over depths (the mean accuracy at a
+length, the edges-minus-middle gap) are therefore means of per-instance scores, and their intervals come from
+a paired bootstrap over instances (percentile, fixed seed: reproducible). Between two encodings probed with
+the same seed the instances are the same too, so they are compared with McNemar's exact test on the
+discordant pairs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+Z95 = 1.959963984540054  # the 0.975 quantile of the standard normal
+
+
+def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval (95% by default) of a proportion k / n; (nan, nan) when n == 0."""
+    if n <= 0:
+        return float("nan"), float("nan")
+    if not 0 <= k <= n:
+        raise ValueError(f"wilson: need 0 <= k <= n, got k={k}, n={n}")
+    p, z2 = k / n, z * z
+    denom = 1 + z2 / n
+    center = (p + z2 / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
+    # at k = 0 (k = n) the lower (upper) bound is exactly 0 (1); the formula leaves a rounding residue
+    return (0.0 if k == 0 else max(0.0, center - half)), (1.0 if k == n else min(1.0, center + half))
+
+
+def edge_mask(depths: Sequence[float]) -> np.ndarray | None:
+    """True at the edge depths (the smallest and the largest), False at the interior ones; None with fewer
+    than 3 distinct depths (no middle to compare with)."""
+    d = np.asarray(depths, dtype=float)
+    if len(set(d.tolist())) < 3:
+        return None
+    return (d == d.min()) | (d == d.max())
+
+
+def paired_bootstrap(scores: Sequence[float], n_boot: int = 2000, seed: int = 0, level: float = 0.95
+                     ) -> tuple[float, float]:
+    """Percentile interval of the mean of per-instance ``scores`` over ``n_boot`` resamples of the
+    instances. Degenerate (a point) when every instance has the same score, e.g. all retrieved: read it
+    with the cells' Wilson intervals, which do not collapse."""
+    s = np.asarray(scores, dtype=float)
+    if s.size == 0 or not np.isfinite(s).all():
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    means = s[rng.integers(0, s.size, size=(n_boot, s.size))].mean(axis=1)
+    a = (1 - level) / 2
+    lo, hi = np.quantile(means, [a, 1 - a])
+    return float(lo), float(hi)
+
+
+def depth_summary(depths: Sequence[float], outcomes: Sequence[Sequence[bool]], n_boot: int = 2000,
+                  seed: int = 0) -> dict[str, float]:
+    """Mean accuracy over depths and the lost-in-the-middle gap, each with a paired-bootstrap 95% interval.
+
+    ``outcomes[i][j]``: instance j at depth ``depths[i]`` (the same instance j at every depth). The gap is
+    the mean accuracy at the two edge depths minus the mean at the interior depths (positive = lost in the
+    middle), which is the mean over instances of (mean edge outcome - mean interior outcome): the bootstrap
+    resamples those per-instance differences. Keys: acc, acc_lo, acc_hi, lim_gap, lim_gap_lo, lim_gap_hi
+    (NaN where undefined: fewer than 3 depths for the gap, no instances, or unequal instance counts)."""
+    nan = float("nan")
+    out = dict.fromkeys(("acc", "acc_lo", "acc_hi", "lim_gap", "lim_gap_lo", "lim_gap_hi"), nan)
+    if not outcomes or len({len(o) for o in outcomes}) != 1 or not len(outcomes[0]):
+        return out
+    x = np.asarray(outcomes, dtype=float)  # (depths, instances)
+    mean = x.mean(axis=0)
+    out["acc"] = float(mean.mean())
+    out["acc_lo"], out["acc_hi"] = paired_bootstrap(mean, n_boot, seed)
+    edges = edge_mask(depths)
+    if edges is not None:
+        gap = x[edges].mean(axis=0) - x[~edges].mean(axis=0)
+        out["lim_gap"] = float(gap.mean())
+        out["lim_gap_lo"], out["lim_gap_hi"] = paired_bootstrap(gap, n_boot, seed)
+    return out
+
+
+def effective_length(lengths: Sequence[int], accs: Sequence[float], threshold: float = 0.9) -> int | None:
+    """The longest length whose accuracy is >= ``threshold``; None when no length reaches it (n/a = NaN
+    never does)."""
+    ok = [int(L) for L, a in zip(lengths, accs) if math.isfinite(float(a)) and float(a) >= threshold]
+    return max(ok) if ok else None
+
+
+def auc_log_length(lengths: Sequence[int], accs: Sequence[float], train_len: int) -> float:
+    """Area under accuracy vs x = log2(length / train_len), divided by the x range: in [0, 1], 1 = perfect
+    at every length. Trapezoids between the measured lengths. A NaN accuracy (a length the model cannot
+    represent, e.g. learned positions past their table) counts as 0: it retrieves nothing there. One
+    length: its accuracy. NaN when there are no lengths."""
+    pts = sorted((math.log2(int(L) / train_len), float(a) if math.isfinite(float(a)) else 0.0)
+                 for L, a in zip(lengths, accs))
+    if not pts:
+        return float("nan")
+    if len(pts) == 1 or pts[-1][0] == pts[0][0]:
+        return pts[0][1]
+    area = sum((x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in itertools.pairwise(pts))
+    return area / (pts[-1][0] - pts[0][0])
+
+
+def mcnemar(a: Sequence[bool], b: Sequence[bool]) -> dict[str, float]:
+    """McNemar's exact test of two paired outcome lists (the same instances scored by two models).
+
+    Returns n (pairs), b01 (a wrong, b right), b10 (a right, b wrong) and the two-sided exact p-value
+    ``min(1, 2 * P(X <= min(b01, b10)))`` with X ~ Binomial(b01 + b10, 1/2); p = 1 without discordant pairs.
+    """
+    if len(a) != len(b):
+        raise ValueError(f"mcnemar: paired outcomes need equal lengths, got {len(a)} and {len(b)}")
+    b01 = sum(1 for x, y in zip(a, b) if not x and y)
+    b10 = sum(1 for x, y in zip(a, b) if x and not y)
+    m = b01 + b10
+    tail = sum(math.comb(m, i) for i in range(min(b01, b10) + 1)) / 2**m
+    return {"n": len(a), "b01": b01, "b10": b10, "p": min(1.0, 2 * tail)}
+
+
+def bits(outcomes: Sequence[bool]) -> str:
+    """Per-instance outcomes as a compact string, "1" = retrieved ("0110..."), for summary.json."""
+    return "".join("1" if o else "0" for o in outcomes)
+
+
+def unbits(s: str) -> list[bool]:
+    return [c == "1" for c in s]

@@ -1,0 +1,100 @@
+"""The report's probe sections from real ProbeResult summaries: intervals, the summary at the training
+length, McNemar paired comparisons on the same instances, the mqar_offset table, the accuracy-vs-length
+figure (issue 16)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pelab import report
+from pelab.evaluation import stats
+from pelab.evaluation.probes import OFFSET_KIND, ProbeCell, ProbeResult
+from pelab.summary import write_summary
+
+DEPTHS = [0.0, 0.5, 1.0]
+
+
+def _result(bits: dict[int, str], offset: dict[int, str] | None = None) -> ProbeResult:
+    """mqar cells with the same outcome bits at every depth of each length (bits[L]), train length 128."""
+    res = ProbeResult(kinds=["mqar"], depths=DEPTHS, lengths=sorted(bits), train_len=128)
+    for L, b in bits.items():
+        for d in DEPTHS:
+            c = res.cells[("mqar", d, L)] = ProbeCell("mqar", d, L, chance=1 / 64, chance_copy=1 / 8)
+            c.n, c.outcomes, c.acc = len(b), b, b.count("1") / len(b)
+            c.lo, c.hi = stats.wilson(b.count("1"), len(b))
+    for m, b in (offset or {}).items():
+        c = ProbeCell(OFFSET_KIND, float("nan"), 128 * (m + 1), prefix=m, n=len(b), outcomes=b)
+        res.offset[m] = c
+        c.acc, (c.lo, c.hi) = b.count("1") / len(b), stats.wilson(b.count("1"), len(b))
+    return res
+
+
+def _write(folder: Path, pe: str, res: ProbeResult, probe_seed: int = 1234) -> None:
+    write_summary(folder, {
+        "status": "ok",
+        "config": {"pe": {"name": pe}, "model": {"name": "tiny"}, "data": {"seq_len": 128}, "seed": 0,
+                   "probes": {"seed": probe_seed, "samples": 10}},
+        "data": {"fingerprint": {"key": "f00d"}},
+        "metrics": {"val/ppl": 10.0, **res.metrics()},
+        "evaluation": {"probes": res.to_dict()},
+    })
+
+
+def _table(md: str, title: str) -> tuple[list[str], list[list[str]]]:
+    lines = md.splitlines()
+    i = next(k for k, line in enumerate(lines) if title in line)
+    i += next(k for k, line in enumerate(lines[i:]) if line.startswith("|"))
+    rows = []
+    for line in lines[i:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip("|").split("|")])
+    return rows[0], rows[2:]
+
+
+@pytest.fixture
+def built(tmp_path):
+    all_right, eight = "1" * 10, "1" * 8 + "00"
+    half = "1" * 5 + "0" * 5
+    rope = _result({128: all_right, 256: half}, {0: all_right, 1: "1" * 9 + "0", 3: "1" * 4 + "0" * 6})
+    _write(tmp_path / "runs" / "0_rope", "rope", rope)
+    alibi = _result({128: eight, 256: half}, {0: all_right, 1: all_right, 3: all_right})
+    _write(tmp_path / "runs" / "1_alibi", "alibi", alibi)
+    # probed with another seed: other instances, so never paired with the two above
+    _write(tmp_path / "runs" / "2_nope", "nope", _result({128: "0" * 10, 256: "0" * 10}), probe_seed=7)
+    return report.build_report([tmp_path / "runs"], tmp_path / "out")
+
+
+def test_paired_comparisons_are_mcnemar_on_the_same_instances(built):
+    header, rows = _table(built.markdown, "mqar: paired comparisons on the same instances")
+    assert header == ["pair", "128", "256"]
+    # at 128 rope is right on 2 instances x 3 depths where alibi is wrong, never the reverse:
+    # p = 2 * (1/2)^6; at 256 both give the same outcomes
+    assert rows == [["rope vs alibi", "+0.20 (p=0.031, n=30)", "+0.00 (p=1, n=30)"]]
+
+
+def test_probe_summary_and_accuracy_tables_carry_intervals(built):
+    header, rows = _table(built.markdown, "mqar: summary at the training length")
+    assert header[:6] == ["encoding", "L", "accuracy", "lim_gap", "effective length", "AUC"]
+    by_pe = {r[0]: r for r in rows}
+    assert by_pe["rope"][2] == "1.00 [1.00, 1.00]"  # every paired instance right: the bootstrap is a point
+    assert by_pe["alibi"][2].startswith("0.80 [") and by_pe["alibi"][3] == "0.00 [0.00, 0.00]"
+    assert by_pe["rope"][4] == "128" and by_pe["alibi"][4] == "none" and by_pe["nope"][4] == "none"
+    assert by_pe["rope"][5] == "0.75"  # (1 + 0.5) / 2 over log2 lengths 0..1
+    _, acc = _table(built.markdown, "mqar: accuracy (mean over depths)")
+    assert [r[0] for r in acc] == ["rope", "alibi", "nope"] and acc[0][2].startswith("**1.00 [")
+
+
+def test_offset_table_and_the_accuracy_vs_length_figure(built):
+    header, rows = _table(built.markdown, f"{OFFSET_KIND}: position vs distance")
+    assert header == ["encoding", "seed", "prefix 0×L", "prefix 1×L", "prefix 3×L"]
+    lo, hi = stats.wilson(4, 10)
+    assert rows[0] == ["rope", "0", "1.00 [0.72, 1.00]", "0.90 [0.60, 0.98]", f"0.40 [{lo:.2f}, {hi:.2f}]"]
+    header, paired = _table(built.markdown, f"{OFFSET_KIND}: paired comparisons")
+    assert header[1:] == ["prefix 0×L", "prefix 1×L", "prefix 3×L"]
+    assert paired[0][0] == "rope vs alibi" and paired[0][3].startswith("-0.60 (p=0.031")  # 6 vs 0 at 3×L
+    fig = built.figures["probe_mqar_vs_length"]
+    assert fig.stat().st_size > 5000 and f"]({fig.name})" in built.markdown
+    assert "copying a random value of the context ≈ 0.12" in built.markdown

@@ -1,0 +1,87 @@
+"""Probe statistics at hand-computed points: Wilson intervals, the paired lim_gap interval, effective length,
+AUC over log-length, McNemar's exact test (issue 16)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pelab.evaluation import stats
+
+Z2 = stats.Z95**2  # 3.8415
+
+
+def test_wilson_at_hand_computed_points():
+    # k = 0: [0, z^2 / (n + z^2)]; k = n: [n / (n + z^2), 1]
+    assert stats.wilson(0, 10) == (0.0, pytest.approx(Z2 / (10 + Z2)))
+    assert stats.wilson(0, 10)[1] == pytest.approx(0.27753, abs=1e-5)
+    assert stats.wilson(20, 20) == (pytest.approx(20 / (20 + Z2)), 1.0)
+    assert stats.wilson(20, 20)[0] == pytest.approx(0.83887, abs=1e-5)
+    # k / n = 1/2: centre 1/2, half-width z sqrt(1/(4n) + z^2/(4n^2)) / (1 + z^2/n)
+    lo, hi = stats.wilson(5, 10)
+    assert (lo, hi) == (pytest.approx(0.23659, abs=1e-5), pytest.approx(0.76341, abs=1e-5))
+    assert lo + hi == pytest.approx(1.0)
+    # Newcombe (1998), Statistics in Medicine 17:857, table I: 81/263 -> 0.2553 to 0.3662
+    lo, hi = stats.wilson(81, 263)
+    assert (round(lo, 4), round(hi, 4)) == (0.2553, 0.3662)
+    for n in (1, 3, 7, 20, 200):  # exact ends, no rounding residue
+        assert stats.wilson(0, n)[0] == 0.0 and stats.wilson(n, n)[1] == 1.0
+    assert all(math.isnan(x) for x in stats.wilson(0, 0))
+    with pytest.raises(ValueError, match="k <= n"):
+        stats.wilson(3, 2)
+
+
+def test_wilson_shrinks_like_one_over_root_n():
+    w20 = stats.wilson(10, 20)
+    w200 = stats.wilson(100, 200)
+    assert (w20[1] - w20[0]) / (w200[1] - w200[0]) == pytest.approx(math.sqrt(10), rel=0.08)
+    assert 0.065 < (w200[1] - w200[0]) / 2 < 0.07  # the issue's "±7 points at 0.5" for 200 instances
+
+
+def test_depth_summary_gap_is_the_mean_of_per_instance_gaps_with_a_paired_interval():
+    depths = [0.0, 0.5, 1.0]
+    # 40 instances: retrieved at both edges, in the middle only for the first 10
+    outcomes = [[True] * 40, [True] * 10 + [False] * 30, [True] * 40]
+    s = stats.depth_summary(depths, outcomes)
+    assert s["lim_gap"] == pytest.approx(0.75) and s["acc"] == pytest.approx((40 + 10 + 40) / 120)
+    assert s["lim_gap_lo"] < 0.75 < s["lim_gap_hi"]
+    # the per-instance gaps are 0 or 1 with mean 0.75: the bootstrap interval is about +- 2 standard errors
+    se = math.sqrt(0.75 * 0.25 / 40)
+    assert s["lim_gap_hi"] - s["lim_gap_lo"] == pytest.approx(2 * 1.96 * se, rel=0.2)
+    assert stats.depth_summary(depths, outcomes) == s  # fixed seed: reproducible
+    # fewer than three depths: no middle
+    two = stats.depth_summary([0.0, 1.0], [[True, False], [True, True]])
+    assert math.isnan(two["lim_gap"]) and two["acc"] == 0.75
+    assert math.isnan(stats.depth_summary(depths, [[True], [True, False], [True]])["acc"])  # unpaired
+
+
+def test_effective_length_and_auc_over_log_length():
+    assert stats.effective_length([128, 256, 512, 1024], [0.99, 0.92, 0.5, 0.95]) == 1024
+    assert stats.effective_length([128, 256], [0.95, float("nan")]) == 128
+    assert stats.effective_length([128, 256], [0.5, 0.89]) is None
+    # x = log2(L / 128) = 0, 1, 2: trapezoids (1 + 0.5) / 2 + (0.5 + 0) / 2 = 1, over the range 2
+    assert stats.auc_log_length([128, 256, 512], [1.0, 0.5, 0.0], 128) == pytest.approx(0.5)
+    assert stats.auc_log_length([512, 128, 256], [0.0, 1.0, 0.5], 128) == pytest.approx(0.5)  # any order
+    assert stats.auc_log_length([128, 256, 512], [1.0, 1.0, float("nan")], 128) == pytest.approx(0.75)
+    assert stats.auc_log_length([128, 512], [1.0, 1.0], 128) == 1.0
+    assert stats.auc_log_length([256], [0.4], 128) == 0.4
+
+
+def test_mcnemar_exact_at_hand_computed_points():
+    # 5 discordant pairs all one way: p = 2 * (1/2)^5
+    r = stats.mcnemar([True] * 5 + [False] * 3, [False] * 5 + [False] * 3)
+    assert (r["n"], r["b01"], r["b10"]) == (8, 0, 5) and r["p"] == pytest.approx(0.0625)
+    # 1 vs 9: p = 2 * (C(10,0) + C(10,1)) / 2^10 = 22 / 1024
+    a = [False] + [True] * 9 + [True] * 20
+    b = [True] + [False] * 9 + [True] * 20
+    assert stats.mcnemar(a, b)["p"] == pytest.approx(22 / 1024)
+    assert stats.mcnemar([True, False], [True, False])["p"] == 1.0  # no discordant pair
+    assert stats.mcnemar([True, False, True], [False, True, True])["p"] == 1.0  # balanced: capped at 1
+    with pytest.raises(ValueError, match="equal lengths"):
+        stats.mcnemar([True], [True, False])
+
+
+def test_outcome_bits_round_trip():
+    o = [True, False, False, True]
+    assert stats.bits(o) == "1001" and stats.unbits("1001") == o
