@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import re
 import shlex
+from pathlib import Path
 
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from conftest import ROOT, compose
+from conftest import CONF_DIR, ROOT, compose
 from pelab.tasks.evaluate import OVERRIDABLE, OWN_KEYS
 from pelab.tasks.train import validate_config
 
@@ -73,15 +74,14 @@ def test_every_readme_command_composes_and_passes_the_checks(script, overrides, 
         assert cfg.ckpt_path
 
 
-def knob_keys() -> list[str]:
-    """The `key=` of the knob table (the section "The knobs")."""
+def knobs() -> dict[str, set[str]]:
+    """The `key=` (or `key=value`) of the knob table (the section "The knobs"): key -> the values named."""
     section = README.split("## The knobs", 1)[1].split("\n## ", 1)[0]
     table = "\n".join(line for line in section.splitlines() if line.startswith("|"))
-    return sorted(set(re.findall(r"`([a-z_][\w.]*)=", table)))
-
-
-# A knob may belong to an option other than the default (data.path to data=text_dir): the compositions tried.
-OPTIONS = [[], ["data=text_dir"], ["tokenizer=pretrained"]]
+    out: dict[str, set[str]] = {}
+    for key, value in re.findall(r"`([a-z_][\w.]*)=([^`\s]*)`", table):
+        out.setdefault(key, set()).update([value] if value else [])
+    return out
 
 
 def has_key(cfg: DictConfig, key: str) -> bool:
@@ -91,9 +91,17 @@ def has_key(cfg: DictConfig, key: str) -> bool:
     return isinstance(node, DictConfig) and leaf in node.keys()  # `in node` is False for ???
 
 
+# A knob may belong to an option other than the default (data.path to data=text_dir): the compositions tried.
+OPTIONS = [[], ["data=text_dir"], ["tokenizer=pretrained"]]
+
+
 def test_every_knob_of_the_table_is_a_key_of_the_configs(tmp_path):
-    keys = knob_keys()
-    assert {"pe", "pe.scaling.type", "data.path", "data.glob", "trainer.max_steps"} <= set(keys), keys
+    table = knobs()
+    assert {"pe", "pe.scaling.type", "data.path", "data.glob", "trainer.max_steps"} <= set(table), table
     configs = [compose(o, tmp_path) for o in OPTIONS]
-    unknown = [k for k in keys if not any(has_key(c, k) for c in configs)]
+    groups = {p.name for p in Path(CONF_DIR).iterdir() if p.is_dir()}  # `experiment=recall`: a group choice
+    unknown = [k for k in table if k not in groups and not any(has_key(c, k) for c in configs)]
     assert not unknown, f"README knobs that no config has: {unknown}"
+    options = [f"{k}={v}" for k, values in table.items() if k in groups for v in values
+               if not (Path(CONF_DIR) / k / f"{v}.yaml").is_file()]
+    assert not options, f"README group options that do not exist: {options}"

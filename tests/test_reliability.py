@@ -182,13 +182,14 @@ def test_killed_run_resumes_to_the_uninterrupted_result(reference, tmp_path):
     assert rc == -signal.SIGKILL
     killed_at = load(last)["global_step"]  # complete file: checkpoints are written atomically
     assert 10 <= killed_at < 60
+    logged = history(out)  # what the killed run wrote, rows after its checkpoint too
     # The killed run is visible as such: summary.json says running, with what it had done; the report lists it.
     from pelab.report.discovery import find_jobs
     from pelab.report.tables import failures_table
 
     killed = summary_of(out)
     assert killed["status"] == "running" and killed["name"] == "rope-micro-L32-s0"
-    assert killed["data"]["vocab_size"] == 257 and killed["model"]["params"] > 0
+    assert killed["data"]["vocab_size"] > 256 and killed["model"]["params"] > 0
     (job,) = find_jobs([out])
     assert job.status == "running" and failures_table([job]).rows[0][1] == "running"
 
@@ -198,8 +199,14 @@ def test_killed_run_resumes_to_the_uninterrupted_result(reference, tmp_path):
     assert summary["start_step"] == killed_at and summary["global_step"] == 60
     assert summary["resumed_from"]["step"] == killed_at
     assert_same_run(reference, out)
-    # One CSV history, as the uninterrupted run's: rows before the checkpoint kept, the later ones logged again.
-    assert history(out) == history(reference)
+    # One CSV history: the rows before the checkpoint's step kept, the later ones replaced by the relaunch's,
+    # which are the uninterrupted run's; the kept ones are too (the kill may land in the milliseconds between
+    # a checkpoint and the write of its own step's train row: that row alone can be missing).
+    ref = history(reference)
+    kept = [r for r in logged if r[0] < killed_at]
+    assert history(out) == kept + [r for r in ref if r[0] >= killed_at]
+    assert [r for r in kept if r[0] < killed_at - 1] == [r for r in ref if r[0] < killed_at - 1]
+    assert {r for r in kept if r[0] == killed_at - 1} <= {r for r in ref if r[0] == killed_at - 1}
 
     # No W&B credentials -> offline; the relaunch continues the same W&B run id.
     run_id = (out / "wandb_run_id.txt").read_text().strip()

@@ -146,6 +146,7 @@ class PreemptionCheckpoint(Callback):
         self.quit_now = quit_now
         self.received: int | None = None
         self.stop: Preempted | None = None  # set once last.ckpt is saved
+        self.previous: dict[int, Any] = {}  # the handlers fit found
 
     def _flag(self, signum: int, frame: Any) -> None:
         # No logging here (a handler may run inside a logging call); a raw write is safe.
@@ -187,7 +188,7 @@ class PreemptionCheckpoint(Callback):
     on_train_batch_start = on_train_end = _stop_if_saved
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        for s, handler in getattr(self, "previous", {}).items():
+        for s, handler in self.previous.items():
             if _in_main_thread() and signal.getsignal(s) == self._flag:  # not if Lightning restored it already
                 signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 

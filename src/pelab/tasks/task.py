@@ -213,15 +213,17 @@ def sweep_suffix(*, _root_: DictConfig) -> str:
     return "".join(parts)
 
 
-@functools.lru_cache
 def swept_keys(sweep_dir: str) -> frozenset[str]:
     """The keys a multirun sweeps on its command line, from the `multirun.yaml` Hydra's sweeper writes in the
     sweep folder before any job starts (a job's own config holds only its single values)."""
+    path = Path(sweep_dir) / "multirun.yaml"
+    return _swept_keys(str(path), path.stat().st_mtime_ns) if path.is_file() else frozenset()
+
+
+@functools.lru_cache
+def _swept_keys(path: str, mtime_ns: int) -> frozenset[str]:  # the name is resolved often: parse once
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    path = Path(sweep_dir) / "multirun.yaml"
-    if not path.is_file():
-        return frozenset()
     overrides = OmegaConf.load(path).hydra.overrides.task
     parsed = OverridesParser.create().parse_overrides(list(overrides))
     return frozenset(o.key_or_group for o in parsed if o.is_sweep_override())
