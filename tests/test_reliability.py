@@ -1,5 +1,5 @@
-"""Reliability with real faults: SIGKILL, SIGTERM/SIGUSR1, NaN, a dying W&B service, an unreachable W&B
-server, DDP vs one process, failing sweep jobs, and a table of bad inputs.
+"""Reliability with real faults: SIGKILL, SIGTERM/SIGUSR1, Ctrl-C, NaN, a dying W&B service, an unreachable
+W&B server, DDP vs one process, failing sweep jobs, and a table of bad inputs.
 
 Every run is a real `python train.py` / `eval.py` (or `train(cfg)`) on the micro model, CPU, fp32, one
 thread per process (so that two processes compute bit-identical numbers).
@@ -11,6 +11,7 @@ import csv
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,10 +22,11 @@ from pathlib import Path
 import pytest
 import torch
 from hydra.errors import MissingConfigException
+from lightning.pytorch.callbacks import Callback
 
 from conftest import FAST, ROOT, compose, offline_runs, run_cli, wandb_records, wandb_summary
 from pelab.harness.reliability import CheckpointError, NonFiniteError, is_user_error
-from pelab.tasks.task import PREEMPTED_EXIT_CODE
+from pelab.tasks.task import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
 from pelab.tasks.train import train
 
 # 60 steps, last.ckpt every 10 steps and at each validation (every 20), dropout on: an exact resume must
@@ -37,10 +39,46 @@ TOL = 1e-6
 
 # -- helpers ---------------------------------------------------------------------------------------
 def launch(args: list[str], cwd: Path) -> subprocess.Popen:
-    """`python train.py args` in the background (to be signalled)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **ONE_THREAD}
+    """`python train.py args` in the background (to be signalled), in its own process group like a job in a
+    terminal: `ctrl_c` signals the whole group, as the terminal does (the W&B service too). The tests folder
+    is importable (for test callbacks such as `SlowSteps`)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **ONE_THREAD,
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def ctrl_c(proc: subprocess.Popen) -> float:
+    """Ctrl-C in the job's terminal: SIGINT to its process group. Returns the time it was sent."""
+    os.killpg(proc.pid, signal.SIGINT)
+    return time.monotonic()
+
+
+def read_until(proc: subprocess.Popen, text: str, timeout: float = 300.0) -> str:
+    """The job's output up to the first line containing `text` (the rest stays in the pipe)."""
+    seen, t0 = [], time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+        seen.append(line)
+        if text in line:
+            return "".join(seen)
+    raise AssertionError(f"no {text!r} in the output (rc={proc.poll()}):\n{''.join(seen)[-3000:]}")
+
+
+class SlowSteps(Callback):
+    """Test aid, instantiated from the config like any callback: from step `after` on, each step starts with a
+    `seconds` sleep, announced on stdout, so that a signal can be sent while a step is under way."""
+
+    def __init__(self, after: int = 0, seconds: float = 5.0):
+        self.after, self.seconds = after, seconds
+
+    def on_train_batch_start(self, trainer, *_) -> None:
+        if trainer.global_step >= self.after:
+            print(f"slow step {trainer.global_step}", flush=True)
+            time.sleep(self.seconds)
 
 
 def wait_until(condition, proc: subprocess.Popen, timeout: float = 300.0) -> None:
@@ -69,6 +107,13 @@ def summary_of(folder: Path) -> dict:
 def csv_rows(folder: Path) -> list[dict]:
     with open(folder / "csv" / "metrics.csv") as f:
         return list(csv.DictReader(f))
+
+
+def history(folder: Path) -> list[tuple]:
+    """The CSV log's (step, train/loss, val/loss) rows, values rounded to 6 digits (the resume tolerance)."""
+    def num(x: str) -> float | None:
+        return round(float(x), 6) if x else None
+    return [(int(r["step"]), num(r.get("train/loss")), num(r.get("val/loss"))) for r in csv_rows(folder)]
 
 
 def max_diff(a: dict, b: dict) -> float:
@@ -136,7 +181,17 @@ def test_killed_run_resumes_to_the_uninterrupted_result(reference, tmp_path):
     rc, _ = finish(proc)
     assert rc == -signal.SIGKILL
     killed_at = load(last)["global_step"]  # complete file: checkpoints are written atomically
-    assert 10 <= killed_at < 60 and not (out / "summary.json").exists()
+    assert 10 <= killed_at < 60
+    logged = history(out)  # what the killed run wrote, rows after its checkpoint too
+    # The killed run is visible as such: summary.json says running, with what it had done; the report lists it.
+    from pelab.report.discovery import find_jobs
+    from pelab.report.tables import failures_table
+
+    killed = summary_of(out)
+    assert killed["status"] == "running" and killed["name"] == "rope-micro-L32-s0"
+    assert killed["data"]["vocab_size"] > 256 and killed["model"]["params"] > 0
+    (job,) = find_jobs([out])
+    assert job.status == "running" and failures_table([job]).rows[0][1] == "running"
 
     # The relaunch (in this process: the same numbers as a subprocess, see `reference`).
     assert train(compose([*RESUME, "ckpt_path=auto"], out))["status"] == "ok"
@@ -144,6 +199,14 @@ def test_killed_run_resumes_to_the_uninterrupted_result(reference, tmp_path):
     assert summary["start_step"] == killed_at and summary["global_step"] == 60
     assert summary["resumed_from"]["step"] == killed_at
     assert_same_run(reference, out)
+    # One CSV history: the rows before the checkpoint's step kept, the later ones replaced by the relaunch's,
+    # which are the uninterrupted run's; the kept ones are too (the kill may land in the milliseconds between
+    # a checkpoint and the write of its own step's train row: that row alone can be missing).
+    ref = history(reference)
+    kept = [r for r in logged if r[0] < killed_at]
+    assert history(out) == kept + [r for r in ref if r[0] >= killed_at]
+    assert [r for r in kept if r[0] < killed_at - 1] == [r for r in ref if r[0] < killed_at - 1]
+    assert {r for r in kept if r[0] == killed_at - 1} <= {r for r in ref if r[0] == killed_at - 1}
 
     # No W&B credentials -> offline; the relaunch continues the same W&B run id.
     run_id = (out / "wandb_run_id.txt").read_text().strip()
@@ -153,11 +216,19 @@ def test_killed_run_resumes_to_the_uninterrupted_result(reference, tmp_path):
     first, second = (wandb_summary(r) for r in runs)
     assert first["state"] != "finished" and second["state"] == "finished"
     assert any(r.get("type") == "run" and r["run"].get("resume") for r in wandb_records(runs[1]))
+    # README's command to read a run's metrics works on a resumed run (two offline folders).
+    (inspect,) = [line.split("#")[0] for line in (ROOT / "README.md").read_text().splitlines()
+                  if line.startswith("wandb leet inspect --summary --json")]
+    wandb_bin = Path(sys.executable).parent
+    res = subprocess.run(["bash", "-c", inspect.replace("<run folder>", str(out))], capture_output=True, text=True,
+                         env={**os.environ, "PATH": f"{wandb_bin}{os.pathsep}{os.environ['PATH']}"}, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["summary"]["val/loss"] == pytest.approx(summary["metrics"]["val/loss"])
 
 
-# -- 2. preemption ---------------------------------------------------------------------------------
+# -- 2. preemption and Ctrl-C -----------------------------------------------------------------------
 @pytest.mark.slow
-def test_sigterm_and_sigusr1_save_stop_and_a_relaunch_continues_exactly(reference, tmp_path):
+def test_sigterm_and_ctrl_c_save_stop_and_a_relaunch_continues_exactly(reference, tmp_path):
     out = tmp_path / "run"
     last = out / "checkpoints" / "last.ckpt"
     args = [*RESUME, f"paths.output_dir={out}", "ckpt_path=auto"]  # the same command every time
@@ -171,28 +242,93 @@ def test_sigterm_and_sigusr1_save_stop_and_a_relaunch_continues_exactly(referenc
     assert s1["status"] == "preempted" and s1["preempted"]["signal"] == signal.SIGTERM
     assert s1["preempted"]["step"] == load(last)["global_step"] >= 10
 
+    # Ctrl-C: the same clean stop at the end of the step, status interrupted, exit code 130, the resume hint.
     inode = last.stat().st_ino
     proc = launch(args, tmp_path)
     wait_until(lambda: last.stat().st_ino != inode, proc)  # the relaunch trains and checkpoints again
-    proc.send_signal(signal.SIGUSR1)
+    sent = ctrl_c(proc)
     rc, log2 = finish(proc)
-    assert rc == PREEMPTED_EXIT_CODE, log2[-3000:]
+    print(f"Ctrl-C to exit (step finished, checkpoint saved, W&B finished): {time.monotonic() - sent:.2f} s")
+    assert rc == INTERRUPTED_EXIT_CODE, log2[-3000:]
     s2 = summary_of(out)
-    assert s2["status"] == "preempted" and s2["preempted"]["signal"] == signal.SIGUSR1
-    assert s2["resumed_from"]["step"] == s1["preempted"]["step"] < s2["preempted"]["step"] < 60
+    assert s2["status"] == "interrupted" and s2["interrupted"]["signal"] == signal.SIGINT
+    assert s2["resumed_from"]["step"] == s1["preempted"]["step"] < s2["interrupted"]["step"] < 60
+    assert s2["interrupted"]["step"] == load(last)["global_step"]
+    assert "ckpt_path=auto" in log2 and "Traceback" not in log2 and "KeyboardInterrupt" not in log2
 
     assert train(compose([*RESUME, "ckpt_path=auto"], out))["status"] == "ok"  # the last relaunch, in-process
     s3 = summary_of(out)
-    assert s3["status"] == "ok" and s3["start_step"] == s2["preempted"]["step"]
+    assert s3["status"] == "ok" and s3["start_step"] == s2["interrupted"]["step"]
     assert_same_run(reference, out)
+    assert history(out) == history(reference)  # no hole at the steps the signals stopped
 
     runs = offline_runs(out)
     assert len(runs) == 3 and len({r.name.rsplit("-", 1)[1] for r in runs}) == 1  # one W&B run id
-    for run in runs[:2]:
-        records = wandb_records(run)
-        assert any(r.get("type") == "preempting" for r in records)
-        assert wandb_summary(run)["exit_code"] == PREEMPTED_EXIT_CODE
+    records = wandb_records(runs[0])
+    assert any(r.get("type") == "preempting" for r in records)
+    assert wandb_summary(runs[0])["exit_code"] == PREEMPTED_EXIT_CODE
+    assert wandb_summary(runs[1])["exit_code"] == INTERRUPTED_EXIT_CODE
     assert wandb_summary(runs[2])["state"] == "finished"
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_quits_at_once(tmp_path):
+    out = tmp_path / "run"
+    proc = launch([*FAST, "logger=csv", "evaluate_after_fit=false", f"paths.output_dir={out}",
+                   "+callbacks.slow._target_=test_reliability.SlowSteps", "+callbacks.slow.after=3"], tmp_path)
+    read_until(proc, "slow step 3")  # step 3 is under way (asleep for 5 s)
+    ctrl_c(proc)
+    read_until(proc, "Ctrl-C again to quit at once")
+    sent = ctrl_c(proc)
+    rc, log = finish(proc, timeout=60)
+    elapsed = time.monotonic() - sent
+    print(f"second Ctrl-C to exit: {elapsed:.2f} s")
+    assert rc == INTERRUPTED_EXIT_CODE and elapsed < 4, log[-3000:]  # not the rest of the 5 s step
+    summary = summary_of(out)
+    assert summary["status"] == "interrupted" and "Ctrl-C twice" in summary["error"]
+    assert not (out / "checkpoints" / "last.ckpt").exists()  # quit without saving
+
+
+@pytest.mark.slow
+def test_preempted_during_evaluation_the_relaunch_reports_the_training_metrics(tmp_path):
+    """SIGUSR1 during the end-of-training evaluation; the relaunch has no step left: it reruns the evaluation
+    and reports the training metrics saved in the checkpoint (and prints the result table)."""
+    out = tmp_path / "run"
+    args = [*FAST, "logger=csv", f"paths.output_dir={out}", "ckpt_path=auto"]
+    proc = launch(args, tmp_path)
+    read_until(proc, "extrapolation:")
+    proc.send_signal(signal.SIGUSR1)
+    rc, log = finish(proc)
+    assert rc == PREEMPTED_EXIT_CODE, log[-3000:]
+    s1 = summary_of(out)
+    # The training metrics were in summary.json before the evaluation started.
+    assert s1["status"] == "preempted" and s1["global_step"] == 30
+    assert s1["metrics"]["val/ppl"] > 1 and "train/loss" in s1["metrics"]
+    assert not any(k.startswith("probe/") for k in s1["metrics"])
+
+    res = run_cli(args, cwd=tmp_path, env=ONE_THREAD)
+    assert res.returncode == 0, res.stderr[-3000:]
+    s2 = summary_of(out)
+    assert s2["status"] == "ok" and s2["start_step"] == s2["global_step"] == 30
+    m = s2["metrics"]
+    assert m["val/ppl"] == s1["metrics"]["val/ppl"] and m["train/loss"] == s1["metrics"]["train/loss"]
+    assert m["extrap/ppl@64"] > 1 and "probe/kv/acc@32" in m
+    # The result table closes the output; third-party notices that ask nothing of the user are gone.
+    table = res.stdout[res.stdout.index("Result of rope-micro-L32-s0 (ok, step 30"):]
+    assert f"val/ppl {m['val/ppl']:.2f}" in table and f"run folder: {out}" in table
+    assert re.search(rf"\n +64 +{m['extrap/ppl@64']:.2f} +{m['extrap/ppl_ratio@64']:.2f} ", table), table
+    assert re.search(r"\n  kv +32 ", table) and re.search(r"\n  passkey +32 ", table), table
+    assert "LeafSpec" not in res.stderr + res.stdout and "litlogger" not in res.stderr + res.stdout
+
+
+def test_an_evaluation_failure_keeps_the_training_metrics(tmp_path):
+    cfg = compose([*FAST, "logger=csv", "trainer.max_steps=4", "trainer.val_check_interval=4",
+                   "eval.lengths=[1000000000]"], tmp_path)  # longer than the validation split: fails in evaluation
+    with pytest.raises(ValueError, match="eval.lengths"):
+        train(cfg)
+    summary = summary_of(tmp_path)
+    assert summary["status"] == "failed" and summary["global_step"] == 4
+    assert summary["metrics"]["val/ppl"] > 1 and "train/loss" in summary["metrics"]
 
 
 # -- 3. bad numbers --------------------------------------------------------------------------------

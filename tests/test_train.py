@@ -108,9 +108,10 @@ def test_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     )
     assert out.returncode != 0  # the multirun says something failed
     status = {p.parent.name: json.loads(p.read_text())["status"] for p in sweep_dir.glob("*/summary.json")}
-    assert sorted(status.values()) == ["failed", "ok"], status
-    states = sorted(wandb_summary(r)["state"] for r in offline_runs(sweep_dir))
-    assert states == ["failed", "finished"]
+    assert status == {"0_alibi-micro-L32-s0-model.n_heads=3": "failed", "1_alibi-micro-L32-s0-model.n_heads=2": "ok"}
+    # Each job is named by the swept key its name does not show already: one W&B run name per job.
+    runs = {wandb_summary(r)["name"]: wandb_summary(r)["state"] for r in offline_runs(sweep_dir)}
+    assert runs == {"alibi-micro-L32-s0-model.n_heads=3": "failed", "alibi-micro-L32-s0-model.n_heads=2": "finished"}
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import platform
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -72,3 +73,71 @@ def read_summary(path: Path) -> dict:
 
 def command_line() -> str:
     return " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+
+
+# -- the result table printed at the end of a run -----------------------------------------------------
+_EXTRAP = re.compile(r"^extrap/(?:(?P<variant>[^/]+)/)?(?P<stat>ppl|ppl_ratio|ppl_sliding)@(?P<length>\d+)$")
+_PROBE = re.compile(r"^probe/(?:(?P<variant>[^/]+)/)?(?P<kind>[^/]+)/(?P<stat>acc|acc_lo|acc_hi|n)@(?P<length>\d+)$")
+
+
+def _num(x: Any, fmt: str = ".2f") -> str:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return "n/a"
+    return "n/a" if math.isnan(x) else format(x, fmt)
+
+
+def _probe_counts(summary: dict, variant: str) -> dict[tuple[str, int], int]:
+    """(kind, length) -> instances scored, from the evaluation's probe rows (summed over depths)."""
+    ev = summary.get(f"evaluation/{variant}" if variant else "evaluation") or {}
+    counts: dict[tuple[str, int], int] = {}
+    for row in (ev.get("probes") or {}).get("rows") or []:
+        if isinstance(row.get("n"), (int, float)):
+            key = (str(row["kind"]), int(row["length"]))
+            counts[key] = counts.get(key, 0) + int(row["n"])
+    return counts
+
+
+def result_table(summary: dict) -> str:
+    """The few lines a run ends with: val ppl; ppl, ratio (and sliding ppl) at each evaluated length; probe
+    accuracy per kind and length with its interval and n where the metrics have them; the run folder and
+    how to view / upload the W&B run. Read from the summary's metrics, whatever their variants."""
+    m = summary.get("metrics") or {}
+    step = summary.get("global_step")
+    lines = [f"Result of {summary.get('name') or 'the run'} ({summary.get('status')}"
+             + (f", step {step}" if step is not None else "") + f", {summary.get('wall_seconds', 0):.0f} s)"]
+    if "val/ppl" in m:
+        lines.append(f"  val/ppl {_num(m['val/ppl'])}" + (f"  (val/loss {_num(m['val/loss'], '.4f')})"
+                                                          if "val/loss" in m else ""))
+    extrap: dict[tuple[str, int], dict[str, Any]] = {}
+    probes: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for key, value in m.items():
+        if e := _EXTRAP.match(key):
+            extrap.setdefault((e["variant"] or "", int(e["length"])), {})[e["stat"]] = value
+        elif p := _PROBE.match(key):
+            probes.setdefault((p["variant"] or "", p["kind"], int(p["length"])), {})[p["stat"]] = value
+    if extrap:
+        named = any(v for v, _ in extrap)
+        lines.append("  " + ("scaling      " if named else "") + "length       ppl   ratio   sliding")
+        for (variant, length), s in sorted(extrap.items()):
+            lines.append("  " + (f"{variant or '-':<12} " if named else "") + f"{length:>6} {_num(s.get('ppl')):>9}"
+                         f" {_num(s.get('ppl_ratio')):>7} {_num(s.get('ppl_sliding')):>9}")
+    if probes:
+        named = any(v for v, _, _ in probes)
+        counts = {v: _probe_counts(summary, v) for v, _, _ in probes}
+        lines.append("  " + ("scaling      " if named else "") + "probe        length   acc   interval          n")
+        for (variant, kind, length), s in sorted(probes.items()):
+            interval = (f"[{_num(s['acc_lo'])}, {_num(s['acc_hi'])}]" if "acc_lo" in s and "acc_hi" in s else "")
+            n = s.get("n", counts[variant].get((kind, length)))
+            lines.append("  " + (f"{variant or '-':<12} " if named else "") + f"{kind:<12} {length:>6} "
+                         f"{_num(s.get('acc')):>5}   {interval:<16} {_num(n, '.0f') if n is not None else ''}")
+    lines.append(f"  run folder: {summary.get('output_dir')}")
+    w = summary.get("wandb") or {}
+    if w.get("mode") == "offline" and w.get("dir"):
+        # every launch of a resumed run is one offline folder of the same run id: upload them all
+        lines.append(f"  W&B (offline): view `wandb leet {w['dir']}`, upload `wandb sync "
+                     f"{Path(w['dir']).parent}/offline-run-*`")
+    elif w.get("url"):
+        lines.append(f"  W&B: {w['url']}")
+    return "\n".join(lines)

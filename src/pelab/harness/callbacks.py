@@ -1,4 +1,5 @@
-"""Callbacks instantiated from `conf/callbacks/` (`_target_` entries): checkpoints, progress bar, throughput.
+"""Callbacks instantiated from `conf/callbacks/` (`_target_` entries): checkpoints, progress bar, throughput;
+and `SummaryUpdates`, which the harness always adds.
 
 Checkpoints: `best.ckpt` (by the optimized metric) and `last.ckpt` at every validation, and, with
 `callbacks.checkpoint.every_n_steps=k`, `last.ckpt` every k training steps too (what a preempted or killed
@@ -39,7 +40,22 @@ class RunCheckpoint(ModelCheckpoint):
                            batch_idx: int) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         if self.every_n_steps and trainer.global_step % int(self.every_n_steps) == 0:
-            trainer.save_checkpoint(Path(self.dirpath) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}")
+            trainer.save_checkpoint(Path(self.dirpath) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}",
+                                    weights_only=False)
+
+
+class SummaryUpdates(L.Callback):
+    """summary.json kept current during fit: the step and the val/*, train/* metrics after each validation
+    (`task`: the job's `pelab.tasks.task.Task`; only its own process of rank 0 writes)."""
+
+    def __init__(self, task: Any):
+        self.task = task
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
+            return
+        self.task.summary.update(global_step=int(trainer.global_step), metrics=pl_module.run_metrics(trainer))
+        self.task.save()
 
 
 def progress_bar() -> ProgressBar:

@@ -1,5 +1,5 @@
 """W&B for `conf/logger/` (online with credentials, offline otherwise, never a prompt); the CSV log beside it
-is Lightning's CSVLogger.
+is Lightning's CSVLogger, made to keep its history across resumes (`ResumableCSVLogger`).
 
 The W&B run is created here with `wandb.init` (not by Lightning) so that the mode is passed to this run
 only (no process-wide WANDB_MODE), an online run that cannot reach its server falls back to offline in
@@ -12,6 +12,7 @@ CSV log and summary.json still get everything.
 
 from __future__ import annotations
 
+import csv
 import logging
 import netrc
 import os
@@ -19,7 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.loggers import CSVLogger, WandbLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +116,8 @@ def init_wandb(
 def init_info(run: Any) -> dict:
     """What summary.json records about the W&B run (mode, init time, why it fell back to offline)."""
     info = {"id": run.id, "dir": str(Path(run.dir).parent), "mode": run.settings.mode}
+    if run.settings.mode == "online":
+        info["url"] = run.url
     return {**info, **{f"init_{k}": v for k, v in _INIT_INFO.get(run.id, {}).items()}}
 
 
@@ -179,6 +184,50 @@ class SafeWandbLogger(WandbLogger):
 
     def finalize(self, status: str) -> None:
         self._safe("finalize", super().finalize, status)
+
+
+class ResumableCSVLogger(CSVLogger):
+    """Lightning's CSVLogger, one `metrics.csv` per run folder across resumes: with `resume_step=g` (the
+    checkpoint's step) the rows logged before step g are kept and later ones (trained again) replaced.
+
+    Lightning's own writer deletes an existing metrics.csv (a resumed run would keep only the steps after
+    its checkpoint), and its other answer, a new `version_N` folder per launch, splits one run's history.
+    Rows reach the file as they are logged (Lightning saves after each log call), so a killed run loses none
+    that its checkpoint covers. A fresh run (`resume_step=None`) starts a new file, as Lightning does."""
+
+    def __init__(self, save_dir: str, name: str = "csv", version: str = "", resume_step: int | None = None,
+                 **kwargs: Any):
+        super().__init__(save_dir, name=name, version=version, **kwargs)
+        self.resume_step = resume_step
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _ResumedWriter(self.log_dir, self.resume_step)
+        return self._experiment
+
+
+class _ResumedWriter(ExperimentWriter):
+    def __init__(self, log_dir: str, keep_before: int | None):
+        self.keep_before = keep_before
+        super().__init__(log_dir)
+
+    def _check_log_dir_exists(self) -> None:
+        if self.keep_before is None or not self._fs.isfile(self.metrics_file_path):
+            return super()._check_log_dir_exists()
+        with self._fs.open(self.metrics_file_path, "r", newline="") as f:
+            reader = csv.DictReader(f)
+            rows = [r for r in reader if r.get("step") and int(float(r["step"])) < self.keep_before]
+            header = list(reader.fieldnames or [])
+        tmp = f"{self.metrics_file_path}.tmp"  # renamed over: a kill here leaves the old file whole
+        with self._fs.open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=header)
+            writer.writeheader()
+            writer.writerows(rows)
+        self._fs.mv(tmp, self.metrics_file_path)
+        self.metrics_keys = header  # new columns are added to these; none is dropped
 
 
 def _new_run_id() -> str:

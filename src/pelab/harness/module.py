@@ -67,6 +67,9 @@ class LMModule(L.LightningModule):
         self.grad_clip = float(o.get("grad_clip") or 0.0)
         self.nonfinite_skips = 0  # saved in checkpoints: the budget holds across resumes
         self.last_ckpt_step: int | None = None  # step of the newest checkpoint written or loaded
+        # val/* and train/* known when the loaded checkpoint was written: the run's metrics when a relaunch
+        # has no step left to train (Lightning then computes none).
+        self.restored_metrics: dict[str, float] = {}
         self._loss: torch.Tensor | None = None
         debug = cfg.get("debug") or {}
         nan_at = debug.get("inject_nan_at_step")
@@ -166,12 +169,20 @@ class LMModule(L.LightningModule):
         if bad:  # never replace a good checkpoint with a broken state
             raise NonFiniteError(f"refusing to write a checkpoint at step {self.global_step}: non-finite "
                                  f"weights in {bad[:3]}. Last good checkpoint: {self.last_good_checkpoint()}.")
-        checkpoint["pelab"] = {"nonfinite_skips": self.nonfinite_skips}
+        checkpoint["pelab"] = {"nonfinite_skips": self.nonfinite_skips, "metrics": self.run_metrics()}
         self.last_ckpt_step = int(self.global_step)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.nonfinite_skips = int((checkpoint.get("pelab") or {}).get("nonfinite_skips", 0))
+        saved = checkpoint.get("pelab") or {}
+        self.nonfinite_skips = int(saved.get("nonfinite_skips", 0))
+        self.restored_metrics = dict(saved.get("metrics") or {})
         self.last_ckpt_step = int(checkpoint.get("global_step", 0))
+
+    def run_metrics(self, trainer: L.Trainer | None = None) -> dict[str, float]:
+        """The latest val/* and train/* values: this fit's, over those of the checkpoint it resumed from."""
+        metrics = (trainer or self.trainer).callback_metrics
+        now = {k: float(v) for k, v in metrics.items() if k.startswith(("val/", "train/"))}
+        return {**self.restored_metrics, **now}
 
     # -- validation ------------------------------------------------------------------------------
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:

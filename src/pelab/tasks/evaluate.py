@@ -112,12 +112,17 @@ def evaluate(cfg: DictConfig) -> dict:
     """One evaluation job; returns its summary (also written to `<output_dir>/summary.json`)."""
     if OmegaConf.is_missing(cfg, "ckpt_path") or cfg.ckpt_path in (None, ""):
         raise ConfigError("ckpt_path is required: python eval.py ckpt_path=outputs/runs/<...>/checkpoints/last.ckpt")
-    with run_task(Path(cfg.paths.output_dir), task="eval", ckpt_path=str(cfg.ckpt_path)) as task:
+    from pelab.harness.reliability import preemption_signals
+
+    # SIGTERM / Ctrl-C stop at once (status preempted / interrupted): an evaluation is simply rerun.
+    with run_task(Path(cfg.paths.output_dir), task="eval", signals=preemption_signals(),
+                  hint="Rerun the same command to evaluate again.", ckpt_path=str(cfg.ckpt_path)) as task:
         ckpt = load_checkpoint(cfg.ckpt_path)
         merged = merged_config(ckpt["hyper_parameters"]["cfg"], cfg, overridden_keys(cfg))
         variants = scaling_variants(merged, list(cfg.scaling_sweep) if cfg.get("scaling_sweep") else None)
-        task.summary.update(name=f"{merged.name}-eval", config=resolved_config(merged),
+        task.summary.update(name=f"{merged.name}-{cfg.name}", config=resolved_config(merged),
                             global_step=ckpt.get("global_step"))
+        task.save()
         wcfg = (resolved_config(cfg.logger) if cfg.get("logger") else {}).get("wandb")
         task.start_wandb(wcfg and {**wcfg, "job_type": "eval"}, name=task.summary["name"],
                          config=task.summary["config"], group=merged.name, tags=list(cfg.get("tags") or []),
@@ -150,6 +155,8 @@ def evaluate_variants(cfg: DictConfig, merged: DictConfig, ckpt: dict, variants:
         model = load_model(vcfg, ckpt, vocab_size).to(device)
         metrics.update(run_evaluation(model, datamodule, vcfg, task.output_dir, task.run, task.summary,
                                       prefix=variant or ""))
+        task.summary["metrics"] = metrics  # each variant's numbers on disk as soon as they exist
+        task.save()
         if variant is not None:
             res = task.summary[f"evaluation/{variant}"]["extrapolation"]
             rows += [{"scaling": variant, **r} for r in res["rows"]]

@@ -1,22 +1,30 @@
 """The life of one job, the same for `train` and `eval`: `run_task` (a context manager) and `cli_main`.
 
-Every outcome ends the same way: `summary.json` written (status ok / failed / interrupted / preempted, with the
-error and its traceback) and the W&B run finished with the job's exit code, so the jobs of a multirun never
-share or merge a run, and a failed job is visible.
+`summary.json` is written when the job starts (status `running`) and again whenever something is known
+(config, data, each validation, the training metrics before evaluation, the end), so a killed job shows as
+`running` with what it had done, and a failed evaluation keeps the training metrics. Every outcome ends the
+same way: `summary.json` with the status (ok / failed / interrupted / preempted, with the error and its
+traceback) and the W&B run finished with the job's exit code, so the jobs of a multirun never share or merge
+a run, and a failed job is visible.
 
-Exit codes of `python train.py` / `python eval.py`: 0 finished; 1 failed (a deliberate error is printed as
-one line `Error: <cause and the setting to change>`, anything else with its traceback); 75 preempted
-(SIGTERM / SIGUSR1 during training: `checkpoints/last.ckpt` saved; relaunch the same command with
-`ckpt_path=auto` to continue).
+Exit codes of `python train.py` / `python eval.py`: 0 finished (a result table is printed); 1 failed (a
+deliberate error is printed as one line `Error: <cause and the setting to change>`, anything else with its
+traceback); 75 preempted (SIGTERM / SIGUSR1) and 130 interrupted (Ctrl-C): during training
+`checkpoints/last.ckpt` is saved at the end of the step; relaunch the same command with `ckpt_path=auto` to
+continue. A second Ctrl-C quits at once.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import re
+import signal
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,13 +35,15 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from pelab.errors import ConfigError
-from pelab.summary import command_line, versions, write_summary
+from pelab.summary import command_line, result_table, versions, write_summary
 
 log = logging.getLogger(__name__)
 
 # sysexits.h EX_TEMPFAIL: "temporary failure, retry".
 PREEMPTED_EXIT_CODE = 75
-EXIT_CODES = {"ok": 0, "preempted": PREEMPTED_EXIT_CODE}  # anything else: 1
+# 128 + SIGINT, what a shell reports for a job ended by Ctrl-C.
+INTERRUPTED_EXIT_CODE = 130
+EXIT_CODES = {"ok": 0, "preempted": PREEMPTED_EXIT_CODE, "interrupted": INTERRUPTED_EXIT_CODE}  # else 1
 
 
 @dataclass
@@ -44,6 +54,11 @@ class Task:
     summary: dict[str, Any]
     rank: int = 0
     run: Any | None = field(default=None, repr=False)
+    t0: float = field(default_factory=time.time, repr=False)
+    pid: int = field(default_factory=os.getpid, repr=False)  # ranks spawned by Lightning never write
+
+    def __getstate__(self) -> dict:  # handed to ddp_spawn ranks with the callbacks: not the W&B run
+        return {**self.__dict__, "run": None}
 
     def start_wandb(self, wcfg: dict | None, *, name: str, config: dict, group: str | None = None,
                     tags: list[str] | None = None, notes: str | None = None) -> Any | None:
@@ -55,7 +70,23 @@ class Task:
         self.run = init_wandb(wcfg, name=name, output_dir=self.output_dir, config=config,
                               group=wcfg.get("group") or sweep_group() or group, tags=tags, notes=notes)
         self.summary["wandb"] = init_info(self.run) if self.run else None
+        self.save()
         return self.run
+
+    def save(self) -> None:
+        """Write summary.json as it stands (rank 0): called whenever something new is known."""
+        if self.rank == 0 and os.getpid() == self.pid:
+            self.summary["wall_seconds"] = round(time.time() - self.t0, 2)
+            write_summary(self.output_dir, self.summary)
+
+    def quit_now(self, signum: int) -> None:
+        """A second Ctrl-C (or a signal while finishing): record it and end the process at once."""
+        if signum == signal.SIGINT:
+            os.write(2, b"\nCtrl-C again: quitting now, without saving a checkpoint.\n")
+            self.summary.update(status="interrupted", error="Ctrl-C twice: quit at once, without a checkpoint at "
+                                "this point (resume with ckpt_path=auto from the last one).")
+        self.save()
+        os._exit(self.exit_code)
 
     @property
     def exit_code(self) -> int:
@@ -63,53 +94,79 @@ class Task:
 
 
 @contextmanager
-def run_task(output_dir: Path, *, rank: int = 0, signals: tuple[int, ...] = (), **fields: Any) -> Iterator[Task]:
-    """Run the body as one job: on leaving, summary.json holds its outcome and its W&B run is finished.
+def run_task(output_dir: Path, *, rank: int = 0, signals: tuple[int, ...] = (), hint: str | None = None,
+             **fields: Any) -> Iterator[Task]:
+    """Run the body as one job: summary.json is written at once (status "running"), and on leaving it holds
+    the job's outcome and its W&B run is finished.
 
-    `signals`: preemption signals that raise `Preempted` in the body (see `pelab.harness.reliability`); a
-    preempted job ends normally with status "preempted" (the caller exits with PREEMPTED_EXIT_CODE). Any
-    other exception is recorded and re-raised. Only rank 0 writes summary.json.
+    `signals`: preemption signals and SIGINT, which raise `Preempted` in the body (see
+    `pelab.harness.reliability`); such a job ends normally with status "preempted" or "interrupted" (the
+    caller exits with its EXIT_CODES), `hint` saying how to go on (default: relaunch with ckpt_path=auto).
+    Any other exception is recorded and re-raised. Only rank 0 writes summary.json.
     """
     from pelab.harness.loggers import finish_wandb
-    from pelab.harness.reliability import JobSignals, Preempted
+    from pelab.harness.reliability import RESUME_HINT, JobSignals, Preempted
 
-    t0 = time.time()
+    quiet_third_party()
     output_dir.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"status": "running", **fields, "output_dir": str(output_dir),
                                "command": command_line(), "versions": versions()}
     task = Task(output_dir, summary, rank)
-    try:
-        with JobSignals(signals):
+    task.save()
+    with JobSignals(signals, quit_now=task.quit_now, hint=hint or RESUME_HINT) as job_signals:
+        try:
             yield task
-        summary["status"] = "ok"
-    except Preempted as err:  # a clean stop: the checkpoint holds everything trained
-        summary["status"] = "preempted"
-        summary["preempted"] = {"signal": err.signum, "step": err.step, "ckpt_path": err.ckpt}
-        log.warning("Preempted: %s", err)
-    except BaseException as err:
-        summary["status"] = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
-        summary["error"] = f"{type(err).__name__}: {err}"
-        summary["traceback"] = traceback.format_exc()
-        raise
-    finally:
-        summary["wall_seconds"] = round(time.time() - t0, 2)
-        if rank == 0:
-            write_summary(output_dir, summary)
-        finish_wandb(task.run, exit_code=task.exit_code, preempted=summary["status"] == "preempted")
+            summary["status"] = "ok"
+        except Preempted as err:  # a clean stop: the checkpoint holds everything trained
+            summary["status"] = err.status
+            summary[err.status] = {"signal": err.signum, "step": err.step, "ckpt_path": err.ckpt}
+            log.warning("%s: %s", err.status.capitalize(), err)
+        except BaseException as err:
+            summary["status"] = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+            summary["error"] = f"{type(err).__name__}: {err}"
+            summary["traceback"] = traceback.format_exc()
+            raise
+        finally:
+            job_signals.finishing()  # a signal now ends the process at once, the summary written
+            task.save()
+            finish_wandb(task.run, exit_code=task.exit_code, preempted=summary["status"] == "preempted")
 
 
 def cli_main(task_fn: Callable[[DictConfig], dict], cfg: DictConfig) -> dict:
-    """The command line's side of a job: a deliberate error is one `Error:` line and exit code 1 (in a
-    multirun it is re-raised, so that Hydra marks this job failed and runs the others); a preempted job
-    exits with PREEMPTED_EXIT_CODE; other exceptions keep their traceback."""
+    """The command line's side of a job: a finished job prints its result table; a deliberate error is one
+    `Error:` line and exit code 1 (in a multirun it is re-raised, so that Hydra marks this job failed and
+    runs the others); a preempted or interrupted job exits with its EXIT_CODES (a multirun stops there);
+    other exceptions keep their traceback."""
     try:
         summary = task_fn(cfg)
     except Exception as err:
         report_user_error(err)
         raise
-    if summary["status"] == "preempted":
-        sys.exit(PREEMPTED_EXIT_CODE)
+    if summary["status"] != "ok":
+        sys.exit(EXIT_CODES.get(summary["status"], 1))
+    if launcher_rank() == 0:
+        print(result_table(summary), flush=True)
     return summary
+
+
+# Third-party messages that ask nothing of the user: each silenced by its own text only.
+NOISE_WARNINGS = [r"`isinstance\(treespec, LeafSpec\)` is deprecated"]  # torch pytree, via Lightning
+NOISE_LOG_LINES = ["try installing [litlogger]"]  # Lightning's advertisement, on every Trainer
+
+
+class _DropLines(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(text in message for text in NOISE_LOG_LINES)
+
+
+def quiet_third_party() -> None:
+    """Silence the notices in NOISE_WARNINGS / NOISE_LOG_LINES; every other warning still shows."""
+    for pattern in NOISE_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern, category=FutureWarning)
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _DropLines) for f in logger.filters):
+        logger.addFilter(_DropLines())
 
 
 def report_user_error(err: BaseException) -> None:
@@ -132,6 +189,47 @@ def in_multirun() -> bool:
     from hydra.types import RunMode
 
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def sweep_suffix(*, _root_: DictConfig) -> str:
+    """`${pelab.sweep_suffix:}` in a run name: in a multirun, `-key=value` for each override that varies
+    across its jobs and that the name does not show already (`-m model.n_heads=1,3,4` ->
+    `rope-micro-L128-s0-model.n_heads=3`; `pe=rope,alibi` adds nothing, the name has `${pe.name}`); "" in a
+    single run."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not in_multirun():
+        return ""
+    hc = HydraConfig.get()
+    swept = swept_keys(str(hc.sweep.dir)) | set((hc.sweeper.get("params") or {}).keys())
+    raw = _root_._get_node("name")._value()  # the name's own interpolations: the keys it shows
+    shown = re.findall(r"\$\{([\w.]+)\}", raw) if isinstance(raw, str) else []
+    parts = []
+    for override in hc.overrides.task:
+        key, _, value = override.partition("=")
+        key = key.lstrip("+~")
+        if key in swept and not any(ref == key or ref.startswith(f"{key}.") for ref in shown):
+            parts.append(f"-{key}={value}".replace("/", "_"))
+    return "".join(parts)
+
+
+def swept_keys(sweep_dir: str) -> frozenset[str]:
+    """The keys a multirun sweeps on its command line, from the `multirun.yaml` Hydra's sweeper writes in the
+    sweep folder before any job starts (a job's own config holds only its single values)."""
+    path = Path(sweep_dir) / "multirun.yaml"
+    return _swept_keys(str(path), path.stat().st_mtime_ns) if path.is_file() else frozenset()
+
+
+@functools.lru_cache
+def _swept_keys(path: str, mtime_ns: int) -> frozenset[str]:  # the name is resolved often: parse once
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides = OmegaConf.load(path).hydra.overrides.task
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    return frozenset(o.key_or_group for o in parsed if o.is_sweep_override())
+
+
+OmegaConf.register_new_resolver("pelab.sweep_suffix", sweep_suffix, replace=True)
 
 
 def sweep_group() -> str | None:

@@ -38,7 +38,8 @@ def validate_config(cfg: DictConfig) -> None:
 
 
 def train(cfg: DictConfig) -> dict:
-    """One training job. Returns its summary (also written to `<output_dir>/summary.json`)."""
+    """One training job. Returns its summary (also written to `<output_dir>/summary.json`, from the start
+    and whenever something new is known)."""
     import lightning.pytorch as L
 
     from pelab.harness.reliability import preemption_signals
@@ -49,6 +50,7 @@ def train(cfg: DictConfig) -> dict:
     with run_task(output_dir, rank=launcher_rank(), signals=signals, name=cfg.name) as task:
         summary = task.summary
         summary["config"] = resolved_config(cfg)
+        task.save()
         # The W&B run before validation, so that a bad job of a sweep shows up there as failed.
         task.start_wandb((summary["config"].get("logger") or {}).get("wandb"), name=cfg.name,
                          config=summary["config"], tags=list(cfg.get("tags") or []), notes=cfg.get("notes"))
@@ -58,14 +60,15 @@ def train(cfg: DictConfig) -> dict:
         L.seed_everything(int(cfg.seed), workers=True, verbose=False)
         datamodule = prepare_data(cfg, int(cfg.data.batch_size) // world, summary, ckpt_path, ckpt_vocab)
         module = build_module(summary, datamodule.vocab_size)
+        task.save()
         log_run_start(task, module, datamodule, cfg)
         trainer, preemption = build_trainer(cfg, precision, task, signals)
-        metrics = fit(trainer, module, datamodule, ckpt_path, preemption, summary)
+        summary["metrics"] = fit(trainer, module, datamodule, ckpt_path, preemption, summary)
+        task.save()  # the training metrics stay whatever happens in evaluation
         if cfg.get("evaluate_after_fit", True) and trainer.is_global_zero:
             from pelab.evaluation.suite import run_evaluation
 
-            metrics.update(run_evaluation(module.model, datamodule, cfg, output_dir, task.run, summary))
-        summary["metrics"] = metrics
+            summary["metrics"].update(run_evaluation(module.model, datamodule, cfg, output_dir, task.run, summary))
     return task.summary
 
 
@@ -197,21 +200,24 @@ def log_run_start(task: Task, module: Any, datamodule: Any, cfg: DictConfig) -> 
 
 def build_trainer(cfg: DictConfig, precision: str, task: Task, signals: tuple[int, ...]) -> tuple[Any, Any]:
     """The Trainer of `cfg.trainer`, with the callbacks of `cfg.callbacks` and the loggers of `cfg.logger`
-    (the W&B logger wraps this job's run), plus the preemption checkpoint and atomic checkpoint writes."""
+    (the W&B logger wraps this job's run; the CSV log keeps the rows before the resumed step), plus the
+    preemption checkpoint, summary.json updates and atomic checkpoint writes."""
     from lightning.pytorch.callbacks.progress import ProgressBar
 
+    from pelab.harness.callbacks import SummaryUpdates
     from pelab.harness.reliability import AtomicCheckpointIO, PreemptionCheckpoint
 
     callbacks = instantiate_entries(cfg.get("callbacks"))
-    preemption = PreemptionCheckpoint(task.output_dir / "checkpoints" / "last.ckpt", signals)
+    preemption = PreemptionCheckpoint(task.output_dir / "checkpoints" / "last.ckpt", signals, task.quit_now)
+    resumed_step = (task.summary.get("resumed_from") or {}).get("step")
     # No W&B run (disabled, or not rank 0): no W&B logger.
     loggers = instantiate_entries(cfg.get("logger"), skip=() if task.run else ("wandb",),
-                                  wandb={"experiment": task.run})
+                                  wandb={"experiment": task.run}, csv={"resume_step": resumed_step})
     trainer = instantiate(
         cfg.trainer,
         precision=precision,
         logger=loggers or False,
-        callbacks=[*callbacks, preemption],
+        callbacks=[preemption, *callbacks, SummaryUpdates(task)],  # the stop first: nothing runs after it
         plugins=[AtomicCheckpointIO()],
         default_root_dir=str(task.output_dir),
         enable_progress_bar=any(isinstance(c, ProgressBar) for c in callbacks),
@@ -229,16 +235,17 @@ def instantiate_entries(group: DictConfig | None, skip: tuple[str, ...] = (), **
 
 def fit(trainer: Any, module: Any, datamodule: Any, ckpt_path: str | None, preemption: Any,
         summary: dict) -> dict[str, float]:
-    """Train; returns the final val/ and train/ metrics."""
+    """Train; returns the final val/ and train/ metrics (those saved in the checkpoint when a relaunch has
+    no step left to train, e.g. after a preemption during the evaluation)."""
     from pelab.harness.reliability import Preempted
 
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     if preemption.received is not None:  # signalled during the final validation: last.ckpt is final
         raise Preempted(preemption.received, step=trainer.global_step, ckpt=preemption.ckpt_path)
-    summary["start_step"] = module.start_step
+    summary["start_step"] = module.start_step if module.start_step is not None else module.last_ckpt_step
     summary["global_step"] = final_step(trainer, Path(summary["output_dir"]))
     summary["nonfinite_skips"] = module.nonfinite_skips
-    return {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("val/", "train/"))}
+    return module.run_metrics(trainer)
 
 
 def single_lightning_log_handler() -> None:
