@@ -4,6 +4,7 @@ small model that learns in-window kv retrieval from it (slow)."""
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import re
 import time
@@ -228,6 +229,32 @@ def test_micro_model_learns_mqar_from_answer_only_rows(small_texts, tmp_path):
             break
     print(f"\nmqar N=4 after {step} steps ({time.perf_counter() - t0:.0f}s): in-window accuracy {acc:.3f}")
     assert acc >= 0.75, f"accuracy {acc:.3f} after {step} steps; copying a random context value gives 0.25"
+
+    # The in-window criterion (experiment=recall) reads the same skill on its own probe instances and stops
+    # training on this trained model, not on an untrained one.
+    from types import SimpleNamespace
+
+    from pelab.harness.retrieval import RetrievalCriterion
+
+    def criterion_run(net: torch.nn.Module, threshold: float) -> tuple[RetrievalCriterion, SimpleNamespace, dict]:
+        trainer = SimpleNamespace(datamodule=dm, global_step=0, should_stop=False)
+        logged: dict = {}
+        module = SimpleNamespace(model=net, log=lambda k, v, **_: logged.__setitem__(k, v))
+        cb = RetrievalCriterion(threshold=threshold, every_n_steps=1, samples=64, depths=4)
+        cb.setup(trainer, module, "fit")
+        cb.on_train_batch_end(trainer, module, None, None, 0)
+        return cb, trainer, logged
+
+    cb, trainer, logged = criterion_run(model, 0.6)
+    assert logged["train/retrieval_acc"] >= 0.6 and trainer.should_stop and cb.reached == 0
+    assert logged["train/steps_to_criterion"] == 0.0
+    torch.manual_seed(1)
+    fresh = build_model({"n_layers": 2, "n_heads": 1, "d_model": 64, "d_ff": None, "dropout": 0.0, "bias": False,
+                         "attn_chunk_size": 512, "init": "torch", "tie_embeddings": False}, {"name": "rope"},
+                        dm.vocab_size, 15)
+    cb, trainer, logged = criterion_run(fresh, 0.6)
+    assert logged["train/retrieval_acc"] < 0.6 and not trainer.should_stop and cb.reached is None
+    assert math.isnan(logged["train/steps_to_criterion"])
 
 
 # --------------------------------------------------------------------------------------------------

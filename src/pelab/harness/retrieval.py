@@ -40,7 +40,7 @@ class RetrievalCriterion(Callback):
             s
             for i in range(self.depths)
             for s in make_probe_samples(self.kind, dm.tokenizer, length, i / max(1, self.depths - 1), per_depth,
-                                        self.seed, filler_ids=filler)
+                                        self.seed, filler_ids=filler, pairs=dm.recall_pairs)  # the rows' N
         ]
 
     def accuracy(self, model: Any) -> float:
