@@ -300,12 +300,16 @@ def test_adding_a_scheme_needs_no_other_file(tmp_path, monkeypatch):
         build_model(cfg.model, {**cfg.pe, "init": "abc"}, V, train_length=12)
 
 
-def test_torch_init_and_untied_head_are_model_options():
-    tied, untied = micro({"name": "rope"}), micro({"name": "rope"}, init="torch", tie_embeddings=False)
+def test_kaiming_init_and_untied_head_are_model_options():
+    tied, untied = micro({"name": "rope"}), micro({"name": "rope"}, init="kaiming", tie_embeddings=False)
     assert tied.lm_head.weight is tied.tok_emb.weight and untied.lm_head.weight is not untied.tok_emb.weight
     assert abs(tied.tok_emb.weight.std().item() - 0.02) < 0.002  # GPT-2
-    assert abs(untied.tok_emb.weight.std().item() - 1.0) < 0.05  # nn.Embedding's N(0, 1)
-    assert abs(untied.lm_head.weight.std().item() - 32**-0.5) < 0.02
+    # x-transformers' TransformerWrapper: kaiming-normal token embedding, std sqrt(2 / d); Linear defaults
+    assert abs(untied.tok_emb.weight.std().item() - (2 / 32) ** 0.5) < 0.02
+    assert abs(untied.lm_head.weight.std().item() - (3 * 32) ** -0.5) < 0.01  # U(-1/sqrt(d), 1/sqrt(d))
+    xt = pytest.importorskip("x_transformers")
+    peer = xt.TransformerWrapper(num_tokens=V, max_seq_len=16, attn_layers=xt.Decoder(dim=32, depth=1, heads=2))
+    assert abs(peer.token_emb.emb.weight.std().item() - untied.tok_emb.weight.std().item()) < 0.02
     # the untied input embedding is a lookup: not in the 6N FLOPs count; the head's matrix is
     assert untied.num_params() == tied.num_params()
     with pytest.raises(ValueError, match="model.init=bogus"):

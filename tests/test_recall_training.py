@@ -156,17 +156,16 @@ def test_two_means_weighs_text_and_answers_as_two_means():
     assert torch.allclose(two_means_loss(logits, only, answers), nll[answers].mean())
 
 
-def test_curriculum_keeps_the_recall_in_the_last_span_tokens(small_texts, tmp_path):
+def test_curriculum_keeps_the_recall_in_the_first_span_tokens(small_texts, tmp_path):
     dm = _mqar_dm(small_texts, tmp_path, recall_mix=1.0, recall_curriculum=[[0, 16], [3, 32]])
-    K = dm.tokenizer.reserved_key_ids
+    K, M = dm.tokenizer.reserved_key_ids, dm.tokenizer.reserved_value_ids
     ds = dm.train_dataset()
     for step, span in [(0, 16), (2, 16), (3, 32), (9, 32)]:
         x, y = inputs_and_targets(ds.batch(step))
         for row, tgt in zip(x, y):
-            first_key = next(i for i, t in enumerate(row.tolist()) if t in K)
-            assert first_key >= 49 - span  # nothing of the recall before the span ...
-            assert (tgt[: 48 - span] == IGNORE_INDEX).all()  # ... and the text before it is not scored
-        assert min(next(i for i, t in enumerate(r.tolist()) if t in K) for r in x) < 49 - span + 8
+            last = max(i for i, t in enumerate(row.tolist()) if t in K or t in M)
+            assert last == span - 1  # the span ends with the last answer: positions 0..span-1 ...
+            assert (tgt[span - 1 :] == IGNORE_INDEX).all()  # ... and the text after it is not scored
     with pytest.raises(DataConfigError, match="data.recall_curriculum"):
         _mqar_dm(small_texts, tmp_path, recall_curriculum=[[0, 8]])  # 4 pairs need 16 tokens
 
@@ -201,7 +200,7 @@ def test_micro_model_learns_mqar_from_answer_only_rows(small_texts, tmp_path):
     torch.manual_seed(0)
     dm = _mqar_dm(small_texts, tmp_path, seq_len=15, recall_pairs=4, recall_mix=1.0, batch_size=32)
     model = build_model({"n_layers": 2, "n_heads": 1, "d_model": 64, "d_ff": None, "dropout": 0.0, "bias": False,
-                         "attn_chunk_size": 512, "init": "torch", "tie_embeddings": False},
+                         "attn_chunk_size": 512, "init": "kaiming", "tie_embeddings": False},
                         {"name": "rope"},
                         dm.vocab_size, 15)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.98), weight_decay=0.0)
@@ -250,7 +249,7 @@ def test_micro_model_learns_mqar_from_answer_only_rows(small_texts, tmp_path):
     assert logged["train/steps_to_criterion"] == 0.0
     torch.manual_seed(1)
     fresh = build_model({"n_layers": 2, "n_heads": 1, "d_model": 64, "d_ff": None, "dropout": 0.0, "bias": False,
-                         "attn_chunk_size": 512, "init": "torch", "tie_embeddings": False}, {"name": "rope"},
+                         "attn_chunk_size": 512, "init": "kaiming", "tie_embeddings": False}, {"name": "rope"},
                         dm.vocab_size, 15)
     cb, trainer, logged = criterion_run(fresh, 0.6)
     assert logged["train/retrieval_acc"] < 0.6 and not trainer.should_stop and cb.reached is None

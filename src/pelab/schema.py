@@ -40,7 +40,7 @@ class ModelConfig:
     dropout: float
     bias: bool
     attn_chunk_size: int
-    init: str  # gpt2 | torch
+    init: str  # gpt2 | kaiming
     tie_embeddings: bool
 
 
@@ -436,6 +436,8 @@ def check_run(r: DictConfig, batch_size: int) -> None:
 def validate(cfg: DictConfig) -> dict[str, DictConfig]:
     """Type and range-check every group of a train config except `pe`; return the typed groups
     ("run" = the top-level keys). Cheap: no data, no model."""
+    import pelab.tasks.task  # noqa: F401  registers the resolvers the run name uses (${pelab.sweep_suffix:})
+
     t = {g: typed_group(s, _plain(cfg, g), g, open_keys=g in OPEN_GROUPS) for g, s in SCHEMAS.items()}
     run_keys = {f.name: _plain(cfg, f.name) for f in fields(RunConfig) if f.name in cfg}
     t["run"] = typed_group(RunConfig, run_keys, "")
