@@ -62,6 +62,7 @@ def run_evaluation(
         stride=ecfg.get("stride"), device=device, bytes_per_token=datamodule.bytes_per_token,
         protocols=list(ecfg.protocols), batch_tokens=int(ecfg.batch_tokens),
     )
+    extrap.parent_train_len = parent_train_length(cfg)
     metrics = extrap.metrics()
     probes = None
     if pcfg.get("enabled", True) and pcfg.get("kinds"):
@@ -92,6 +93,12 @@ def run_evaluation(
     for fig in figures.values():
         plt.close(fig)
     return metrics
+
+
+def parent_train_length(cfg: DictConfig) -> int | None:
+    """The training length of the run this one extends (train.py fills extend.parent), else None."""
+    parent = (cfg.get("extend") or {}).get("parent") or {}
+    return int(parent["train_length"]) if parent.get("train_length") else None
 
 
 def _prefixed(key: str, prefix: str) -> str:
@@ -127,13 +134,19 @@ def log_to_wandb(run: Any, metrics: dict, extrap: Any, probes: Any | None, paths
     ns = f"{prefix}/" if prefix else ""
     data: dict[str, Any] = dict(metrics)
     rows = extrap.rows()
-    cols = ["length", "protocol", "ppl", "bpb", "nll", "n_tokens", "note"]
+    cols = ["length", *(["x_parent"] if extrap.parent_train_len else []), "protocol", "ppl", "bpb", "nll",
+            "n_tokens", "note"]
     table = wandb.Table(columns=cols, data=[[r[c] for c in cols] for r in rows])
     data[f"extrap/{ns}table"] = table
     nonover = wandb.Table(columns=["length", "ppl"],
                           data=[[r["length"], r["ppl"]] for r in rows if r["protocol"] == "nonoverlap"])
     data[f"extrap/{ns}ppl_vs_length"] = wandb.plot.line(nonover, "length", "ppl",
                                                         title="Perplexity vs evaluation length")
+    if extrap.parent_train_len:  # an extended run: the same curve on the parent's axis
+        by_parent = wandb.Table(columns=["x_parent", "ppl"], data=[[r["x_parent"], r["ppl"]] for r in rows
+                                                                   if r["protocol"] == "nonoverlap"])
+        data[f"extrap/{ns}ppl_vs_parent_x"] = wandb.plot.line(
+            by_parent, "x_parent", "ppl", title="Perplexity vs length / the parent's training length")
     if extrap.loss_by_position:
         pos_table = wandb.Table(columns=["position", "loss"],
                                 data=[[i, v] for i, v in enumerate(extrap.loss_by_position)])
