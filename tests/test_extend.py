@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from conftest import FAST, compose, offline_runs, summaries, wandb_records
+from conftest import FAST, compose, offline_runs, summaries, wandb_records, wandb_summary
 from pelab.errors import ConfigError
 from pelab.summary import read_summary
 from pelab.tasks.train import train
@@ -25,6 +25,7 @@ def test_extended_run_starts_from_the_parents_weights_and_records_it(parent, tmp
     child = train(compose([*FAST, "pe=rope", "logger=wandb", "logger.wandb.mode=offline",
                            f"extend.from={parent['output_dir']}", "extend.eval_before=true", "data.seq_len=64",
                            "eval.lengths=[0.5,1,2]", "eval.tokens=256", "probes.enabled=false",
+                           "eval.diagnostics.enabled=true",
                            "trainer.max_steps=2", "trainer.val_check_interval=2"], out))
     assert child["status"] == "ok" and child["global_step"] == 2  # a new run: step 0, not the parent's 10
     m, pm = child["metrics"], parent["metrics"]
@@ -46,6 +47,19 @@ def test_extended_run_starts_from_the_parents_weights_and_records_it(parent, tmp
     assert any('"train_length":32' in str(r).replace(" ", "").replace("'", '"') for r in configs)
     hparams = yaml.safe_load((out / "csv" / "hparams.yaml").read_text())
     assert hparams["cfg"]["extend"]["parent"]["train_length"] == 32
+    # attention diagnostics (eval.diagnostics.enabled): summary, PNGs, W&B table and plots, the sweep report
+    att = child["evaluation"]["attention"]
+    assert {r["length"] for r in att["rows"]} == {32, 64, 128} and att["seconds"] > 0
+    assert child["evaluation"]["seconds"]["attention"] == att["seconds"]
+    assert 0 < m["attn/mass_past_L@128"] < 1 and m["attn/mass_past_L@64"] == 0  # distances >= 64 exist at 128 only
+    for stat in ("entropy", "distance", "mass_past_L", "max_logit"):
+        assert (out / "plots" / f"attn_{stat}.png").stat().st_size > 5000
+    s = wandb_summary(run)["summary"]
+    assert s["attn/table"]["_type"] == "table-file" and s["attn/table"]["nrows"] == len(att["rows"])
+    from pelab.report import build_report
+
+    rep = build_report([out], tmp_path / "report")
+    assert "## Attention diagnostics" in rep.markdown and (tmp_path / "report" / "attn_entropy_vs_length.png").is_file()
 
 
 @pytest.mark.parametrize("override, key", [("model.n_layers=3", "model.n_layers"), ("tokenizer=bpe", "tokenizer."),

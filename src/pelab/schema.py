@@ -42,6 +42,7 @@ class ModelConfig:
     attn_chunk_size: int
     init: str  # gpt2 | torch
     tie_embeddings: bool
+    attn_logit_scale: str  # none | log_length
 
 
 @dataclass
@@ -119,6 +120,12 @@ CALLBACKS = {"checkpoint": CheckpointConfig, "throughput": ThroughputConfig}
 
 
 @dataclass
+class DiagnosticsConfig:
+    enabled: bool
+    windows: int
+
+
+@dataclass
 class EvalConfig:
     lengths: list[float]
     tokens: int
@@ -126,6 +133,7 @@ class EvalConfig:
     protocols: list[str]
     split: str
     batch_tokens: int
+    diagnostics: DiagnosticsConfig
 
 
 @dataclass
@@ -390,6 +398,8 @@ def check_eval(e: DictConfig, seq_len: int) -> None:
          f"must be a non-empty list of {_show(PROTOCOLS)}.")
     need(e.split in SPLITS, "eval.split", e.split, f"must be one of {_show(SPLITS)}.")
     need(e.batch_tokens >= 1, "eval.batch_tokens", e.batch_tokens, "must be >= 1.")
+    need(e.diagnostics.windows >= 1, "eval.diagnostics.windows", e.diagnostics.windows,
+         "must be >= 1 window per length.")
 
 
 def check_probes(p: DictConfig, seq_len: int) -> None:

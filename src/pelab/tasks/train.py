@@ -121,7 +121,7 @@ def extension_parent(cfg: DictConfig, task: Task) -> dict | None:
     pcfg = hp["cfg"]
     child = OmegaConf.to_container(cfg, resolve=True)
     diffs = [d for d in checkpoint_mismatches(pcfg, child)
-             if not d.startswith("pe.") or d.startswith(("pe.name=", "pe._target_="))]
+             if not d.startswith(("pe.", "model.attn_logit_scale=")) or d.startswith(("pe.name=", "pe._target_="))]
     if diffs:
         more = f" (+{len(diffs) - 3} more)" if len(diffs) > 3 else ""
         raise ConfigError(f"extend.from={source} cannot initialise this run: {'; '.join(diffs[:3])}{more}; "
