@@ -69,7 +69,7 @@ def train(cfg: DictConfig) -> dict:
         task.save()
         log_run_start(task, module, datamodule, cfg)
         before = {}
-        if parent and not ckpt_path and cfg.extend.get("eval_before") and trainer_is_rank0():
+        if parent and not ckpt_path and cfg.extend.get("eval_before") and launcher_rank() == 0:
             from pelab.evaluation.suite import run_evaluation
 
             # the parent's weights under the child's settings, before any step: the "step 0" of PI's tables
@@ -92,10 +92,6 @@ def main(cfg: DictConfig) -> float:
 
 
 # -- the steps of train() ------------------------------------------------------------------------------
-def trainer_is_rank0() -> bool:
-    return launcher_rank() == 0
-
-
 # -- context extension: a new run from another run's weights -----------------------------------------
 def extension_parent(cfg: DictConfig, task: Task) -> dict | None:
     """`extend.from` (a .ckpt or a run folder): the parent run whose weights initialise this NEW run (its
@@ -182,7 +178,8 @@ def weights_fit(cfg: DictConfig, state_dict: dict, vocab_size: int, source: str)
     if bad:
         raise ConfigError(f"extend.from={source}: the parent's weights do not fit this run's model: {bad[0]}"
                           + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else "")
-                          + "; keep the parent's model.* and pe.* sizes (a learned table: pe.max_position).")
+                          + "; keep the parent's model.* and pe.* sizes (a learned position table cannot grow past the "
+                          "parent's: extend such a parent at its own length).")
 
 
 def load_parent_weights(module: Any, path: str) -> None:
