@@ -42,6 +42,7 @@ class ModelConfig:
     attn_chunk_size: int
     init: str  # gpt2 | kaiming
     tie_embeddings: bool
+    attn_logit_scale: str  # none | log_length
 
 
 @dataclass
@@ -119,6 +120,12 @@ CALLBACKS = {"checkpoint": CheckpointConfig, "throughput": ThroughputConfig}
 
 
 @dataclass
+class DiagnosticsConfig:
+    enabled: bool
+    windows: int
+
+
+@dataclass
 class EvalConfig:
     lengths: list[float]
     tokens: int
@@ -126,6 +133,7 @@ class EvalConfig:
     protocols: list[str]
     split: str
     batch_tokens: int
+    diagnostics: DiagnosticsConfig
 
 
 @dataclass
@@ -390,6 +398,8 @@ def check_eval(e: DictConfig, seq_len: int) -> None:
          f"must be a non-empty list of {_show(PROTOCOLS)}.")
     need(e.split in SPLITS, "eval.split", e.split, f"must be one of {_show(SPLITS)}.")
     need(e.batch_tokens >= 1, "eval.batch_tokens", e.batch_tokens, "must be >= 1.")
+    need(e.diagnostics.windows >= 1, "eval.diagnostics.windows", e.diagnostics.windows,
+         "must be >= 1 window per length.")
 
 
 def check_probes(p: DictConfig, seq_len: int) -> None:
@@ -432,6 +442,24 @@ def check_run(r: DictConfig, batch_size: int) -> None:
          f"must be a positive divisor of data.batch_size={batch_size}.")
 
 
+EXTEND_KEYS = ("from", "eval_before", "parent")  # `from` is a Python keyword: no dataclass field
+
+
+def check_extend(cfg: DictConfig) -> None:
+    """`extend` (conf/train.yaml): null, or {from: a path or null, eval_before: bool, parent: filled by train.py}."""
+    e = _plain(cfg, "extend") if "extend" in cfg else None
+    if e in (None, "???"):
+        return
+    need(isinstance(e, dict), "extend", e, "must be a group of settings (extend.from=<run folder or .ckpt>).")
+    unknown = sorted(set(e) - set(EXTEND_KEYS))
+    if unknown:
+        raise ConfigError(f"extend.{unknown[0]} is not a setting of extend; known: {_show(list(EXTEND_KEYS))}.")
+    need(e.get("from") is None or isinstance(e["from"], str), "extend.from", e.get("from"),
+         "must be a .ckpt file or a run folder (or null).")
+    need(isinstance(e.get("eval_before", False), bool), "extend.eval_before", e.get("eval_before"),
+         "must be true or false.")
+
+
 # -- the pass --------------------------------------------------------------------------------------
 def validate(cfg: DictConfig) -> dict[str, DictConfig]:
     """Type and range-check every group of a train config except `pe`; return the typed groups
@@ -452,4 +480,5 @@ def validate(cfg: DictConfig) -> dict[str, DictConfig]:
     check_probes(t["probes"], t["data"].seq_len)
     check_reserved(t["tokenizer"], t["data"], t["probes"])
     check_run(t["run"], t["data"].batch_size)
+    check_extend(cfg)
     return t

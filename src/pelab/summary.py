@@ -107,6 +107,9 @@ def result_table(summary: dict) -> str:
     step = summary.get("global_step")
     lines = [f"Result of {summary.get('name') or 'the run'} ({summary.get('status')}"
              + (f", step {step}" if step is not None else "") + f", {summary.get('wall_seconds', 0):.0f} s)"]
+    if parent := summary.get("extended_from"):
+        lines.append(f"  extended from {parent.get('name')} (step {parent.get('step')}, trained at "
+                     f"L={parent.get('train_length')}): {parent.get('path')}")
     if "val/ppl" in m:
         lines.append(f"  val/ppl {_num(m['val/ppl'])}" + (f"  (val/loss {_num(m['val/loss'], '.4f')})"
                                                           if "val/loss" in m else ""))

@@ -220,6 +220,12 @@ class ExtrapolationResult:
     # (the longest length that could be evaluated; None if none could).
     loss_by_position: list[float] = field(default_factory=list)
     loss_by_position_length: int | None = None
+    # An extended run (train.py extend.from=...): its parent's training length, the second axis the lengths
+    # are given on (x_parent = length / parent_train_len), so parent and child curves share one axis.
+    parent_train_len: int | None = None
+
+    def x_parent(self, length: int) -> float | None:
+        return length / self.parent_train_len if self.parent_train_len else None
 
     def cell(self, length: int, protocol: str = "nonoverlap") -> ExtrapolationCell:
         return self.cells[(length, protocol)]
@@ -256,6 +262,8 @@ class ExtrapolationResult:
                 m[f"extrap/ppl_ratio@{L}"] = self.ppl_ratio(L)
             if (L, "sliding") in self.cells:
                 m[f"extrap/ppl_sliding@{L}"] = self.cells[(L, "sliding")].ppl
+            if self.parent_train_len and (L, "nonoverlap") in self.cells:  # e.g. extrap/ppl@parent_x4
+                m[f"extrap/ppl@parent_x{self.x_parent(L):g}"] = self.cells[(L, "nonoverlap")].ppl
         return m
 
     def rows(self) -> list[dict[str, Any]]:
@@ -270,6 +278,7 @@ class ExtrapolationResult:
                 out.append(
                     {
                         "length": L,
+                        **({"x_parent": self.x_parent(L)} if self.parent_train_len else {}),
                         "protocol": p,
                         "ppl": c.ppl,
                         "bpb": c.bpb(self.bytes_per_token),
@@ -285,6 +294,7 @@ class ExtrapolationResult:
         return json_safe(
             {
                 "train_len": self.train_len,
+                "parent_train_len": self.parent_train_len,
                 "lengths": list(self.lengths),
                 "protocols": list(self.protocols),
                 "stride": self.stride,

@@ -51,14 +51,16 @@ def plot_ppl_vs_length(
     train_len: int,
     title: str = "Perplexity vs evaluation length",
     ylabel: str = "perplexity (log scale)",
+    yscale: str = "log",
 ) -> Figure:
-    """One line per label (e.g. encoding) of ppl by length; log y, log2 x, the training length marked.
-    NaN / inf points (not applicable, diverged) are skipped."""
+    """One line per label (e.g. encoding) of ppl by length; log y (or ``yscale``), log2 x, the training
+    length marked. NaN / inf points (not applicable, diverged) are skipped. Also draws any other value by
+    length (attention statistics: ``yscale="linear"``)."""
     fig = _figure(8.5 if len(results) > 6 else 6.0, 4.0)
     ax = fig.add_subplot()
     all_x: set[int] = set()
     for (label, curve), style in zip(results.items(), _styles(len(results))):
-        pts = sorted((int(L), float(p)) for L, p in curve.items() if _finite(p) and p > 0)
+        pts = sorted((int(L), float(p)) for L, p in curve.items() if _finite(p) and (p > 0 or yscale != "log"))
         if not pts:
             continue
         xs, ys = zip(*pts)
@@ -66,7 +68,7 @@ def plot_ppl_vs_length(
         ax.plot(xs, ys, label=str(label), **style)
     ax.axvline(train_len, color="grey", linestyle="--", linewidth=1, label=f"train length {train_len}")
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    ax.set_yscale(yscale)
     ticks = sorted(all_x | {int(train_len)})
     ax.set_xticks(ticks)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{round(v)}"))

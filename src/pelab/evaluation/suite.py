@@ -7,6 +7,7 @@ checkpoint are computed by exactly the same code on exactly the same tokens.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,12 @@ import matplotlib.pyplot as plt
 import torch
 from omegaconf import DictConfig
 
+from pelab.evaluation.attention_stats import STATS, attention_diagnostics, by_length
+from pelab.evaluation.attention_stats import metrics as attention_metrics
 from pelab.evaluation.extrapolation import eval_token_budget, evaluate_extrapolation, resolve_lengths
 from pelab.evaluation.plots import plot_loss_by_position, plot_ppl_vs_length, probe_figures, save_figure
 from pelab.evaluation.probes import OFFSET_KIND, run_probes
+from pelab.summary import json_safe
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +61,23 @@ def run_evaluation(
     tokens = eval_span(datamodule, ecfg, lengths)
     device = next(model.parameters()).device
     log.info("extrapolation: lengths %s on %d tokens", lengths, tokens.numel() - 1)
+    t0 = time.perf_counter()
     extrap = evaluate_extrapolation(
         model, tokens, lengths, train_len,
         stride=ecfg.get("stride"), device=device, bytes_per_token=datamodule.bytes_per_token,
         protocols=list(ecfg.protocols), batch_tokens=int(ecfg.batch_tokens),
     )
+    seconds = {"extrapolation": time.perf_counter() - t0}
+    extrap.parent_train_len = parent_train_length(cfg)
     metrics = extrap.metrics()
+    attention = None
+    dcfg = ecfg.get("diagnostics") or {}
+    if dcfg.get("enabled"):
+        attention = attention_diagnostics(model, tokens, lengths, train_len, int(dcfg.get("windows", 2)))
+        seconds["attention"] = attention["seconds"]
+        log.info("attention diagnostics: %.2f s (extrapolation: %.2f s)", attention["seconds"],
+                 seconds["extrapolation"])
+        metrics.update(attention_metrics(attention["rows"]))
     probes = None
     if pcfg.get("enabled", True) and pcfg.get("kinds"):
         p_lengths = resolve_lengths(list(pcfg.lengths), train_len)
@@ -82,16 +97,62 @@ def run_evaluation(
 
     label = cfg.pe.name if not prefix else f"{cfg.pe.name} ({prefix})"
     figures = make_figures(extrap, probes, label, train_len)
+    if attention is not None:
+        figures.update(attention_figures(attention["rows"], label, train_len))
     paths = save_figures(figures, output_dir / "plots", prefix)
     if summary is not None:
         key = f"evaluation/{prefix}" if prefix else "evaluation"
         summary[key] = {"extrapolation": extrap.to_dict(), "probes": probes.to_dict() if probes else None,
-                        "plots": {k: str(p) for k, p in paths.items()}}
+                        "plots": {k: str(p) for k, p in paths.items()}, "seconds": seconds}
+        if attention is not None:
+            summary[key]["attention"] = json_safe(attention)
     if run is not None:
         log_to_wandb(run, metrics, extrap, probes, paths, prefix)
+        if attention is not None:
+            log_attention_to_wandb(run, attention["rows"], prefix)
     for fig in figures.values():
         plt.close(fig)
     return metrics
+
+
+def parent_train_length(cfg: DictConfig) -> int | None:
+    """The training length of the run this one extends (train.py fills extend.parent), else None."""
+    parent = (cfg.get("extend") or {}).get("parent") or {}
+    return int(parent["train_length"]) if parent.get("train_length") else None
+
+
+def attention_figures(rows: list[dict], label: str, train_len: int) -> dict[str, Any]:
+    """One figure per statistic: its value vs evaluation length, one line per layer (mean over heads, at
+    the queries of each length's last position bucket; pelab.evaluation.attention_stats.by_length)."""
+    figs = {}
+    for stat in STATS:
+        series = {f"layer {layer}": curve for layer, curve in by_length(rows, stat).items()}
+        figs[f"attn_{stat}"] = plot_ppl_vs_length(series, train_len, title=f"{label}: attention {stat} vs length",
+                                                  ylabel=STAT_LABELS[stat], yscale="linear")
+    return figs
+
+
+STAT_LABELS = {"entropy": "entropy (nats)", "distance": "mean attention distance (tokens)",
+               "mass_past_L": "attention mass at distances >= L", "max_logit": "largest pre-softmax logit"}
+
+
+def log_attention_to_wandb(run: Any, rows: list[dict], prefix: str = "") -> None:
+    """The diagnostics as one W&B table and, per statistic, a line plot of value vs length, one line per layer."""
+    import wandb
+
+    ns = f"{prefix}/" if prefix else ""
+    cols = ["length", "layer", "head", "q_lo", "q_hi", *STATS, "max_logit_peak"]
+    data: dict[str, Any] = {f"attn/{ns}table": wandb.Table(columns=cols, data=[[r[c] for c in cols] for r in rows])}
+    for stat in STATS:
+        series = by_length(rows, stat)
+        xs = sorted({n for curve in series.values() for n in curve})
+        data[f"attn/{ns}{stat}_vs_length"] = wandb.plot.line_series(
+            xs=xs, ys=[[series[layer].get(n, float("nan")) for n in xs] for layer in series],
+            keys=[f"layer {layer}" for layer in series], title=f"attention {stat} vs length", xname="length")
+    try:
+        run.log(data)
+    except Exception as err:  # noqa: BLE001 - W&B trouble must not lose the evaluation (summary.json has it)
+        log.warning("W&B logging of the attention diagnostics failed: %s", err)
 
 
 def _prefixed(key: str, prefix: str) -> str:
@@ -127,13 +188,19 @@ def log_to_wandb(run: Any, metrics: dict, extrap: Any, probes: Any | None, paths
     ns = f"{prefix}/" if prefix else ""
     data: dict[str, Any] = dict(metrics)
     rows = extrap.rows()
-    cols = ["length", "protocol", "ppl", "bpb", "nll", "n_tokens", "note"]
+    cols = ["length", *(["x_parent"] if extrap.parent_train_len else []), "protocol", "ppl", "bpb", "nll",
+            "n_tokens", "note"]
     table = wandb.Table(columns=cols, data=[[r[c] for c in cols] for r in rows])
     data[f"extrap/{ns}table"] = table
     nonover = wandb.Table(columns=["length", "ppl"],
                           data=[[r["length"], r["ppl"]] for r in rows if r["protocol"] == "nonoverlap"])
     data[f"extrap/{ns}ppl_vs_length"] = wandb.plot.line(nonover, "length", "ppl",
                                                         title="Perplexity vs evaluation length")
+    if extrap.parent_train_len:  # an extended run: the same curve on the parent's axis
+        by_parent = wandb.Table(columns=["x_parent", "ppl"], data=[[r["x_parent"], r["ppl"]] for r in rows
+                                                                   if r["protocol"] == "nonoverlap"])
+        data[f"extrap/{ns}ppl_vs_parent_x"] = wandb.plot.line(
+            by_parent, "x_parent", "ppl", title="Perplexity vs length / the parent's training length")
     if extrap.loss_by_position:
         pos_table = wandb.Table(columns=["position", "loss"],
                                 data=[[i, v] for i, v in enumerate(extrap.loss_by_position)])

@@ -18,7 +18,7 @@ def build_model(model_cfg: Any, pe_cfg: Any, vocab_size: int, train_length: int 
 
     fields = OmegaConf.to_container(model_cfg, resolve=True) if isinstance(model_cfg, DictConfig) else dict(model_cfg)
     fields.pop("name", None)
-    config = GPTConfig(vocab_size=vocab_size, **fields).validate()
+    config = GPTConfig(vocab_size=vocab_size, train_length=train_length, **fields).validate()
     return GPT(config, build_encoding(pe_cfg, config.d_model, config.n_heads, train_length))
 
 

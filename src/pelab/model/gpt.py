@@ -16,13 +16,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pelab.model.attention import causal_attention
+from pelab.model.attention import causal_attention, observed_attention
 
 if TYPE_CHECKING:  # the encodings import model.attention: no import at run time, no cycle
     from pelab.encodings.base import PositionEncoding, PositionState
 
 
 INITS = ("gpt2", "kaiming")
+LOGIT_SCALES = ("none", "log_length")  # model.attn_logit_scale
 
 
 @dataclass
@@ -41,7 +42,10 @@ class GPTConfig:
     # matters for retrieval: with N(0, 1) (nn.Embedding's default) or N(0, 0.02) (gpt2) a 2-layer d=128
     # model sat on the mqar plateau for 600-2,000 steps; with N(0, 2/d) it learned 8-pair mqar in ~300.
     init: str = "gpt2"
-    tie_embeddings: bool = True  # the LM head is the token embedding (GPT-2); False: its own N(0, d^-0.5)
+    tie_embeddings: bool = True  # the LM head is the token embedding (GPT-2); False: its own matrix
+    # log_length: logits of the query with n > L keys times log(n)/log(L) (Chiang & Cholak 2022); L = train_length
+    attn_logit_scale: str = "none"
+    train_length: int | None = None  # data.seq_len, filled by build_model
 
     def __post_init__(self) -> None:
         if self.d_ff is None:
@@ -67,6 +71,10 @@ class GPTConfig:
             (0.0 <= self.dropout < 1.0, f"model.dropout must be in [0, 1); got {self.dropout}"),
             (self.attn_chunk_size >= 1, f"model.attn_chunk_size must be >= 1; got {self.attn_chunk_size}"),
             (self.init in INITS, f"model.init={self.init} is unknown; choose one of {list(INITS)}"),
+            (self.attn_logit_scale in LOGIT_SCALES,
+             f"model.attn_logit_scale={self.attn_logit_scale} is unknown; choose one of {list(LOGIT_SCALES)}"),
+            (self.attn_logit_scale == "none" or self.train_length is None or self.train_length >= 2,
+             f"model.attn_logit_scale=log_length needs a training length >= 2 (log L > 0); got {self.train_length}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -84,6 +92,10 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.resid_drop = nn.Dropout(config.dropout)
         self.chunk_size = config.attn_chunk_size
+        # Past this many keys, logits scale by log(n)/log(L) (model.attn_logit_scale=log_length); None = off.
+        self.scale_from = config.train_length if config.attn_logit_scale == "log_length" else None
+        # Evaluation-time diagnostics (pelab.evaluation.attention_stats) set a callable here; None in training.
+        self.observer: Callable | None = None
 
     def forward(self, x: Tensor, pe: PositionEncoding, state: PositionState) -> Tensor:
         B, T, D = x.shape
@@ -95,7 +107,11 @@ class CausalSelfAttention(nn.Module):
         if pe.has_content_bias:
             bias, backend = self._content_bias_fn(pe, q, k, state), "sdpa"  # per layer: chunked SDPA path
         dropout_p = self.dropout if self.training else 0.0
-        y = causal_attention(q, k, v, bias, chunk_size=self.chunk_size, dropout_p=dropout_p, backend=backend)
+        scaled = self.scale_from is not None and T > self.scale_from
+        if self.observer is None and not scaled:  # always in training (T <= L): the fused kernels
+            y = causal_attention(q, k, v, bias, chunk_size=self.chunk_size, dropout_p=dropout_p, backend=backend)
+        else:  # explicit logits: scaled past L and / or shown to the diagnostics
+            y = observed_attention(q, k, v, bias, self.chunk_size, self.scale_from if scaled else None, self.observer)
         y = y.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
         return self.resid_drop(self.proj(y))
 

@@ -37,6 +37,11 @@ class Report:
     path: Path
 
 
+ATTENTION_TABLES = {"entropy": "Attention entropy (nats)", "distance": "Mean attention distance (tokens)",
+                    "mass_past_L": "Attention mass at distances >= the training length",
+                    "max_logit": "Largest pre-softmax logit (mean over queries)"}
+
+
 def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "PELab report") -> Report:
     """Read the jobs under `folders`, write `<out>/report.md` and the PNG figures; return the pieces."""
     jobs = find_jobs(folders)  # first: a mistyped folder is an error, not an empty <folder>/report
@@ -128,6 +133,13 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
         [],
         ["loss_by_position"],
         "Mean NLL by position in the window at the longest evaluated length (dashed line: training length).",
+    )
+    section(
+        "Attention diagnostics",
+        [metric_table(rows, f"attn/{stat}@{{L}}", label, digits=3) for stat, label in ATTENTION_TABLES.items()],
+        [f"attn_{stat}_vs_length" for stat in ATTENTION_TABLES],
+        "eval.diagnostics.enabled=true runs (pelab.evaluation.attention_stats): at each length, the queries of its "
+        "last position bucket ([L/2, L) past the training length), mean over layers and heads.",
     )
     for kind in probe_kinds(rows):
         panels = [p for r in rows if (p := probe_panel(r, kind))]

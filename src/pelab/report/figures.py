@@ -47,6 +47,14 @@ def make_figures(rows: Sequence[Row], out: Path) -> dict[str, Path]:
                 losses, train_len, title=f"Loss by token position (train {train_len})"
             )
             paths[f"loss_by_position{suffix}"] = save_figure(fig, out / f"loss_by_position{suffix}.png")
+        for stat in ("entropy", "distance", "mass_past_L", "max_logit"):  # eval.diagnostics runs only
+            values = by_length(sub, f"attn/{stat}@{{L}}", seed_mean)
+            if values.columns.empty or not np.isfinite(values.to_numpy(dtype=float)).any():
+                continue
+            curves = {r.label: {int(L): float(v) for L, v in line.items()} for r, (_, line) in zip(sub, values.iterrows())}
+            fig = plot_ppl_vs_length(curves, train_len, title=f"Attention {stat} vs length (train {train_len})",
+                                     ylabel=stat, yscale="linear")
+            paths[f"attn_{stat}_vs_length{suffix}"] = save_figure(fig, out / f"attn_{stat}_vs_length{suffix}.png")
         for kind in probe_kinds(sub):
             acc = by_length(sub, f"probe/{kind}/acc@{{L}}", seed_mean)
             if not np.isfinite(acc.to_numpy(dtype=float)).any():

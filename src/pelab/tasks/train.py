@@ -55,15 +55,29 @@ def train(cfg: DictConfig) -> dict:
         task.start_wandb((summary["config"].get("logger") or {}).get("wandb"), name=cfg.name,
                          config=summary["config"], tags=list(cfg.get("tags") or []), notes=cfg.get("notes"))
         validate_config(cfg)
+        parent = extension_parent(cfg, task)
         precision, world = trainer_settings(cfg)
         ckpt_path, ckpt_vocab = resume_point(cfg, output_dir, summary)
+        if parent and not ckpt_path:  # a resumed child already holds its own weights
+            ckpt_vocab = parent["vocab_size"]
         L.seed_everything(int(cfg.seed), workers=True, verbose=False)
-        datamodule = prepare_data(cfg, int(cfg.data.batch_size) // world, summary, ckpt_path, ckpt_vocab)
+        datamodule = prepare_data(cfg, int(cfg.data.batch_size) // world, summary, ckpt_path or
+                                  (parent or {}).get("path"), ckpt_vocab)
         module = build_module(summary, datamodule.vocab_size)
+        if parent and not ckpt_path:
+            load_parent_weights(module, parent["path"])
         task.save()
         log_run_start(task, module, datamodule, cfg)
+        before = {}
+        if parent and not ckpt_path and cfg.extend.get("eval_before") and launcher_rank() == 0:
+            from pelab.evaluation.suite import run_evaluation
+
+            # the parent's weights under the child's settings, before any step: the "step 0" of PI's tables
+            before = run_evaluation(module.model, datamodule, cfg, output_dir, task.run, summary, prefix="step0")
+            summary["metrics"] = dict(before)
+            task.save()
         trainer, preemption = build_trainer(cfg, precision, task, signals)
-        summary["metrics"] = fit(trainer, module, datamodule, ckpt_path, preemption, summary)
+        summary["metrics"] = {**fit(trainer, module, datamodule, ckpt_path, preemption, summary), **before}
         task.save()  # the training metrics stay whatever happens in evaluation
         if cfg.get("evaluate_after_fit", True) and trainer.is_global_zero:
             from pelab.evaluation.suite import run_evaluation
@@ -78,6 +92,108 @@ def main(cfg: DictConfig) -> float:
 
 
 # -- the steps of train() ------------------------------------------------------------------------------
+# -- context extension: a new run from another run's weights -----------------------------------------
+def extension_parent(cfg: DictConfig, task: Task) -> dict | None:
+    """`extend.from` (a .ckpt or a run folder): the parent run whose weights initialise this NEW run (its
+    optimizer state and step are not taken: the protocol of position interpolation, Chen et al. 2023, and
+    YaRN, Peng et al. 2023: train at L, fine-tune briefly at L' > L). Refuses, before any data is built, a
+    parent of another model shape, encoding or tokenizer. Records the parent (path, W&B run id, training
+    length) in `extend.parent` of the run's config: summary.json, the W&B config and the checkpoints.
+
+    A child that scales its rotary frequencies (`pe.scaling.type` != none, for encodings whose schema
+    `supports_scaling`) and leaves `pe.train_length` null gets the PARENT's training length there: PI and
+    YaRN scale relative to the length the weights were trained at, not to the child's data.seq_len."""
+    from pelab.encodings import pe_schema
+    from pelab.harness.reliability import CheckpointError, checkpoint_mismatches, read_checkpoint
+
+    source = (cfg.get("extend") or {}).get("from")
+    if source in (None, ""):
+        return None
+    path = parent_checkpoint(str(source))
+    ckpt = read_checkpoint(path)
+    hp = ckpt.get("hyper_parameters") or {}
+    if "cfg" not in hp or "state_dict" not in ckpt:
+        raise ConfigError(f"extend.from={source} was not written by pelab's train.py (no training config inside).")
+    pcfg = hp["cfg"]
+    child = OmegaConf.to_container(cfg, resolve=True)
+    diffs = [d for d in checkpoint_mismatches(pcfg, child)
+             if not d.startswith(("pe.", "model.attn_logit_scale=")) or d.startswith(("pe.name=", "pe._target_="))]
+    if diffs:
+        more = f" (+{len(diffs) - 3} more)" if len(diffs) > 3 else ""
+        raise ConfigError(f"extend.from={source} cannot initialise this run: {'; '.join(diffs[:3])}{more}; "
+                          "extend with the parent's model.*, pe= and tokenizer.* settings.")
+    p_len = int(pcfg["data"]["seq_len"])
+    p_pe_len = (pcfg.get("pe") or {}).get("train_length") or p_len
+    scaled = pe_schema(cfg.pe).supports_scaling and str(cfg.pe.get("scaling", {}).get("type", "none")) != "none"
+    if scaled and cfg.pe.get("train_length") is None:
+        cfg.pe.train_length = int(p_pe_len)
+        validate_config(cfg)
+    if hp.get("vocab_size") is None:
+        raise CheckpointError(f"extend.from={source} records no vocabulary size; it cannot be checked.")
+    weights_fit(cfg, ckpt["state_dict"], int(hp["vocab_size"]), source)
+    run_dir = path.parent.parent  # <run>/checkpoints/<file>.ckpt
+    wandb_info = {}
+    if (run_dir / "summary.json").is_file():
+        from pelab.summary import read_summary
+
+        wandb_info = read_summary(run_dir).get("wandb") or {}
+    parent = {"path": str(path.resolve()), "name": pcfg.get("name"), "step": int(ckpt.get("global_step", 0)),
+              "wandb_run_id": wandb_info.get("id"), "train_length": int(p_pe_len), "seq_len": p_len,
+              "vocab_size": hp.get("vocab_size")}
+    cfg.extend.parent = parent
+    task.summary["config"] = resolved_config(cfg)
+    task.summary["extended_from"] = parent
+    task.save()
+    if task.run is not None:
+        from pelab.harness.loggers import guarded
+
+        guarded("config update", task.run.config.update,
+                {"extend": task.summary["config"]["extend"], "pe": task.summary["config"]["pe"]},
+                allow_val_change=True)
+    log.info("extending %s (step %d, trained at L=%d)", path, parent["step"], parent["train_length"])
+    return parent
+
+
+def parent_checkpoint(source: str) -> Path:
+    """A .ckpt file as is; a run folder -> its checkpoints/last.ckpt (the final weights)."""
+    path = Path(source)
+    if path.is_dir():
+        path = path / "checkpoints" / "last.ckpt"
+    if not path.is_file():
+        raise ConfigError(f"extend.from={source}: no such checkpoint; pass a .ckpt file or a run folder "
+                          "with checkpoints/last.ckpt.")
+    return path
+
+
+def weights_fit(cfg: DictConfig, state_dict: dict, vocab_size: int, source: str) -> None:
+    """The parent's tensors against this run's model, by shape, before any data is built (a model of
+    these sizes costs nothing next to the data): e.g. a learned position table sized by the parent's length."""
+    from pelab.model import build_model
+
+    model = build_model(cfg.model, cfg.pe, vocab_size, int(cfg.data.seq_len))
+    own = {f"model.{k}": tuple(v.shape) for k, v in model.state_dict().items()}
+    theirs = {k: tuple(v.shape) for k, v in state_dict.items() if k.startswith("model.")}
+    bad = [f"{k[6:]} {theirs.get(k)} in the parent but {own.get(k)} here" for k in sorted(set(own) | set(theirs))
+           if own.get(k) != theirs.get(k)]
+    if bad:
+        raise ConfigError(f"extend.from={source}: the parent's weights do not fit this run's model: {bad[0]}"
+                          + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else "")
+                          + "; keep the parent's model.* and pe.* sizes (a learned position table cannot grow past the "
+                          "parent's: extend such a parent at its own length).")
+
+
+def load_parent_weights(module: Any, path: str) -> None:
+    """The parent's model weights into the new run's model (strict: every tensor, no optimizer state)."""
+    from pelab.harness.reliability import read_checkpoint
+
+    state = {k[len("model."):]: v for k, v in read_checkpoint(path)["state_dict"].items() if k.startswith("model.")}
+    try:
+        module.model.load_state_dict(state)
+    except RuntimeError as err:  # e.g. a learned position table sized by the parent's length
+        raise ConfigError(f"extend.from={path}: the parent's weights do not fit this run's model "
+                          f"({str(err).splitlines()[0]}); keep the parent's pe.* table sizes.") from err
+
+
 def trainer_settings(cfg: DictConfig) -> tuple[str, int]:
     """The precision (`auto`: bf16-mixed on GPU, 32-true on CPU, where bf16 matmul is ~200x slower) and the
     number of devices, checked against the batch size."""

@@ -1,0 +1,86 @@
+"""Context extension (train.py extend.from=...): a new run from a parent's weights, its link to the parent,
+and the refusal of a parent of another shape."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from conftest import FAST, compose, offline_runs, summaries, wandb_records, wandb_summary
+from pelab.errors import ConfigError
+from pelab.summary import read_summary
+from pelab.tasks.train import train
+
+
+@pytest.fixture(scope="module")
+def parent(sweep):
+    """The shared sweep's rope seed-0 run (trained at L=32, evaluated at 32, 64, 128 tokens)."""
+    (summary,) = [s for s in summaries(sweep) if s["config"]["pe"]["name"] == "rope" and s["config"]["seed"] == 0]
+    return summary
+
+
+def test_extended_run_starts_from_the_parents_weights_and_records_it(parent, tmp_path):
+    out = tmp_path / "child"
+    # Twice the parent's length; lengths 0.5, 1, 2 x 64 = the parent's 32, 64, 128 on the same 256 tokens.
+    child = train(compose([*FAST, "pe=rope", "logger=wandb", "logger.wandb.mode=offline",
+                           f"extend.from={parent['output_dir']}", "extend.eval_before=true", "data.seq_len=64",
+                           "eval.lengths=[0.5,1,2]", "eval.tokens=256", "probes.enabled=false",
+                           "eval.diagnostics.enabled=true",
+                           "trainer.max_steps=2", "trainer.val_check_interval=2"], out))
+    assert child["status"] == "ok" and child["global_step"] == 2  # a new run: step 0, not the parent's 10
+    m, pm = child["metrics"], parent["metrics"]
+    # step 0 = the parent's own weights on the same tokens: its evaluation, exactly (CPU fp32)
+    for L in (32, 64, 128):
+        assert m[f"extrap/step0/ppl@{L}"] == pm[f"extrap/ppl@{L}"]
+    assert m["extrap/ppl@32"] != pm["extrap/ppl@32"]  # and two steps of training changed them
+    # lengths also on the parent's axis
+    assert m["extrap/ppl@parent_x4"] == m["extrap/ppl@128"]
+    assert child["evaluation"]["extrapolation"]["parent_train_len"] == 32
+    link = child["extended_from"]
+    assert link["path"].endswith("checkpoints/last.ckpt") and link["path"].startswith(parent["output_dir"])
+    assert (link["train_length"], link["seq_len"], link["step"], link["name"]) == (32, 32, 10, parent["name"])
+    assert link["wandb_run_id"] is None  # the sweep logs to CSV only
+    assert child["config"]["extend"]["parent"] == link
+    # the W&B config and the CSV logger's hparams.yaml have it too
+    (run,) = offline_runs(out)
+    configs = [r for r in wandb_records(run) if "extend" in str(r.get("config", ""))]
+    assert any('"train_length":32' in str(r).replace(" ", "").replace("'", '"') for r in configs)
+    hparams = yaml.safe_load((out / "csv" / "hparams.yaml").read_text())
+    assert hparams["cfg"]["extend"]["parent"]["train_length"] == 32
+    # attention diagnostics (eval.diagnostics.enabled): summary, PNGs, W&B table and plots, the sweep report
+    att = child["evaluation"]["attention"]
+    assert {r["length"] for r in att["rows"]} == {32, 64, 128} and att["seconds"] > 0
+    assert child["evaluation"]["seconds"]["attention"] == att["seconds"]
+    assert 0 < m["attn/mass_past_L@128"] < 1 and m["attn/mass_past_L@64"] == 0  # distances >= 64 exist at 128 only
+    for stat in ("entropy", "distance", "mass_past_L", "max_logit"):
+        assert (out / "plots" / f"attn_{stat}.png").stat().st_size > 5000
+    s = wandb_summary(run)["summary"]
+    assert s["attn/table"]["_type"] == "table-file" and s["attn/table"]["nrows"] == len(att["rows"])
+    from pelab.report import build_report
+
+    rep = build_report([out], tmp_path / "report")
+    assert "## Attention diagnostics" in rep.markdown and (tmp_path / "report" / "attn_entropy_vs_length.png").is_file()
+
+
+@pytest.mark.parametrize("override, key", [("model.n_layers=3", "model.n_layers"), ("tokenizer=bpe", "tokenizer."),
+                                           ("pe=alibi", "pe.")])
+def test_a_parent_of_another_shape_is_refused_in_one_line_before_any_data(parent, tmp_path, override, key):
+    cfg = compose([*FAST, "pe=rope", "logger=csv", f"extend.from={parent['output_dir']}", override], tmp_path)
+    with pytest.raises(ConfigError, match=key) as err:
+        train(cfg)
+    assert "\n" not in str(err.value) and "extend.from=" in str(err.value)
+    saved = read_summary(tmp_path)
+    assert saved["status"] == "failed" and "data" not in saved  # refused before the token cache was built
+
+
+def test_scaling_child_scales_relative_to_the_parents_length(parent, tmp_path):
+    """pe.train_length (what PI / YaRN scale relative to) defaults to the parent's L, not the child's."""
+    from pelab.tasks.train import extension_parent
+    from pelab.tasks.task import Task
+
+    cfg = compose([*FAST, "pe=rope", f"extend.from={parent['output_dir']}", "data.seq_len=128",
+                   "pe.scaling.type=yarn", "pe.scaling.factor=4"], tmp_path)
+    task = Task(tmp_path, {})
+    link = extension_parent(cfg, task)
+    assert link["train_length"] == 32 and cfg.pe.train_length == 32
+    assert task.summary["config"]["pe"]["train_length"] == 32
