@@ -32,6 +32,7 @@ from pelab.data import (
 from pelab.data.cache import verify_entry
 from pelab.data.corpora import SPLITS, StdlibCorpus, _wikitext_articles
 from pelab.data.tokenizer import load_pretrained
+from pelab.tasks.train import build_datamodule
 
 _WORDS = "the of and to in is was for on that with as by at from an were are which this be or has"
 _ODD = "naïve café 日本語 🙂 Ελληνικά def return self None True x1 y_2 (a, b) [0] {k: v} # -> == !="
@@ -498,7 +499,7 @@ def test_from_hydra_config(text_dir, tmp_path):
             "seed=5",
         ]
     )
-    dm = LMDataModule.from_config(cfg)
+    dm = build_datamodule(cfg, cfg.data.batch_size)
     dm.setup()
     assert dm.train_dataset().batch(0).shape == (3, 25) and dm.seed == 5
     assert dm.vocab_size == 300 + 128 and dm.cache.path.is_relative_to(tmp_path)

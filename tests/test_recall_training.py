@@ -22,6 +22,7 @@ from pelab.data.datamodule import (
     two_means_loss,
 )
 from pelab.data.recall import make_probe_samples
+from pelab.tasks.train import build_datamodule
 
 QUERY = re.compile(r'Key: "([0-9a-f]+)" Value: "')
 
@@ -85,7 +86,7 @@ def test_preset_trains_and_probes_on_disjoint_kv_instances(small_texts, tmp_path
     cfg = compose(["experiment=recall_micro", "data=text_dir", f"data.path={small_texts}", "data.glob=*.txt",
                    f"paths.cache_dir={tmp_path}"])
     assert cfg.data.recall_key_len == cfg.probes.key_len and cfg.data.recall_value_len == cfg.probes.value_len
-    dm = LMDataModule.from_config(cfg)
+    dm = build_datamodule(cfg, cfg.data.batch_size)
     dm.setup("fit")
     ds = dm.train_dataset()
     train_keys: set[str] = set()
@@ -168,6 +169,21 @@ def test_curriculum_keeps_the_recall_in_the_first_span_tokens(small_texts, tmp_p
             assert (tgt[span - 1 :] == IGNORE_INDEX).all()  # ... and the text after it is not scored
     with pytest.raises(DataConfigError, match="data.recall_curriculum"):
         _mqar_dm(small_texts, tmp_path, recall_curriculum=[[0, 8]])  # 4 pairs need 16 tokens
+
+
+def test_the_harness_datamodule_gets_every_loader_setting(tmp_path):
+    """conf/datamodule/lm.yaml passes every data.* loader key: a missing one silently fell back to the
+    constructor's default (the curriculum was off and data.recall_pairs ignored in every harness run)."""
+    from omegaconf import OmegaConf
+
+    from pelab import CONF_DIR
+    from pelab.schema import LOADER_KEYS
+
+    assert set(LOADER_KEYS) <= set(OmegaConf.load(Path(CONF_DIR) / "datamodule" / "lm.yaml"))
+    cfg = compose(["experiment=recall", "data.recall_pairs=6", "data.recall_curriculum=[[0,32],[7,64]]",
+                   f"paths.cache_dir={tmp_path}"])
+    dm = build_datamodule(cfg, cfg.data.batch_size)
+    assert dm.recall_pairs == 6 and dm.recall_curriculum == [[0, 32], [7, 64]]
 
 
 def test_probe_instances_never_appear_in_training_batches(small_texts, tmp_path):

@@ -47,7 +47,7 @@ from pelab.data.cache import TokenCache, open_cache
 from pelab.data.corpora import SPLITS, build_corpus
 from pelab.data.tokenizer import tokenizer_fingerprint
 from pelab.errors import ConfigError
-from pelab.schema import LOADER_KEYS, check_reserved, loader_settings
+from pelab.schema import check_reserved, loader_settings
 
 Mixer = Callable[..., Any]  # (n, length, rng, step, text) -> rows or (rows, answer_mask)
 
@@ -305,20 +305,6 @@ class LMDataModule(L.LightningDataModule):
         self.recall_mix, self.mixer = loader.recall_mix, mixer
         self.num_workers, self.max_steps = loader.num_workers, max_steps
         self.cache: TokenCache | None = None
-
-    @classmethod
-    def from_config(cls, cfg: Any, **overrides: Any) -> LMDataModule:
-        """Build from the composed Hydra config (cfg.data, cfg.tokenizer, cfg.seed, cfg.paths)."""
-        d = cfg.data
-        # Every loader key is in the config (conf/data/_loader.yaml; pelab.schema checks it): no fallbacks here.
-        kw: dict[str, Any] = {
-            "source": d,
-            "tokenizer": cfg.tokenizer,
-            "seed": cfg.seed,
-            "cache_dir": cfg.paths.cache_dir,
-            **{k: d[k] for k in LOADER_KEYS},
-        }
-        return cls(**{**kw, **overrides})
 
     # -- Lightning hooks ----------------------------------------------------------------------
 
