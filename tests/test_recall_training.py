@@ -273,53 +273,29 @@ def test_micro_model_learns_mqar_from_answer_only_rows(small_texts, tmp_path):
 
 
 # --------------------------------------------------------------------------------------------------
-# the slow proof: a micro model trained on the mix retrieves in-window kv values
-
-
-def _kv_cells(summary: dict) -> list[dict]:
-    return [r for r in summary["evaluation"]["probes"]["rows"] if r["kind"] == "kv"]
+# the slow proof: the recall preset, micro-sized, acquires retrieval through the real harness
 
 
 @pytest.mark.slow
-def test_micro_model_trained_on_the_recall_mix_retrieves_in_window(tmp_path):
+def test_recall_preset_on_a_micro_model_reaches_its_criterion_and_retrieves(tmp_path):
+    """experiment=recall through train(): Trainer, curriculum, answer-only loss, the criterion callback and
+    the probes. Micro-sized (one head of 64, L = 32, 4 pairs; measured: criterion at step 575, 37 s); the
+    >= 0.95 figure at L = 128 is the study's (experiments/lost_in_the_middle)."""
     from pelab.tasks.train import train
 
-    cfg = compose(["experiment=recall_micro", "trainer=cpu", "logger=csv", "callbacks.progress_bar=false",
-                   "seed=0"], tmp_path)
-    t0 = time.perf_counter()
+    cfg = compose(["experiment=recall", "model=micro", "model.d_model=64", "model.n_heads=1", "model.init=kaiming",
+                   "model.tie_embeddings=false", "data.seq_len=32", "data.recall_pairs=4",
+                   "data.recall_curriculum=[[0,16],[300,32]]", "callbacks.retrieval_criterion.every_n_steps=25",
+                   "callbacks.retrieval_criterion.samples=64", "trainer.max_steps=1200", "probes.kinds=[mqar]",
+                   "probes.lengths=[1]", "probes.samples=20", "eval.lengths=[1]", "trainer=cpu", "logger=csv",
+                   "callbacks.progress_bar=false", "seed=0"], tmp_path)
     summary = train(cfg)
-    elapsed = time.perf_counter() - t0
-    assert summary["status"] == "ok"
-    L = int(cfg.data.seq_len)
-    cells = _kv_cells(summary)
-    assert [c["length"] for c in cells] == [L] * len(cfg.probes.depths)
-    acc = summary["metrics"][f"probe/kv/acc@{L}"]
-    chance = sum(c["chance"] for c in cells) / len(cells)
-    # chance_copy (1 / n_pairs: copy a random value of the context) from the very probe instances
-    samples = [s for d in cfg.probes.depths
-               for s in make_probe_samples("kv", _byte(), L, d, int(cfg.probes.samples), int(cfg.probes.seed),
-                                           key_len=int(cfg.probes.key_len), value_len=int(cfg.probes.value_len))]
-    chance_copy = sum(1.0 / s.n_items for s in samples) / len(samples)
-    by_depth = {c["depth"]: c["acc"] for c in cells}
-    print(f"\n{elapsed:.0f}s acc {acc:.3f} by depth {by_depth} logprob "
-          f"{summary['metrics'][f'probe/kv/logprob@{L}']:.3f} chance {chance:.4f} chance_copy {chance_copy:.3f}")
-    assert chance_copy > chance
-
-    def se(p: float, n: int) -> float:  # binomial standard error of an accuracy at p over n instances
-        return (p * (1 - p) / n) ** 0.5
-
-    n, n_cell = len(samples), int(cfg.probes.samples)
-    # Retrieval, not guessing: above copying a random value of the context (a stricter baseline than
-    # uniform chance) by two standard errors over all 5 x 32 instances (measured: acc 0.39 vs 0.25).
-    assert acc > chance_copy + 2 * se(chance_copy, n), (acc, chance_copy, by_depth)
-    # ... and at every depth above uniform chance by three standard errors of one 32-instance cell.
-    assert min(by_depth.values()) > chance + 3 * se(chance, n_cell), by_depth
-
-
-def _byte():
-    from pelab.data.tokenizer import ByteTokenizer
-
-    return ByteTokenizer()
+    m = summary["metrics"]
+    steps = m["train/steps_to_criterion"]
+    assert summary["status"] == "ok" and math.isfinite(steps) and steps < 1200, m
+    assert summary["global_step"] == steps  # it stopped there
+    # the probes (other instances than the criterion's): far above copying one of the 4 values (0.25)
+    assert m["probe/mqar/acc_lo@32"] > 0.8, m["probe/mqar/acc@32"]
 
 
 def test_harness_trains_on_two_means(tmp_path):

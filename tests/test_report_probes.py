@@ -31,13 +31,13 @@ def _result(bits: dict[int, str], offset: dict[int, str] | None = None) -> Probe
     return res
 
 
-def _write(folder: Path, pe: str, res: ProbeResult, probe_seed: int = 1234) -> None:
+def _write(folder: Path, pe: str, res: ProbeResult, probe_seed: int = 1234, seed: int = 0, **metrics) -> None:
     write_summary(folder, {
         "status": "ok",
-        "config": {"pe": {"name": pe}, "model": {"name": "tiny"}, "data": {"seq_len": 128}, "seed": 0,
-                   "probes": {"seed": probe_seed, "samples": 10}},
+        "config": {"pe": {"name": pe}, "model": {"name": "tiny"}, "data": {"seq_len": 128}, "seed": seed,
+                   "probes": {"seed": probe_seed, "samples": 10}, "trainer": {"max_steps": 3000}},
         "data": {"fingerprint": {"key": "f00d"}},
-        "metrics": {"val/ppl": 10.0, **res.metrics()},
+        "metrics": {"val/ppl": 10.0, **res.metrics(), **metrics},
         "evaluation": {"probes": res.to_dict()},
     })
 
@@ -83,6 +83,9 @@ def test_probe_summary_and_accuracy_tables_carry_intervals(built):
     assert by_pe["alibi"][2].startswith("0.80 [") and by_pe["alibi"][3] == "0.00 [0.00, 0.00]"
     assert by_pe["rope"][4] == "128" and by_pe["alibi"][4] == "none" and by_pe["nope"][4] == "none"
     assert by_pe["rope"][5] == "0.75"  # (1 + 0.5) / 2 over log2 lengths 0..1
+    # where the 95% interval reaches copying a random value (1/8): never for rope (0.5 at 256 is above it),
+    # from the training length on for nope
+    assert header[6] == "at copy baseline from" and by_pe["rope"][6] == "—" and by_pe["nope"][6] == "128"
     _, acc = _table(built.markdown, "mqar: accuracy (mean over depths)")
     assert [r[0] for r in acc] == ["rope", "alibi", "nope"] and acc[0][2].startswith("**1.00 [")
 
@@ -98,3 +101,19 @@ def test_offset_table_and_the_accuracy_vs_length_figure(built):
     fig = built.figures["probe_mqar_vs_length"]
     assert fig.stat().st_size > 5000 and f"]({fig.name})" in built.markdown
     assert "copying a random value of the context ≈ 0.12" in built.markdown
+
+
+def test_runs_that_did_not_acquire_retrieval_are_labelled_and_not_plotted(tmp_path):
+    runs = tmp_path / "runs"
+    right = _result({128: "1" * 10, 256: "1" * 5 + "0" * 5})
+    _write(runs / "0", "rope", right, **{"train/retrieval_acc": 0.97, "train/steps_to_criterion": 350.0})
+    _write(runs / "1", "nope", _result({128: "0" * 10, 256: "0" * 10}),
+           **{"train/retrieval_acc": 0.13, "train/steps_to_criterion": "nan"})  # as summary.json stores NaN
+    _write(runs / "2", "nope", right, seed=1, **{"train/retrieval_acc": 0.96, "train/steps_to_criterion": 2900.0})
+    built = report.build_report([runs], tmp_path / "out")
+    header, rows = _table(built.markdown, "Retrieval training: the in-window criterion")
+    assert header == ["encoding", "seeds", "steps to criterion", "in-window accuracy at stop"]
+    assert rows == [["rope", "0", "350", "0.970"], ["nope", "0,1", "not acquired (cap 3000), 2900", "0.130, 0.960"]]
+    assert "left out of the probe tables and figures: nope (seed 0)." in built.markdown
+    _, summary = _table(built.markdown, "mqar: summary at the training length")
+    assert {r[0]: r[2] for r in summary}["nope"] == "1.00 [1.00, 1.00]"  # only the seed that acquired it

@@ -18,6 +18,8 @@ observer set the model runs its normal kernels, bit for bit.
 
 from __future__ import annotations
 
+import itertools
+
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -54,7 +56,7 @@ def buckets(length: int, train_len: int) -> list[tuple[int, int]]:
         edges.append(hi)
         hi *= 2
     edges.append(length)
-    return [(a, b) for a, b in zip(edges, edges[1:]) if b > a]
+    return [(a, b) for a, b in itertools.pairwise(edges) if b > a]
 
 
 class Recorder:

@@ -232,6 +232,30 @@ def mean_curve(curves: Sequence[Sequence[Any]]) -> list[float]:
 
 
 # ---------------------------------------------------------------------------------------------
+# the in-window retrieval criterion (pelab.harness.retrieval.RetrievalCriterion)
+
+
+def acquired(job: Job) -> bool | None:
+    """Did the job reach its in-window retrieval criterion? None: it trained without one."""
+    if "train/retrieval_acc" not in job.metrics:
+        return None
+    return bool(np.isfinite(job.metrics.get("train/steps_to_criterion", np.nan)))
+
+
+def acquired_rows(rows: Sequence[Row]) -> tuple[list[Row], list[str]]:
+    """The rows restricted to jobs that acquired retrieval in-window (or had no criterion), and the labels
+    of the jobs left out: their probes beyond the window measure nothing learned, so they are not plotted or
+    tabulated as extrapolation."""
+    kept, left_out = [], []
+    for r in rows:
+        jobs = [j for j in r.jobs if acquired(j) is not False]
+        left_out += [f"{r.label} (seed {j.setting('seed')})" for j in r.jobs if acquired(j) is False]
+        if jobs:
+            kept.append(Row(r.label, r.train_len, jobs))
+    return kept, left_out
+
+
+# ---------------------------------------------------------------------------------------------
 # probes: mean accuracy over seeds of the depth x length grids
 
 

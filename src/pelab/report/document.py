@@ -9,12 +9,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pelab.report.aggregation import OFFSET_KIND, Row, group_rows, probe_kinds, probe_panel
+from pelab.report.aggregation import OFFSET_KIND, Row, acquired_rows, group_rows, probe_kinds, probe_panel
 from pelab.report.discovery import Job, find_jobs
 from pelab.report.figures import make_figures
 from pelab.report.tables import (
     Table,
     common_settings,
+    criterion_table,
     failures_table,
     metadata_table,
     metric_table,
@@ -141,13 +142,18 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
         "eval.diagnostics.enabled=true runs (pelab.evaluation.attention_stats): at each length, the queries of its "
         "last position bucket ([L/2, L) past the training length), mean over layers and heads.",
     )
-    for kind in probe_kinds(rows):
-        panels = [p for r in rows if (p := probe_panel(r, kind))]
+    section("Retrieval training (in-window criterion)", [criterion_table(rows)])
+    probed, not_acquired = acquired_rows(rows)
+    if not_acquired:
+        md.append("Not acquired in-window, so left out of the probe tables and figures: " + ", ".join(not_acquired)
+                  + ".")
+    for kind in probe_kinds(probed):
+        panels = [p for r in probed if (p := probe_panel(r, kind))]
         chance = [p["chance"] for p in panels if math.isfinite(p["chance"])]
         copy = [p["copy"] for p in panels if math.isfinite(p.get("copy", math.nan))]
         section(
             f"Probe: {kind}",
-            probe_tables(rows, kind),
+            probe_tables(probed, kind),
             [f"probe_{kind}_vs_length"],
             (
                 f"Retrieval accuracy with the answer at each depth of contexts of each length; chance ≈ "
@@ -160,7 +166,7 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
         )
     section(
         f"Probe: {OFFSET_KIND} (position vs distance)",
-        [offset_table(rows), paired_table(rows, OFFSET_KIND)],
+        [offset_table(probed), paired_table(probed, OFFSET_KIND)],
     )
     section("Probe heatmaps", [], ["probe_heatmaps"])
     if ok:

@@ -1,6 +1,7 @@
 """Rendering, figures (drawn by pelab.evaluation.plots): ppl vs evaluation length and loss by position,
 one of each per training length, probe accuracy vs length per kind (bands: the seeds' mean 95% interval;
-chance and copy baselines), and a grid of probe heatmaps."""
+chance and copy baselines), and a grid of probe heatmaps (probes: only runs that acquired retrieval in-window,
+when they trained to a criterion)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ from pathlib import Path
 
 import numpy as np
 
-from pelab.report.aggregation import Row, by_length, mean_curve, probe_kinds, probe_panel, seed_mean
+from pelab.report.aggregation import (
+    Row,
+    acquired_rows,
+    by_length,
+    mean_curve,
+    probe_kinds,
+    probe_panel,
+    seed_mean,
+)
 
 
 def make_figures(rows: Sequence[Row], out: Path) -> dict[str, Path]:
@@ -55,6 +64,7 @@ def make_figures(rows: Sequence[Row], out: Path) -> dict[str, Path]:
             fig = plot_ppl_vs_length(curves, train_len, title=f"Attention {stat} vs length (train {train_len})",
                                      ylabel=stat, yscale="linear")
             paths[f"attn_{stat}_vs_length{suffix}"] = save_figure(fig, out / f"attn_{stat}_vs_length{suffix}.png")
+        sub = acquired_rows(sub)[0]  # runs that did not acquire retrieval in-window: no probe curves
         for kind in probe_kinds(sub):
             acc = by_length(sub, f"probe/{kind}/acc@{{L}}", seed_mean)
             if not np.isfinite(acc.to_numpy(dtype=float)).any():
@@ -74,6 +84,7 @@ def make_figures(rows: Sequence[Row], out: Path) -> dict[str, Path]:
             )
             name = f"probe_{kind}_vs_length{suffix}"
             paths[name] = save_figure(fig, out / f"{name}.png")
+    rows = acquired_rows(rows)[0]
     panels = {r.label: {k: p for k in probe_kinds(rows) if (p := probe_panel(r, k))} for r in rows}
     panels = {k: v for k, v in panels.items() if v}
     if panels:

@@ -9,10 +9,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from pelab.evaluation.stats import mcnemar
 from pelab.report.aggregation import (
     OFFSET_KIND,
     Row,
+    acquired,
     aggregate,
     by_length,
     offset_cells,
@@ -137,15 +140,52 @@ def _seed_values(row: Row, metric: str, fmt: Callable[[float], str]) -> str:
     return ", ".join(vals) or "—"
 
 
+def criterion_table(rows: Sequence[Row]) -> Table | None:
+    """Steps to the in-window retrieval criterion per seed ("not acquired" at the step cap) and the last
+    in-window accuracy: read beside every extrapolation number (schemes differ in how fast they learn
+    retrieval at all, so a fixed step budget would confound learnability with extrapolation)."""
+    rows = [r for r in rows if any(acquired(j) is not None for j in r.jobs)]
+    if not rows:
+        return None
+    t = Table("Retrieval training: the in-window criterion", ["encoding", "seeds", "steps to criterion",
+              "in-window accuracy at stop"], [], caption=(
+        "callbacks.retrieval_criterion: training stops once the in-window accuracy on fixed probe instances "
+        "reaches the threshold; \"not acquired\" = still below it at the step cap (trainer.max_steps). Rows not "
+        "acquired are left out of the probe tables and figures below."))
+    for r in rows:
+        steps = ", ".join(
+            str(int(j.metrics["train/steps_to_criterion"])) if acquired(j)
+            else f"not acquired (cap {j.setting('trainer.max_steps')})"
+            for j in r.jobs if acquired(j) is not None)
+        accs = ", ".join(f"{j.metrics['train/retrieval_acc']:.3f}" for j in r.jobs if acquired(j) is not None)
+        t.rows.append([r.label, ",".join(map(str, r.seeds)), steps, accs])
+    return t
+
+
+def falls_to_copy(row: Row, kind: str) -> str:
+    """The shortest probed length whose mean accuracy's 95% interval reaches down to copying a random value
+    of the context (1/N for mqar): where retrieval is no better than that baseline. "—": never within the
+    probed lengths."""
+    panel = probe_panel(row, kind)
+    if panel is None or not np.isfinite(panel["copy"]):
+        return "—"
+    for L in _lengths([row], f"probe/{kind}/acc_lo"):
+        lo = [j.metrics[f"probe/{kind}/acc_lo@{L}"] for j in row.jobs if f"probe/{kind}/acc_lo@{L}" in j.metrics]
+        if lo and float(np.mean(lo)) <= panel["copy"]:
+            return str(L)
+    return "—"
+
+
 def probe_summary_table(rows: Sequence[Row], kind: str) -> Table:
     """Per row at the training length: accuracy and lim_gap with intervals, the error split and the gold's
     rank; over lengths: the effective length (longest with accuracy >= 0.9) and the AUC."""
-    cols = ["encoding", "L", "accuracy", "lim_gap", "effective length", "AUC", "other value",
-            "not in context", "gold rank"]
+    cols = ["encoding", "L", "accuracy", "lim_gap", "effective length", "AUC", "at copy baseline from",
+            "other value", "not in context", "gold rank"]
     t = Table(f"{kind}: summary at the training length", cols, [], caption=(
         "accuracy and lim_gap (edges − middle) at the training length with 95% intervals (one seed; paired "
         "bootstrap over instances) or mean ± std (several seeds); effective length = the longest length with "
-        "accuracy ≥ 0.9; AUC = area under accuracy vs log2(length / training length), in [0, 1]; errors: the "
+        "accuracy ≥ 0.9; AUC = area under accuracy vs log2(length / training length), in [0, 1]; at copy "
+        "baseline from = the shortest length whose 95% interval reaches the copy baseline; errors: the "
         "fraction of instances answered with another value of the context / with something not in it; gold "
         "rank = mean rank of the gold among the context's values (1 = best)."))
     for r in rows:
@@ -157,6 +197,7 @@ def probe_summary_table(rows: Sequence[Row], kind: str) -> Table:
             r.label, str(L), interval_cell(r, m.format("acc")), interval_cell(r, m.format("lim_gap")),
             _seed_values(r, f"probe/{kind}/effective_length", lambda v: str(int(v)) if v > 0 else "none"),
             aggregate([j.metrics[f"probe/{kind}/auc"] for j in r.jobs if f"probe/{kind}/auc" in j.metrics]),
+            falls_to_copy(r, kind),
             *(aggregate([j.metrics[m.format(x)] for j in r.jobs if m.format(x) in j.metrics])
               for x in ("other_in_context", "not_in_context", "rank")),
         ])
