@@ -19,7 +19,6 @@ observer set the model runs its normal kernels, bit for bit.
 from __future__ import annotations
 
 import itertools
-
 import math
 import time
 from collections.abc import Iterator, Sequence
