@@ -201,7 +201,7 @@ class RecallMixer:
 
     kinds: which generators to mix (pelab.data.recall.TRAIN_KINDS); key_len / value_len: hex chars of kv
     keys / values; pairs: N of mqar rows; curriculum: [[step, span], ...] (from `step` on, each recall
-    sequence occupies only the last `span` tokens of its row, after the row's own text; before the first
+    sequence occupies only the first `span` tokens of its row, then the row's own text; before the first
     entry and with None: the whole row). With `answers=True` it returns `(rows, answer_mask)`, both
     (n, length)."""
 
