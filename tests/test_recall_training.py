@@ -296,6 +296,23 @@ def test_recall_preset_on_a_micro_model_reaches_its_criterion_and_retrieves(tmp_
     assert summary["global_step"] == steps  # it stopped there
     # the probes (other instances than the criterion's): far above copying one of the 4 values (0.25)
     assert m["probe/mqar/acc_lo@32"] > 0.8, m["probe/mqar/acc@32"]
+    from pelab.summary import result_table
+
+    assert f"retrieval criterion met at step {steps:.0f}" in result_table(summary)
+
+
+def test_the_result_table_says_when_retrieval_was_not_learned():
+    from pelab.summary import result_table
+
+    capped = {"config": {"trainer": {"max_steps": 3000}, "callbacks": {"retrieval_criterion": {"threshold": 0.95}}},
+              "metrics": {"train/retrieval_acc": 0.922, "train/steps_to_criterion": "nan"}}
+    assert ("retrieval NOT acquired: the in-window criterion (0.95) was not reached by the cap (step 3000; last "
+            "in-window accuracy 0.922)") in result_table(capped)
+    # no criterion (the main job): a kind whose in-window interval does not clear the copy baseline is named
+    plain = {"metrics": {"probe/kv/acc_hi@128": 0.12, "probe/passkey/acc_hi@128": 0.9},
+             "evaluation": {"probes": {"train_len": 128, "copy": {"kv": 0.125, "passkey": 0.2}}}}
+    table = result_table(plain)
+    assert "kv: in-window accuracy is not above copying" in table and "passkey:" not in table
 
 
 def test_harness_trains_on_two_means(tmp_path):

@@ -99,6 +99,29 @@ def _probe_counts(summary: dict, variant: str) -> dict[tuple[str, int], int]:
     return counts
 
 
+def _retrieval_lines(summary: dict, m: dict) -> list[str]:
+    """Whether retrieval was learned in-window: the criterion's verdict when the run trained to one, else a
+    warning per probe kind whose in-window accuracy is not above copying a random value of the context (its
+    numbers beyond the window then measure nothing learned)."""
+    if "train/retrieval_acc" in m:
+        steps, acc = as_float(m.get("train/steps_to_criterion")), as_float(m["train/retrieval_acc"])
+        if math.isfinite(steps):
+            return [f"  retrieval criterion met at step {steps:.0f} (in-window accuracy {acc:.3f})"]
+        cfg = summary.get("config") or {}
+        cap = (cfg.get("trainer") or {}).get("max_steps")
+        threshold = ((cfg.get("callbacks") or {}).get("retrieval_criterion") or {}).get("threshold")
+        return [f"  retrieval NOT acquired: the in-window criterion ({threshold}) was not reached by the cap "
+                f"(step {cap}; last in-window accuracy {acc:.3f})"]
+    probes = (summary.get("evaluation") or {}).get("probes") or {}
+    L, out = probes.get("train_len"), []
+    for kind, copy in (probes.get("copy") or {}).items():
+        hi = m.get(f"probe/{kind}/acc_hi@{L}")
+        if hi is not None and math.isfinite(as_float(copy)) and as_float(hi) <= as_float(copy):
+            out.append(f"  {kind}: in-window accuracy is not above copying a random context value "
+                       f"({as_float(copy):.3f}): retrieval was not learned (experiment=recall trains it)")
+    return out
+
+
 def result_table(summary: dict) -> str:
     """The few lines a run ends with: val ppl; ppl, ratio (and sliding ppl) at each evaluated length; probe
     accuracy per kind and length with its interval and n where the metrics have them; the run folder and
@@ -135,6 +158,7 @@ def result_table(summary: dict) -> str:
             n = s.get("n", counts[variant].get((kind, length)))
             lines.append("  " + (f"{variant or '-':<12} " if named else "") + f"{kind:<12} {length:>6} "
                          f"{_num(s.get('acc')):>5}   {interval:<16} {_num(n, '.0f') if n is not None else ''}")
+    lines += _retrieval_lines(summary, m)
     lines.append(f"  run folder: {summary.get('output_dir')}")
     w = summary.get("wandb") or {}
     if w.get("mode") == "offline" and w.get("dir"):
