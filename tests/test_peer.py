@@ -60,3 +60,24 @@ def test_peer_trains_on_pelab_batches_end_to_end(peer, tmp_path):
     assert m["extrap/ppl@64"] == "nan"
     notes = {r["length"]: r["note"] for r in s["evaluation"]["extrapolation"]["rows"]}
     assert notes[64].startswith("n/a")
+
+
+def test_learned_scale_sinusoid_is_x_transformers_scaled_sinusoid():
+    """pe=sinusoidal pe.scale=D^-0.5 pe.learn_scale=true is x-transformers' ScaledSinusoidalEmbedding (its
+    channels are [sin..., cos...] where PELab interleaves sin, cos), with one learned scalar."""
+    from x_transformers.x_transformers import ScaledSinusoidalEmbedding
+
+    from conftest import embed
+    from pelab.encodings import build_encoding
+
+    D, T = 32, 300
+    pe = build_encoding({"name": "sinusoidal", "scale": D**-0.5, "learn_scale": True}, D, 4)
+    ref = ScaledSinusoidalEmbedding(D)
+    x = torch.zeros(1, T, D)
+    ours = embed(pe, x, torch.arange(T))[0]  # (T, D)
+    theirs = ref(x)  # (T, D)
+    torch.testing.assert_close(ours[:, 0::2], theirs[:, : D // 2], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ours[:, 1::2], theirs[:, D // 2 :], atol=1e-4, rtol=1e-4)
+    assert [p.numel() for p in pe.parameters()] == [1]
+    ours.sum().backward()
+    assert pe.scale.grad is not None
