@@ -3,7 +3,7 @@
     python experiments/peer/table.py /tmp/peer20/*/ [--protocol sliding]
 
 One row per summary.json: the run's folder name, its pe.name, model.init and the scale knobs that this
-comparison varies (pe.scale, pe.bias_scale), then val/ppl and ppl@L for every evaluated length.
+comparison varies (pe.scale, pe.learn_scale, pe.bias_scale; none for a peer run), then val/ppl and ppl@L.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ def row(folder: Path, protocol: str) -> tuple[list[str], dict[int, float]]:
     s = read_summary(folder)
     cfg, m = s.get("config") or {}, s.get("metrics") or {}
     pe = cfg.get("pe") or {}
-    knobs = ", ".join(f"{k}={pe[k]}" for k in ("scale", "bias_scale") if k in pe)
-    init = "x-transformers" if "peer" in s else (cfg.get("model") or {}).get("init", "?")
+    peer = "peer" in s  # x-transformers: its own init and scheme details, not PELab's model.* / pe.* knobs
+    knobs = "" if peer else ", ".join(f"{k}={pe[k]}" for k in ("scale", "learn_scale", "bias_scale") if k in pe)
+    init = "x-transformers" if peer else (cfg.get("model") or {}).get("init", "?")
     key = "ppl" if protocol == "nonoverlap" else "ppl_sliding"
     ppl = {int(k.split("@")[1]): as_float(v) for k, v in m.items() if k.startswith(f"extrap/{key}@")}
     return [folder.name, pe.get("name", "?"), init, knobs, f"{as_float(m.get('val/ppl')):.3f}"], ppl
