@@ -26,6 +26,7 @@ from pelab.encodings.diagnostics import (
     plot_table_heatmap,
 )
 from pelab.encodings.rotary import rope_attention_factor, rope_inv_freq
+from pelab.errors import ConfigError
 
 CONF_PE = Path(__file__).resolve().parents[1] / "src" / "pelab" / "conf" / "pe"
 D, H = 32, 4
@@ -354,6 +355,31 @@ def test_t5_future_keys_share_bucket_zero_and_table_is_one_parameter():
     params = list(pe.parameters())
     assert len(params) == 1 and params[0].shape == (32, H)
     assert abs(params[0].std().item() - D**-0.5) < 0.1
+
+
+@pytest.mark.parametrize("bias_scale", [1.0, "sqrt_head_dim"])
+def test_t5_bias_equals_x_transformers_relative_position_bias(bias_scale):
+    """The same table through x-transformers' RelativePositionBias (scale dim_head ** 0.5, causal) and
+    through PELab's T5Bias: equal at bias_scale=sqrt_head_dim, and 1/sqrt(d_head) of it at bias_scale=1."""
+    xt = pytest.importorskip("x_transformers.x_transformers", reason="x-transformers (the bench extra) is not installed")
+    torch.manual_seed(0)
+    ref = xt.RelativePositionBias(scale=(D // H) ** 0.5, causal=True, heads=H, num_buckets=32, max_distance=128)
+    pe = build_encoding({"name": "t5_bias", "bias_scale": bias_scale}, D, H)
+    with torch.no_grad():
+        pe.table.weight.copy_(ref.relative_attention_bias.weight)  # (buckets, H) both
+    T = 600  # past max_distance: the last, shared bucket too
+    pos = torch.arange(T)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    expected = ref(T, T)[:, causal] / (1.0 if bias_scale == "sqrt_head_dim" else (D // H) ** 0.5)  # (H, pairs)
+    torch.testing.assert_close(pe.score_bias(pos, pos)[:, causal], expected)
+
+
+def test_t5_bias_scale_reads_numbers_and_names_and_rejects_the_rest():
+    assert build_encoding({"name": "t5_bias", "bias_scale": "sqrt_head_dim"}, D, H).bias_scale == math.sqrt(D // H)
+    assert build_encoding({"name": "t5_bias", "bias_scale": 2.5}, D, H).bias_scale == 2.5
+    for bad in (0, -1.0, "sqrt_model_dim"):
+        with pytest.raises(ConfigError, match="pe.bias_scale"):
+            build_encoding({"name": "t5_bias", "bias_scale": bad}, D, H)
 
 
 # ---- diagnostics ----------------------------------------------------------------------------------------

@@ -31,6 +31,9 @@ class Sinusoidal(PositionEncoding):
     paper (embeddings N(0, D^-0.5) scaled by sqrt(D): RMS 1 against 0.71). At scale 1.0 the sinusoid
     swamps the 0.02-std token embeddings and training stalls near the unigram perplexity (tiny, L=128,
     200 steps: val ppl 872 at 1.0, 499 at D^-0.5, 227 at 0.02; conf/pe/sinusoidal.yaml).
+
+    ``learn_scale``: the multiplier is one learned scalar initialised at ``scale`` (x-transformers'
+    ``ScaledSinusoidalEmbedding``, init D^-0.5; a ``pe.*`` parameter, so never weight-decayed).
     """
 
     has_embed = True
@@ -39,6 +42,7 @@ class Sinusoidal(PositionEncoding):
     class Config(PEConfig):
         base: float = 10000.0
         scale: float = 0.02  # multiplier on the added vector (see the class docstring)
+        learn_scale: bool = False  # the multiplier is a learned scalar initialised at `scale`
 
         def validate(self, d_model: int, n_heads: int) -> None:
             super().validate(d_model, n_heads)
@@ -46,10 +50,11 @@ class Sinusoidal(PositionEncoding):
             if d_model % 2:
                 raise ConfigError(f"model.d_model={d_model} must be even for pe=sinusoidal (sin/cos pairs)")
 
-    def __init__(self, d_model: int, n_heads: int, *, base: float, scale: float, **common):
+    def __init__(self, d_model: int, n_heads: int, *, base: float, scale: float, learn_scale: bool = False,
+                 **common):
         super().__init__(d_model, n_heads, **common)
         self.base = float(base)
-        self.scale = float(scale)
+        self.scale = nn.Parameter(torch.tensor(float(scale))) if learn_scale else float(scale)
 
     def table(self, pos: Tensor) -> Tensor:
         """(T,) or (B, T) positions -> (T, D) or (B, T, D) fp32 vectors of the formula (before ``scale``)."""

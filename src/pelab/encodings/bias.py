@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -92,11 +93,35 @@ def t5_causal_bucket(distance: int, num_buckets: int = 32, max_distance: int = 1
     return min(num_buckets - 1, log_bucket)
 
 
+T5_BIAS_SCALES = ("sqrt_head_dim",)  # named values of pe.bias_scale
+
+
+def t5_bias_scale(value: Any, head_dim: int) -> float | None:
+    """pe.bias_scale as a number: a positive number as it is, "sqrt_head_dim" -> sqrt(d_head); None if invalid."""
+    if isinstance(value, str):
+        if value == "sqrt_head_dim":
+            return math.sqrt(head_dim)
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        return None
+    return float(value)
+
+
 class T5Bias(PositionEncoding):
     """T5's bucketed relative bias (Raffel et al. 2020), causal buckets.
 
     One learned table [num_buckets, heads] per model, shared by all layers (as in T5). Initialised
     N(0, init_std) with init_std = d_model^-0.5 by default, like Hugging Face's T5.
+
+    ``bias_scale`` multiplies the table before it is added to the scaled logits q.k / sqrt(d_head):
+    1 adds the table as it is; ``sqrt_head_dim`` (= sqrt(d_head)) is what T5 / Hugging Face do in these
+    units (they add the bias to the *unscaled* q.k) and what x-transformers' ``RelativePositionBias(scale=
+    dim_head ** 0.5)`` does (its table is N(0, 1): ``init_std=1.0`` too for its init). Under Adam the
+    table moves ~lr per step whatever its scale, so the scale is also the bias's learning-rate multiplier
+    in logit units.
     """
 
     has_bias = True
@@ -107,17 +132,24 @@ class T5Bias(PositionEncoding):
         num_buckets: int = 32
         max_distance: int = 128  # distances >= this share the last bucket
         init_std: float | None = None  # null = d_model^-0.5 (as Hugging Face T5)
+        # a number > 0, or "sqrt_head_dim" (T5 / HF / x-transformers in logit units); see the class docstring
+        bias_scale: Any = 1.0
 
         def validate(self, d_model: int, n_heads: int) -> None:
             super().validate(d_model, n_heads)
             check(self.num_buckets >= 2, "num_buckets", self.num_buckets, "must be >= 2")
+            check(t5_bias_scale(self.bias_scale, d_model // n_heads) is not None, "bias_scale", self.bias_scale,
+                  f"must be a number > 0 or one of {list(T5_BIAS_SCALES)}")
             check(self.max_distance > self.num_buckets // 2, "max_distance", self.max_distance,
                   f"must exceed pe.num_buckets // 2 = {self.num_buckets // 2} (the exact buckets)")
             check(self.init_std is None or self.init_std > 0, "init_std", self.init_std, "must be > 0 or null")
 
     def __init__(self, d_model: int, n_heads: int, *, num_buckets: int, max_distance: int,
-                 init_std: float | None, **common):
+                 init_std: float | None, bias_scale: Any = 1.0, **common):
         super().__init__(d_model, n_heads, **common)
+        self.bias_scale = t5_bias_scale(bias_scale, d_model // n_heads)
+        if self.bias_scale is None:
+            raise ValueError(f"pe.bias_scale={bias_scale!r} must be a number > 0 or one of {list(T5_BIAS_SCALES)}")
         self.num_buckets = int(num_buckets)
         self.max_distance = int(max_distance)
         self.table = nn.Embedding(self.num_buckets, n_heads)
@@ -134,6 +166,8 @@ class T5Bias(PositionEncoding):
     def score_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         # (H, max_distance+1): the bias of every distance, then one gather over the (Tq, Tk) distances
         per_distance = self.table.weight[self.bucket_of_distance].t()
+        if self.bias_scale != 1.0:
+            per_distance = per_distance * self.bias_scale
         dist = _distance(q_pos, k_pos).clamp(0, self.max_distance)
         return _heads_first(per_distance, dist).to(torch.float32)
 

@@ -1,0 +1,83 @@
+"""experiments/peer/peer.py: x-transformers trained on PELab's batches and scored by PELab's evaluation."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+from conftest import FAST, ROOT, compose
+
+pytest.importorskip("x_transformers", reason="x-transformers (the bench extra: pip install -e .[bench]) is not installed")
+
+TINY = [*FAST, "trainer.max_steps=20", "probes.enabled=false", "eval.lengths=[1,2]", "eval.tokens=256"]
+
+
+@pytest.fixture(scope="module")
+def peer():
+    spec = importlib.util.spec_from_file_location("pelab_peer", ROOT / "experiments" / "peer" / "peer.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_peer_evaluation_is_pelabs_own(peer, tmp_path):
+    """A PELab GPT through the peer's adapter and evaluation gives PELab's numbers exactly; a length past
+    the adapter's learned table is n/a (NaN with a note), as PELab's learned positions are."""
+    from pelab.evaluation.suite import run_evaluation
+    from pelab.model import build_model
+    from pelab.tasks.train import build_datamodule
+
+    cfg = compose([*TINY, "pe=alibi"], tmp_path)
+    dm = build_datamodule(cfg, int(cfg.data.batch_size))
+    dm.prepare_data()
+    dm.setup("fit")
+    torch.manual_seed(0)
+    gpt = build_model(cfg.model, cfg.pe, dm.vocab_size, int(cfg.data.seq_len))
+    direct = run_evaluation(gpt, dm, cfg, tmp_path / "pelab")
+    via_peer = peer.evaluate(peer.PeerLM(gpt), dm, cfg, tmp_path / "peer")
+    assert direct == via_peer and math.isfinite(direct["extrap/ppl@64"])
+    capped = peer.evaluate(peer.PeerLM(gpt, max_position=32), dm, cfg, tmp_path / "capped")
+    assert capped["extrap/ppl@32"] == direct["extrap/ppl@32"] and math.isnan(capped["extrap/ppl@64"])
+
+
+def test_peer_trains_on_pelab_batches_end_to_end(peer, tmp_path):
+    """A few steps of x-transformers with learned positions: loss falls, summary.json in PELab's shape,
+    2x L is n/a for the learned table."""
+    out = tmp_path / "learned"
+    assert peer.main(["--pe", "learned", "--out", str(out), "--log-every", "5", *TINY]) == 0
+    from pelab.summary import read_summary
+
+    s = read_summary(out)
+    assert s["status"] == "ok" and s["config"]["pe"]["name"] == "xt_learned"
+    assert s["peer"]["kwargs"]["decoder"]["dim"] == s["config"]["model"]["d_model"]
+    curve = [p["loss"] for p in s["train_curve"]]
+    assert curve[-1] < curve[0] - 0.3
+    m = s["metrics"]
+    assert math.isfinite(m["extrap/ppl@32"]) and m["extrap/ppl@32"] < math.exp(curve[0])
+    assert m["extrap/ppl@64"] == "nan"
+    notes = {r["length"]: r["note"] for r in s["evaluation"]["extrapolation"]["rows"]}
+    assert notes[64].startswith("n/a")
+
+
+def test_learned_scale_sinusoid_is_x_transformers_scaled_sinusoid():
+    """pe=sinusoidal pe.scale=D^-0.5 pe.learn_scale=true is x-transformers' ScaledSinusoidalEmbedding (its
+    channels are [sin..., cos...] where PELab interleaves sin, cos), with one learned scalar."""
+    from x_transformers.x_transformers import ScaledSinusoidalEmbedding
+
+    from conftest import embed
+    from pelab.encodings import build_encoding
+
+    D, T = 32, 300
+    pe = build_encoding({"name": "sinusoidal", "scale": D**-0.5, "learn_scale": True}, D, 4)
+    ref = ScaledSinusoidalEmbedding(D)
+    x = torch.zeros(1, T, D)
+    ours = embed(pe, x, torch.arange(T))[0]  # (T, D)
+    theirs = ref(x)  # (T, D)
+    torch.testing.assert_close(ours[:, 0::2], theirs[:, : D // 2], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ours[:, 1::2], theirs[:, D // 2 :], atol=1e-4, rtol=1e-4)
+    assert [p.numel() for p in pe.parameters()] == [1]
+    ours.sum().backward()
+    assert pe.scale.grad is not None
