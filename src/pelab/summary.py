@@ -99,19 +99,26 @@ def _probe_counts(summary: dict, variant: str) -> dict[tuple[str, int], int]:
     return counts
 
 
+def retrieval_acquired(metrics: dict) -> bool | None:
+    """Did the run reach its in-window retrieval criterion (pelab.harness.retrieval)? None: it had none."""
+    if "train/retrieval_acc" not in metrics:
+        return None
+    return math.isfinite(as_float(metrics.get("train/steps_to_criterion")))
+
+
 def _retrieval_lines(summary: dict, m: dict) -> list[str]:
     """Whether retrieval was learned in-window: the criterion's verdict when the run trained to one, else a
     warning per probe kind whose in-window accuracy is not above copying a random value of the context (its
     numbers beyond the window then measure nothing learned)."""
-    if "train/retrieval_acc" in m:
+    if (acquired := retrieval_acquired(m)) is not None:
         steps, acc = as_float(m.get("train/steps_to_criterion")), as_float(m["train/retrieval_acc"])
-        if math.isfinite(steps):
+        if acquired:
             return [f"  retrieval criterion met at step {steps:.0f} (in-window accuracy {acc:.3f})"]
         cfg = summary.get("config") or {}
         cap = (cfg.get("trainer") or {}).get("max_steps")
         threshold = ((cfg.get("callbacks") or {}).get("retrieval_criterion") or {}).get("threshold")
-        return [f"  retrieval NOT acquired: the in-window criterion ({threshold}) was not reached by the cap "
-                f"(step {cap}; last in-window accuracy {acc:.3f})"]
+        return [(f"  retrieval NOT acquired: the in-window criterion ({threshold}) was not reached by the cap "
+                 f"(step {cap}; last in-window accuracy {acc:.3f})")]
     probes = (summary.get("evaluation") or {}).get("probes") or {}
     L, out = probes.get("train_len"), []
     for kind, copy in (probes.get("copy") or {}).items():

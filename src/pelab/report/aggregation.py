@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from pelab.report.discovery import Job
-from pelab.summary import as_float
+from pelab.summary import as_float, retrieval_acquired
 
 # Config keys that never define a row: the seed is aggregated over, the rest is bookkeeping.
 IGNORED_KEYS = (
@@ -237,9 +237,7 @@ def mean_curve(curves: Sequence[Sequence[Any]]) -> list[float]:
 
 def acquired(job: Job) -> bool | None:
     """Did the job reach its in-window retrieval criterion? None: it trained without one."""
-    if "train/retrieval_acc" not in job.metrics:
-        return None
-    return bool(np.isfinite(job.metrics.get("train/steps_to_criterion", np.nan)))
+    return retrieval_acquired(job.metrics)
 
 
 def acquired_rows(rows: Sequence[Row]) -> tuple[list[Row], list[str]]:
