@@ -171,6 +171,26 @@ def test_curriculum_keeps_the_recall_in_the_first_span_tokens(small_texts, tmp_p
         _mqar_dm(small_texts, tmp_path, recall_curriculum=[[0, 8]])  # 4 pairs need 16 tokens
 
 
+def test_two_means_scores_the_text_after_the_span_and_a_stage_sets_the_share(small_texts, tmp_path):
+    """recall_loss=two_means: a recall row's own text after its curriculum span is a text target (answer-only
+    rows keep it context); [step, span, share] sets the fraction of recall rows from that step."""
+    cur = [[0, 16, 1.0], [3, 32, 0.25]]
+    two = _mqar_dm(small_texts, tmp_path, recall_mix=0.5, recall_loss="two_means", recall_curriculum=cur)
+    ans = _mqar_dm(small_texts, tmp_path, recall_mix=0.5, recall_loss="answers", recall_curriculum=cur)
+    K, M = two.tokenizer.reserved_key_ids, two.tokenizer.reserved_value_ids
+    for step in (0, 1, 2):  # share 1.0, span 16: every row is recall, then text
+        x, y, is_answer = inputs_and_targets(two.train_dataset().batch(step), answers=True)
+        _, y_ans = inputs_and_targets(ans.train_dataset().batch(step))
+        assert torch.equal(y_ans[:, 16:], torch.full_like(y_ans[:, 16:], IGNORE_INDEX))
+        assert torch.equal(y[:, 16:], two.train_dataset().batch(step)[:, 17:])  # raw ids: scored text
+        assert not any(t in K or t in M for t in x[:, 16:].flatten().tolist())  # real text, no reserved id
+        assert torch.equal(y[:, :15] != IGNORE_INDEX, is_answer[:, :15])  # in the span: the answers only
+        assert is_answer[:, :15].sum() == 4 * x.shape[0]  # 4 answers per row
+    rows = [inputs_and_targets(two.train_dataset().batch(s), answers=True)[2].any(1).sum().item()
+            for s in range(3, 103)]
+    assert 0.2 < sum(rows) / (100 * 8) < 0.3  # share 0.25 from step 3 (not data.recall_mix=0.5)
+
+
 def test_the_harness_datamodule_gets_every_loader_setting(tmp_path):
     """conf/datamodule/lm.yaml passes every data.* loader key: a missing one silently fell back to the
     constructor's default (the curriculum was off and data.recall_pairs ignored in every harness run)."""
@@ -359,6 +379,7 @@ def test_harness_trains_on_two_means(tmp_path):
     (["tokenizer.reserved_keys=-1"], "tokenizer.reserved_keys"),
     (["data.recall_curriculum=[0,32]"], "data.recall_curriculum"),  # not a list of [step, span]
     (["data.recall_curriculum=[[10,32],[5,64]]"], "data.recall_curriculum"),  # steps out of order
+    (["data.recall_curriculum=[[0,32,1.5]]"], "data.recall_curriculum"),  # a share outside [0, 1]
     (["data.recall_kinds=[mqar]", "data.recall_curriculum=[[0,16]]"], "data.recall_curriculum"),  # < 4 x pairs
     (["data.recall_loss=two_mean"], "data.recall_loss"),
     (["probes.prefix_multiples=[0,-1]"], "probes.prefix_multiples"),

@@ -263,9 +263,10 @@ def check_loader(d: DictConfig) -> None:
          "lower data.recall_pairs or raise data.seq_len.")
     cur = d.recall_curriculum
     ok = cur is None or (OmegaConf.is_list(cur) and len(cur) > 0 and all(
-        OmegaConf.is_list(e) and len(e) == 2 and all(_is_int(v) for v in e) for e in cur))
-    need(ok, "data.recall_curriculum", cur, "must be null or a list of [step, span] pairs of whole numbers, "
-         "e.g. [[0, 32], [200, 64], [400, 128]].")
+        OmegaConf.is_list(e) and len(e) in (2, 3) and all(_is_int(v) for v in e[:2])
+        and (len(e) == 2 or (isinstance(e[2], (int, float)) and 0.0 <= e[2] <= 1.0)) for e in cur))
+    need(ok, "data.recall_curriculum", cur, "must be null or a list of [step, span] (or [step, span, share], "
+         "share in [0, 1]) entries, e.g. [[0, 32], [200, 64], [400, 128]] or [[0, 32, 0.5], [400, 128, 0.1]].")
     if cur is not None:
         steps = [e[0] for e in cur]
         need(steps[0] >= 0 and all(a < b for a, b in itertools.pairwise(steps)), "data.recall_curriculum", cur,

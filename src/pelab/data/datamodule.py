@@ -22,8 +22,9 @@ are as deterministic as plain ones. Without an explicit `mixer`, `RecallMixer` (
 
 Loss on mixed rows (`recall_loss`): "all" (default) = every token of a mixed row is a training target,
 like text. "answers" = only the answer tokens (the retrieved values / passkeys) are. "two_means" = the mean
-NLL over text targets (the text rows) plus the mean NLL over answer targets, each over the whole batch
-(`two_means_loss`): the few answers weigh as much as all the text. The batch stays one `(B, T+1)`
+NLL over text targets (the text rows, and the real text that follows a curriculum span in a recall row)
+plus the mean NLL over answer targets, each over the whole batch (`two_means_loss`): the few answers weigh
+as much as all the text. The batch stays one `(B, T+1)`
 LongTensor; under "answers" and "two_means" a mixed row stores a token that is context only as `-1 - id`
 (negative: fed, not scored) and an answer token as `id + ANSWER_FLAG` (fed, scored, and an answer);
 `inputs_and_targets(batch)` turns a batch into model inputs (ids), targets (`IGNORE_INDEX` where not
@@ -147,16 +148,21 @@ class TrainWindows(IterableDataset):
         return torch.from_numpy(x)
 
     def _mix(self, x: np.ndarray, rng: np.random.Generator, step: int) -> np.ndarray:
-        want = self.recall_mix * self.batch_size
+        share = getattr(self.mixer, "share", None)  # a mixer may change the fraction per step (curriculum)
+        p = share(step, self.recall_mix) if share is not None else self.recall_mix
+        want = p * self.batch_size
         n = min(self.batch_size, int(want) + int(rng.random() < want - int(want)))
         if n:
             out = self.mixer(n, self.seq_len + 1, rng, step=step, text=x[:n].copy())
-            rows, answers = out if isinstance(out, tuple) else (out, None)
+            rows, answers, text = (tuple(out) + (None,) * 2)[:3] if isinstance(out, tuple) else (out, None, None)
             x[:n] = np.asarray(rows, dtype=np.int64)
             if self.recall_loss in ("answers", "two_means") and answers is not None:
                 answers = np.asarray(answers, dtype=bool)  # (n, T+1)
+                context = ~answers
+                if self.recall_loss == "two_means" and text is not None:
+                    context &= ~np.asarray(text, dtype=bool)  # the row's own text after the span: scored as text
                 mixed = x[:n]  # a view
-                mixed[~answers] = -1 - mixed[~answers]
+                mixed[context] = -1 - mixed[context]
                 mixed[answers] += ANSWER_FLAG
         return x
 
@@ -200,10 +206,11 @@ class RecallMixer:
     batch's generator. A class (not a closure) so it pickles into DataLoader workers.
 
     kinds: which generators to mix (pelab.data.recall.TRAIN_KINDS); key_len / value_len: hex chars of kv
-    keys / values; pairs: N of mqar rows; curriculum: [[step, span], ...] (from `step` on, each recall
-    sequence occupies only the first `span` tokens of its row, then the row's own text; before the first
-    entry and with None: the whole row). With `answers=True` it returns `(rows, answer_mask)`, both
-    (n, length)."""
+    keys / values; pairs: N of mqar rows; curriculum: [[step, span], ...] or [[step, span, share], ...]
+    (from `step` on, each recall sequence occupies only the first `span` tokens of its row, then the row's
+    own text; before the first entry and with None: the whole row; `share`, where given, replaces
+    data.recall_mix from that step). With `answers=True` it returns `(rows, answer_mask, text_mask)`, each
+    (n, length): `text_mask` marks the row's own text after the span (scored as text under two_means)."""
 
     def __init__(
         self,
@@ -218,28 +225,46 @@ class RecallMixer:
         self.tokenizer, self.kinds = tokenizer, tuple(kinds)
         self.key_len, self.value_len, self.answers = int(key_len), int(value_len), bool(answers)
         self.pairs = int(pairs)
-        self.curriculum = sorted((int(s), int(w)) for s, w in curriculum) if curriculum else []
+        # (step, span, share or None), sorted by step
+        self.curriculum = sorted(
+            (int(e[0]), int(e[1]), float(e[2]) if len(e) > 2 else None) for e in curriculum
+        ) if curriculum else []
+
+    def _stage(self, step: int) -> tuple[int | None, float | None]:
+        """(span, share) of the curriculum stage holding `step` ((None, None) before the first)."""
+        stage: tuple[int | None, float | None] = (None, None)
+        for start, width, share in self.curriculum:
+            if step >= start:
+                stage = (width, share)
+        return stage
 
     def span(self, step: int) -> int | None:
         """The recall span at this step (None = the whole row)."""
-        span = None
-        for start, width in self.curriculum:
-            if step >= start:
-                span = width
-        return span
+        return self._stage(step)[0]
+
+    def share(self, step: int, default: float) -> float:
+        """The fraction of recall rows at this step: the stage's share, else `default` (data.recall_mix)."""
+        share = self._stage(step)[1]
+        return default if share is None else share
 
     def __call__(
         self, n: int, length: int, rng: np.random.Generator, step: int = 0, text: np.ndarray | None = None
     ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         from pelab.data.recall import make_recall_batch
 
+        span = self.span(step)
         rows, mask = make_recall_batch(
             self.tokenizer, length - 1, n, int(rng.integers(2**62)), kinds=self.kinds,
             key_len=self.key_len, value_len=self.value_len, return_mask=True, pairs=self.pairs,
-            span=self.span(step), text=text,
+            span=span, text=text,
         )  # (n, length) each
         rows = np.asarray(rows, dtype=np.int64)
-        return (rows, mask.numpy()) if self.answers else rows
+        if not self.answers:
+            return rows
+        text_mask = np.zeros((n, length), dtype=bool)
+        if span is not None and text is not None:
+            text_mask[:, span + 1 :] = True  # real text after the span (its first token follows recall tokens)
+        return rows, mask.numpy(), text_mask
 
 
 # ----------------------------------------------------------------------------- DataModule
