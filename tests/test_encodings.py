@@ -343,9 +343,9 @@ def test_t5_buckets_match_hugging_face(buckets, max_distance):
         k_pos[None, :] - q_pos[:, None], bidirectional=False, num_buckets=buckets, max_distance=max_distance)[0]
     assert torch.equal(got, expected)
     assert got.max().item() == buckets - 1
-    # the bias is the table row of each bucket, per head
+    # the bias is the table row of each bucket, per head, times the bias scale (sqrt(d_head) by default)
     bias = pe.score_bias(q_pos, k_pos)  # (H, 1, 1001)
-    torch.testing.assert_close(bias[:, 0], pe.table.weight[expected].t())
+    torch.testing.assert_close(bias[:, 0], pe.table.weight[expected].t() * math.sqrt(D // H))
 
 
 def test_t5_future_keys_share_bucket_zero_and_table_is_one_parameter():

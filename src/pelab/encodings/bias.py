@@ -117,7 +117,7 @@ class T5Bias(PositionEncoding):
     N(0, init_std) with init_std = d_model^-0.5 by default, like Hugging Face's T5.
 
     ``bias_scale`` multiplies the table before it is added to the scaled logits q.k / sqrt(d_head):
-    1 adds the table as it is; ``sqrt_head_dim`` (= sqrt(d_head)) is what T5 / Hugging Face do in these
+    1 adds the table as it is; ``sqrt_head_dim`` (= sqrt(d_head), the default) is what T5 / Hugging Face do in these
     units (they add the bias to the *unscaled* q.k) and what x-transformers' ``RelativePositionBias(scale=
     dim_head ** 0.5)`` does (its table is N(0, 1): ``init_std=1.0`` too for its init). Under Adam the
     table moves ~lr per step whatever its scale, so the scale is also the bias's learning-rate multiplier
@@ -133,7 +133,7 @@ class T5Bias(PositionEncoding):
         max_distance: int = 128  # distances >= this share the last bucket
         init_std: float | None = None  # null = d_model^-0.5 (as Hugging Face T5)
         # a number > 0, or "sqrt_head_dim" (T5 / HF / x-transformers in logit units); see the class docstring
-        bias_scale: Any = 1.0
+        bias_scale: Any = "sqrt_head_dim"
 
         def validate(self, d_model: int, n_heads: int) -> None:
             super().validate(d_model, n_heads)
@@ -145,7 +145,7 @@ class T5Bias(PositionEncoding):
             check(self.init_std is None or self.init_std > 0, "init_std", self.init_std, "must be > 0 or null")
 
     def __init__(self, d_model: int, n_heads: int, *, num_buckets: int, max_distance: int,
-                 init_std: float | None, bias_scale: Any = 1.0, **common):
+                 init_std: float | None, bias_scale: Any = "sqrt_head_dim", **common):
         super().__init__(d_model, n_heads, **common)
         self.bias_scale = t5_bias_scale(bias_scale, d_model // n_heads)
         if self.bias_scale is None:
