@@ -19,7 +19,7 @@ from pelab.data.datamodule import (
     DataConfigError,
     LMDataModule,
     inputs_and_targets,
-    two_means_loss,
+    two_means,
 )
 from pelab.data.recall import make_probe_samples
 from pelab.tasks.train import build_datamodule
@@ -147,14 +147,14 @@ def test_two_means_weighs_text_and_answers_as_two_means():
     answers[2, 3:] = True
     nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets.clamp_min(0), reduction="none")
     text = (targets != IGNORE_INDEX) & ~answers
-    expected = nll[text].mean() + nll[answers].mean()
-    assert torch.allclose(two_means_loss(logits, targets, answers), expected)
+    text_mean, answer_mean = two_means(logits, targets, answers)
+    assert torch.allclose(text_mean, nll[text].mean()) and torch.allclose(answer_mean, nll[answers].mean())
     # a batch without answers (or without text) is just the mean it has
     none = torch.zeros_like(answers)
-    assert torch.allclose(two_means_loss(logits, targets, none), nll[targets != IGNORE_INDEX].mean())
+    assert torch.allclose(sum(two_means(logits, targets, none)), nll[targets != IGNORE_INDEX].mean())
     only = torch.full_like(targets, IGNORE_INDEX)
     only[2, 3:] = targets[2, 3:]
-    assert torch.allclose(two_means_loss(logits, only, answers), nll[answers].mean())
+    assert torch.allclose(sum(two_means(logits, only, answers)), nll[answers].mean())
 
 
 def test_curriculum_keeps_the_recall_in_the_first_span_tokens(small_texts, tmp_path):
@@ -357,6 +357,9 @@ def test_harness_trains_on_two_means(tmp_path):
         with open(out / "csv" / "metrics.csv") as f:
             rows = [r for r in csv.DictReader(f) if r.get("train/loss")]
         first[loss] = float(rows[0]["train/loss"])
+        if loss == "two_means":  # both means are logged and sum to the loss
+            parts = float(rows[0]["train/loss_text"]) + float(rows[0]["train/loss_answers"])
+            assert abs(parts - first[loss]) < 1e-4 and float(rows[0]["train/loss_answers"]) > 1.0
     v = summary["data"]["vocab_size"]
     reserved = {"keys": [257, 321], "values": [321, 385]}
     assert summary["data"]["reserved"] == summary["data"]["fingerprint"]["reserved"] == reserved and v == 385

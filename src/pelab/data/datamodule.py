@@ -23,7 +23,7 @@ are as deterministic as plain ones. Without an explicit `mixer`, `RecallMixer` (
 Loss on mixed rows (`recall_loss`): "all" (default) = every token of a mixed row is a training target,
 like text. "answers" = only the answer tokens (the retrieved values / passkeys) are. "two_means" = the mean
 NLL over text targets (the text rows, and the real text that follows a curriculum span in a recall row)
-plus the mean NLL over answer targets, each over the whole batch (`two_means_loss`): the few answers weigh
+plus the mean NLL over answer targets, each over the whole batch (`two_means`): the few answers weigh
 as much as all the text. The batch stays one `(B, T+1)`
 LongTensor; under "answers" and "two_means" a mixed row stores a token that is context only as `-1 - id`
 (negative: fed, not scored) and an answer token as `id + ANSWER_FLAG` (fed, scored, and an answer);
@@ -73,15 +73,17 @@ def inputs_and_targets(
     return ids[:, :-1], targets
 
 
-def two_means_loss(logits: torch.Tensor, targets: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
-    """recall_loss=two_means: mean NLL over the scored text targets + mean NLL over the answer targets, each
-    over the whole batch; a batch without answers (or without text) gets only the mean it has.
-    (B, T, V), (B, T), (B, T) -> scalar, fp32. No data-dependent branch: no device sync."""
+def two_means(logits: torch.Tensor, targets: torch.Tensor, answers: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """recall_loss=two_means: the loss is the sum of (mean NLL over the scored text targets, mean NLL over the
+    answer targets), each over the whole batch, so the few answers weigh as much as all the text (both are
+    logged). A mean over no target is 0. (B, T, V), (B, T), (B, T) -> two scalars, fp32. No data-dependent branch:
+    no device sync."""
     nll = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none").view_as(targets)
     text = (targets != IGNORE_INDEX) & ~answers
     answers = answers & (targets != IGNORE_INDEX)
     mean = lambda m: (nll * m).sum() / m.sum().clamp_min(1)
-    return mean(text) + mean(answers)
+    return mean(text), mean(answers)
 
 
 # Bad loader settings (seq_len, batch_size, recall_mix, ...): the package's one user-error class.

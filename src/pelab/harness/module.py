@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import SumMetric
 
-from pelab.data.datamodule import inputs_and_targets, two_means_loss
+from pelab.data.datamodule import inputs_and_targets, two_means
 from pelab.harness.reliability import NonFiniteError
 from pelab.model import GPT, build_model
 
@@ -106,7 +106,9 @@ class LMModule(L.LightningModule):
         x, y, answers = inputs_and_targets(batch, answers=True)
         logits = self(x)
         if self.cfg["data"].get("recall_loss") == "two_means":
-            loss = two_means_loss(logits, y, answers)
+            text_loss, answer_loss = two_means(logits, y, answers)
+            loss = text_loss + answer_loss
+            self.log_dict({"train/loss_text": text_loss, "train/loss_answers": answer_loss})
         else:
             loss = self.nll(logits, y)
         if self.global_step in self.inject_nan_at:  # testing aid: debug.inject_nan_at_step
