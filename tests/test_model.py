@@ -171,6 +171,86 @@ def test_rope_tables_computed_once_per_forward():
     assert Counting.computed == 2  # one cos/sin table per forward, reused by the 3 layers
 
 
+# ---- the last block on the last rows only (probe scoring) ------------------------------------------------------
+def test_the_schemes_here_cover_every_registered_encoding():
+    from pelab.encodings import available_encodings
+
+    assert {cfg["name"] for cfg in SCHEMES.values()} == set(available_encodings())
+
+
+@pytest.mark.parametrize(
+    ("scheme", "path"),
+    [(s, "default") for s in SCHEMES]
+    + [(s, "chunked_bias") for s in ("alibi", "t5_bias", "kerple_log", "sandwich", "fire", "cope")],
+)
+def test_hidden_from_index_equals_the_last_rows_of_the_whole_forward(scheme, path):
+    """Rows from_index..T-1 through a last block that computes only them: the same hidden states, for
+    consecutive, offset and per-row positions, within and past every scheme's fitted length (rope_yarn and
+    cope fit 8 positions; 40 > 8), with query chunks of 3 (several chunks in the suffix and in the rest)."""
+    model = micro(SCHEMES[scheme], attn_chunk_size=3)
+    if path == "chunked_bias":
+        model.pe.max_bias_elements = 0  # the per-query-chunk bias (bias_fn(q0, q1))
+    with torch.no_grad():
+        for T in (12, 40):
+            idx = tokens(2, T, seed=T)
+            gap = torch.cat([torch.arange(T // 2), torch.arange(T // 2, T) + 10])  # not consecutive
+            per_row = torch.stack([torch.arange(T) + 3, gap])  # (B, T)
+            for kwargs in ({}, {"start": 5}, {"pos": per_row}):
+                full = model.hidden(idx, **kwargs)  # (B, T, D)
+                for q0 in (0, 1, T - 7, T - 3, T - 1):
+                    last = model.hidden(idx, **kwargs, from_index=q0)
+                    assert last.shape == (2, T - q0, 32)
+                    torch.testing.assert_close(last, full[:, q0:], atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(full[:, -1], full[:, -2], atol=1e-3)  # the rows differ: a real check
+        with pytest.raises(ValueError, match=r"from_index must be in \[0, 12\)"):
+            model.hidden(tokens(2, 12), from_index=12)
+
+
+def test_hidden_from_index_runs_the_last_block_on_those_rows_only():
+    model = micro({"name": "alibi"})
+    seen = []
+    for block in model.blocks:
+        block.mlp.register_forward_hook(lambda mod, inp, out: seen.append(tuple(inp[0].shape)))
+    model.hidden(tokens(2, 20), from_index=17)
+    assert seen == [(2, 20, 32), (2, 3, 32)]  # the first block on every row (keys), the last on 3
+
+
+def test_hidden_from_index_default_is_the_training_forward_bit_for_bit():
+    """from_index=0 is today's path: the same numbers and gradients (randomized positions, dropout: same
+    seed, same draws)."""
+    for scheme in ("rope", "randomized_alibi", "t5_bias", "cope"):
+        model = micro(SCHEMES[scheme], dropout=0.1).train()
+        idx = tokens(2, 16)
+        runs = []
+        for kwargs in ({}, {"from_index": 0}):
+            torch.manual_seed(3)
+            model.zero_grad()
+            h = model.hidden(idx, **kwargs)
+            h.square().sum().backward()
+            runs.append((h.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+        (h0, g0), (h1, g1) = runs
+        assert torch.equal(h0, h1) and len(g0) == len(g1) and all(torch.equal(a, b) for a, b in zip(g0, g1))
+
+
+def test_hidden_from_index_through_explicit_logits_scaled_and_observed():
+    """log_length scaling past the training length (queries q0..T-1 only) and an attention observer (every
+    query computed and shown, then the rows sliced) give the rows of the whole forward."""
+    cfg = {**OmegaConf.to_container(OmegaConf.load(CONF / "model" / "micro.yaml")), "attn_chunk_size": 4}
+    torch.manual_seed(0)
+    model = build_model({**cfg, "attn_logit_scale": "log_length"}, {"name": "rope"}, V, train_length=8).eval()
+    idx = tokens(2, 24)
+    with torch.no_grad():
+        full = model.hidden(idx)
+        torch.manual_seed(0)
+        unscaled = build_model(cfg, {"name": "rope"}, V, train_length=8).eval().hidden(idx)
+        assert not torch.allclose(full[:, -1], unscaled[:, -1], atol=1e-4)  # the scaling is on at T=24 > 8
+        torch.testing.assert_close(model.hidden(idx, from_index=21), full[:, 21:], atol=1e-5, rtol=1e-5)
+        seen = []
+        model.blocks[-1].attn.observer = lambda scores, q0: seen.append(q0)
+        torch.testing.assert_close(model.hidden(idx, from_index=21), full[:, 21:], atol=1e-5, rtol=1e-5)
+    assert seen == [0, 4, 8, 12, 16, 20]  # the diagnostics still see every query
+
+
 # ---- positions the encoding cannot represent ---------------------------------------------------------------
 def test_learned_raises_clear_error_beyond_table():
     model = micro({"name": "learned", "max_position": 16})

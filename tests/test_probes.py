@@ -14,7 +14,7 @@ from torch import nn
 
 from pelab.data.recall import RecallSample, make_probe_samples
 from pelab.data.tokenizer import ByteTokenizer
-from pelab.encodings import build_encoding
+from pelab.encodings import available_encodings, build_encoding
 from pelab.evaluation import stats
 from pelab.evaluation.plots import plot_depth_curve, plot_probe_heatmap, probe_figures, save_figure
 from pelab.evaluation.probes import ProbeCell, ProbeRecord, ProbeResult, lim_gap, run_probes, score_samples
@@ -171,6 +171,17 @@ def test_batched_scoring_equals_one_at_a_time_exactly_and_restores_the_mode(samp
         assert all(-20 < r.logprob < 0 for r in one)
 
 
+class Whole(nn.Module):
+    """A GPT behind a module without ``hidden``: scored through its whole forward (every row, every block)."""
+
+    def __init__(self, gpt):
+        super().__init__()
+        self.gpt = gpt
+
+    def forward(self, idx, pos=None, start=0):
+        return self.gpt(idx)
+
+
 def test_only_the_answer_positions_go_through_the_lm_head(samples):
     model = micro_gpt("rope")
     seen: list[tuple] = []
@@ -181,15 +192,30 @@ def test_only_the_answer_positions_go_through_the_lm_head(samples):
     # not 12 x 160
     assert len(seen) == 1 and seen[0][1] == 32 and n_answer <= seen[0][0] < n_answer + 8
     # and it is the full forward's logits at those positions: same records from a module without `hidden`
-    class Whole(nn.Module):
-        def __init__(self, gpt):
-            super().__init__()
-            self.gpt = gpt
-
-        def forward(self, idx, pos=None, start=0):
-            return self.gpt(idx)
-
     assert all(same(a, b) for a, b in zip(records, score_samples(Whole(model), samples, batch_size=64)))
+
+
+@pytest.mark.parametrize(("pe", "logit_scale"), [(pe, "none") for pe in available_encodings()]
+                         + [("alibi", "log_length"), ("cope", "log_length")])
+def test_records_through_the_last_rows_only_equal_the_whole_forward_for_every_encoding(pe, logit_scale, samples):
+    """A 2-layer GPT trained on 128 tokens scores probes of 96 and 160 tokens (within and past its length;
+    log_length: explicit, scaled logits past it): the last block runs on the last 8 rows of each sample,
+    and every record equals the one from the whole forward, bit for bit."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=V, n_layers=2, n_heads=2, d_model=32, train_length=128,
+                    attn_logit_scale=logit_scale)
+    knobs = {"max_position": 256} if pe == "learned" else {}  # a table past the 160-token probes
+    model = GPT(cfg, build_encoding({"name": pe, **knobs}, cfg.d_model, cfg.n_heads, train_length=128))
+    if pe == "cope":  # its position table starts at zero: no position signal, and nothing to get wrong
+        torch.nn.init.normal_(model.pe.pos_emb)
+    rows = []
+    model.blocks[-1].mlp.register_forward_hook(lambda mod, inp, out: rows.append(inp[0].shape[1]))
+    mixed = samples + [x for seed in range(2) for x in mqar_like(seed)]
+    pruned = score_samples(model, mixed, batch_size=16)
+    assert rows == [8, 8]  # one forward per length (96, 160), the last block on 8 rows of each
+    whole = score_samples(Whole(model), mixed, batch_size=16)
+    assert all(same(a, b) for a, b in zip(pruned, whole))
+    assert len({r.pred for r in pruned}) > 1 and all(-20 < r.logprob < 0 for r in pruned)
 
 
 def test_a_trained_looking_gpt_scores_through_hidden_like_forward():

@@ -2,7 +2,8 @@
 
 Scoring is teacher-forced on prompt + answer (one forward per sample, positions 0..L-1), batched across
 samples of one length. Only the answer positions go through the LM head (``GPT.hidden`` then ``lm_head``
-on the gathered rows: the head is 8-20% of a tiny model's forward at 512 tokens on CPU). Per sample a
+on the gathered rows: the head is 8-20% of a tiny model's forward at 512 tokens on CPU), and the last block
+runs on the last rows only (``GPT.hidden(from_index=...)``: the answers end each sample). Per sample a
 ``ProbeRecord``:
 
 * **correct** (exact match) = the argmax at every answer position equals the gold answer token. This is
@@ -74,9 +75,16 @@ class ProbeRecord:
 
 def answer_logits(model: nn.Module, x: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
     """fp32 logits (N, V) at the positions (rows[i], cols[i]) of the batch ``x`` (B, T). A model with
-    ``hidden`` (pelab's GPT) runs the LM head on those rows only; any other module is run whole."""
+    ``hidden`` (pelab's GPT) runs its last block on the rows from the first answer on and the LM head on
+    the answer rows only; any other module is run whole."""
     if hasattr(model, "hidden") and hasattr(model, "lm_head"):
-        h = model.hidden(x)[rows, cols]  # (N, D)
+        # Answers end their rows: the last block runs on the rows from the first answer column on. Their
+        # number is rounded up to a multiple of 8 (as the head rows below) so that a sample scored alone and
+        # in a batch with other answer lengths (7 tokens or fewer) goes through the same kernels with the
+        # same rows per sample: its record does not depend on its batch.
+        T, n = x.shape[1], x.shape[1] - int(cols.min())
+        first = max(0, T - n - (-n % 8))
+        h = model.hidden(x, from_index=first)[rows, cols - first]  # (N, D)
         # BLAS computes 1-3 rows with another kernel (gemv) than many rows, a few ulps apart: zero rows up
         # to a multiple of 8 keep every row on one kernel, so a record does not depend on its batch.
         pad = -len(h) % 8

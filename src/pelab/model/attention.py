@@ -98,12 +98,17 @@ def causal_attention(
     chunk_size: int = 1024,
     dropout_p: float = 0.0,
     backend: str = "auto",
+    q_start: int = 0,
 ) -> Tensor:
     """q, k, v (B, H, T, Dh) -> (B, H, T, Dh), causal, with an optional score bias (see module doc).
 
     ``backend``: "auto" (as above), "sdpa" (never FlexAttention), "flex" (FlexAttention on any device,
-    e.g. to test it on CPU under torch.compile).
+    e.g. to test it on CPU under torch.compile). ``q_start`` > 0: only the queries q_start..T-1 (against
+    keys 0..T-1), (B, H, T - q_start, Dh) -- evaluation of the last rows (``GPT.hidden(from_index=...)``);
+    they take the chunked SDPA path whatever the bias (is_causal aligns a shorter query block top-left).
     """
+    if q_start:
+        return chunked_biased_attention(q, k, v, bias_fn, chunk_size, dropout_p, q_start)
     if bias_fn is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
     use_flex = backend == "flex" or (
@@ -148,23 +153,30 @@ def causal_bias(bias: Tensor) -> CausalBias:
 
 
 def chunked_biased_attention(
-    q: Tensor, k: Tensor, v: Tensor, bias_fn: BiasFn, chunk_size: int = 1024, dropout_p: float = 0.0
+    q: Tensor, k: Tensor, v: Tensor, bias_fn: BiasFn | None, chunk_size: int = 1024, dropout_p: float = 0.0,
+    q_start: int = 0,
 ) -> Tensor:
-    """SDPA with mask = bias + causal, one query chunk at a time (memory O(H * chunk * T))."""
+    """SDPA with mask = bias + causal, one query chunk at a time (memory O(H * chunk * T)); queries
+    q_start..T-1 only -> (B, H, T - q_start, Dh). No bias (None): the mask is the causal -inf alone."""
     if chunk_size < 1:
         raise ValueError(f"model.attn_chunk_size must be >= 1; got {chunk_size}")
     T = q.shape[-2]
+    if not 0 <= q_start < T:
+        raise ValueError(f"q_start must be in [0, {T}); got {q_start}")
     outs = []
-    for q0 in range(0, T, chunk_size):
+    for q0 in range(q_start, T, chunk_size):
         q1 = min(q0 + chunk_size, T)
         qc, kc, vc = q[..., q0:q1, :], k[..., :q1, :], v[..., :q1, :]
         if isinstance(bias_fn, DistanceBias):
             # the chunk's mask lists queries in reverse order: flip the queries in and the outputs back
             outs.append(_masked_attention(qc.flip(-2), kc, vc, bias_fn.chunk(q0, q1), dropout_p).flip(-2))
             continue
-        mask = _bias_chunk(bias_fn, q0, q1)  # (H | B,H, C, q1)
-        if not isinstance(bias_fn, CausalBias):
-            mask = causal_additive_mask(mask, q0)
+        if bias_fn is None:
+            mask = causal_additive_mask(q.new_zeros(1, q1 - q0, q1), q0)  # (1, C, q1)
+        else:
+            mask = _bias_chunk(bias_fn, q0, q1)  # (H | B,H, C, q1)
+            if not isinstance(bias_fn, CausalBias):
+                mask = causal_additive_mask(mask, q0)
         if mask.dim() == 3:
             # (1, H, C, K) view: SDPA takes its fused CPU kernel for 4-D masks, the math path for 3-D ones
             mask = mask.unsqueeze(0)
@@ -221,14 +233,15 @@ def log_length_scale(q0: int, q1: int, train_length: int, device: torch.device |
 
 
 def observed_attention(q: Tensor, k: Tensor, v: Tensor, bias_fn: BiasFn | None, chunk_size: int = 1024,
-                       scale_from: int | None = None, observer: Callable | None = None) -> Tensor:
+                       scale_from: int | None = None, observer: Callable | None = None, q_start: int = 0
+                       ) -> Tensor:
     """Causal attention through explicit logits, one query chunk at a time: optionally scaled by
     ``log_length_scale`` (``scale_from`` = L) and shown to ``observer(scores (B, H, C, K), q0)`` before the
-    softmax. (B, H, T, Dh) -> (B, H, T, Dh). The model takes this path only when one of the two is asked for
-    at evaluation; otherwise ``causal_attention`` runs unchanged."""
+    softmax. (B, H, T, Dh) -> (B, H, T - q_start, Dh): queries q_start..T-1. The model takes this path only
+    when one of the two is asked for at evaluation; otherwise ``causal_attention`` runs unchanged."""
     T = q.shape[-2]
     outs = []
-    for q0 in range(0, T, chunk_size):
+    for q0 in range(q_start, T, chunk_size):
         q1 = min(q0 + chunk_size, T)
         scores = causal_scores(q, k, bias_fn, q0, q1)  # (B, H, C, q1)
         if scale_from is not None and q1 > scale_from:

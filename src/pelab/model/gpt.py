@@ -97,9 +97,10 @@ class CausalSelfAttention(nn.Module):
         # Evaluation-time diagnostics (pelab.evaluation.attention_stats) set a callable here; None in training.
         self.observer: Callable | None = None
 
-    def forward(self, x: Tensor, pe: PositionEncoding, state: PositionState) -> Tensor:
+    def forward(self, x: Tensor, pe: PositionEncoding, state: PositionState, q_start: int = 0) -> Tensor:
+        """x (B, T, D) -> (B, T - q_start, D): the outputs of queries q_start..T-1 (keys are all T rows)."""
         B, T, D = x.shape
-        # (B, T, 3D) -> 3 x (B, H, T, Dh)
+        # (B, T, 3D) -> 3 x (B, H, T, Dh); q of every row too: rotation and CoPE index the full tensors
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
         if pe.has_rotate:
             q, k = pe.rotate(q, k, state)
@@ -109,10 +110,14 @@ class CausalSelfAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         scaled = self.scale_from is not None and T > self.scale_from
         if self.observer is None and not scaled:  # always in training (T <= L): the fused kernels
-            y = causal_attention(q, k, v, bias, chunk_size=self.chunk_size, dropout_p=dropout_p, backend=backend)
+            y = causal_attention(q, k, v, bias, chunk_size=self.chunk_size, dropout_p=dropout_p, backend=backend,
+                                 q_start=q_start)
         else:  # explicit logits: scaled past L and / or shown to the diagnostics
-            y = observed_attention(q, k, v, bias, self.chunk_size, self.scale_from if scaled else None, self.observer)
-        y = y.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
+            # an observer's statistics are over every query: with one, all rows are computed, then sliced
+            first = q_start if self.observer is None else 0
+            y = observed_attention(q, k, v, bias, self.chunk_size, self.scale_from if scaled else None,
+                                   self.observer, q_start=first)[..., q_start - first:, :]
+        y = y.transpose(1, 2).reshape(B, T - q_start, D)  # (B, T - q_start, D)
         return self.resid_drop(self.proj(y))
 
     @staticmethod
@@ -146,8 +151,10 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.d_model, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: Tensor, pe: PositionEncoding, state: PositionState) -> Tensor:
-        x = x + self.attn(self.ln_1(x), pe, state)
+    def forward(self, x: Tensor, pe: PositionEncoding, state: PositionState, q_start: int = 0) -> Tensor:
+        """(B, T, D) -> (B, T - q_start, D): rows q_start..T-1, which attend to all T rows."""
+        residual = x[:, q_start:] if q_start else x
+        x = residual + self.attn(self.ln_1(x), pe, state, q_start)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -217,10 +224,17 @@ class GPT(nn.Module):
             raise ValueError(f"pos must have shape ({T},) or ({B}, {T}); got {tuple(pos.shape)}")
         return pos.to(device=idx.device, dtype=torch.long), None
 
-    def hidden(self, idx: Tensor, pos: Tensor | None = None, start: int = 0) -> Tensor:
-        """idx (B, T) token ids -> the final hidden states (B, T, D), after ln_f and before the LM head
-        (a caller that needs logits at a few positions applies ``lm_head`` to those rows only).
-        Positions: ``pos`` (T,) or (B, T), else arange(start, start + T)."""
+    def hidden(self, idx: Tensor, pos: Tensor | None = None, start: int = 0, from_index: int = 0) -> Tensor:
+        """idx (B, T) token ids -> the final hidden states (B, T - from_index, D) of the rows from_index..T-1,
+        after ln_f and before the LM head (a caller that needs logits at a few positions applies ``lm_head``
+        to those rows only). Positions: ``pos`` (T,) or (B, T), else arange(start, start + T).
+
+        ``from_index`` > 0 (evaluation of the last rows, e.g. probe answers): every block but the last runs
+        on all rows (the last one's keys need them); the last block's attention, MLP and ln_f run on rows
+        from_index..T-1 only. ``from_index`` is a row index, not a position (with ``start`` they differ)."""
+        T = idx.shape[1]
+        if not 0 <= from_index < T:
+            raise ValueError(f"from_index must be in [0, {T}) for a {T}-token input; got {from_index}")
         consecutive = pos is None
         pos, max_position = self.positions(idx, pos, start)
         state = self.pe.prepare(pos, consecutive, max_position)  # once per forward, for every layer
@@ -228,8 +242,9 @@ class GPT(nn.Module):
         if self.pe.has_embed:
             x = self.pe.embed(x, state)  # sum composition: still (B, T, D)
         x = self.drop(x)
-        for block in self.blocks:
-            x = block(x, self.pe, state)
+        last = len(self.blocks) - 1
+        for i, block in enumerate(self.blocks):
+            x = block(x, self.pe, state, from_index if i == last else 0)
         return self.ln_f(x)
 
     def forward(self, idx: Tensor, pos: Tensor | None = None, start: int = 0) -> Tensor:
