@@ -5,6 +5,7 @@ perplexity side by side at 1-16 x 128 tokens.
 
     OMP_NUM_THREADS=1 python experiments/context_extension/run.py --out outputs/context_extension
     python experiments/context_extension/run.py --out DIR --table-only    # the table of finished runs
+    python experiments/context_extension/run.py --figure experiments/context_extension/results.md  # its plot
 
 Extra arguments after `--` go to every train.py command (e.g. `-- logger=csv`).
 """
@@ -76,6 +77,38 @@ def table(out: Path, child_steps: int) -> str:
     return "\n".join(lines + notes) + "\n"
 
 
+def figure(results_md: Path, png: Path) -> Path:
+    """Perplexity vs length, one line per (scaling, regime), from a table this script wrote."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines = [ln for ln in results_md.read_text().splitlines() if ln.startswith("|")][2:]  # skip head + rule
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for i, ln in enumerate(lines):
+        scaling, regime, *cells = [c.strip() for c in ln.strip("|").split("|")]
+        if scaling == "none" and regime == "training-free":
+            continue  # the parent itself (its own row)
+        ys = [float("nan") if c == "n/a" else float(c) for c in cells]
+        tuned = regime.startswith("fine-tuned")
+        color = "k" if scaling.startswith("(") else f"C{SCALINGS.index(scaling)}"
+        ax.plot(LENGTHS[: len(ys)], ys, "-" if tuned or color == "k" else ":", marker="o" if tuned else ".",
+                color=color, label=f"{scaling}, {regime.split(',')[0]}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(LENGTHS, [str(L) for L in LENGTHS])
+    ax.minorticks_off()
+    ax.axvline(128, color="grey", lw=0.8)
+    ax.axvline(512, color="grey", lw=0.8, ls="--")
+    ax.set(xlabel="evaluation length (tokens; parent L = 128, children fine-tuned at 512)",
+           ylabel="perplexity (byte level)", ylim=(4, 22))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=ROOT / "outputs" / "context_extension")
@@ -84,7 +117,12 @@ def main() -> None:
     p.add_argument("--table-only", action="store_true")
     p.add_argument("--skip-parent", action="store_true", help="reuse OUT/parent (trained already)")
     p.add_argument("--write", type=Path, default=None, help="also write the table to this file")
+    p.add_argument("--figure", type=Path, default=None,
+                   help="plot a results.md this script wrote (next to it, as .png) and stop")
     args, extra = p.parse_known_args()
+    if args.figure:
+        print(figure(args.figure, args.figure.with_suffix(".png")))
+        return
     extra = [a for a in extra if a != "--"]
     out = args.out.resolve()
     t0 = time.time()
