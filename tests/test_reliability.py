@@ -468,6 +468,7 @@ def test_unknown_option_lists_the_available_ones(group, known, tmp_path):
 BAD_INPUTS = [
     # (overrides, the setting the message must name)
     (["model.n_heads=3"], "model.n_heads"),
+    (["model.attn_backend=fast"], "model.attn_backend"),
     (["pe=rope", "pe.randomized.max_position=16"], "pe.randomized.max_position"),
     (["data.seq_len=0"], "data.seq_len"),
     (["data.seq_len=-8"], "data.seq_len"),
