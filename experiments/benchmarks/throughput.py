@@ -183,7 +183,7 @@ class Stepper:
 
     def __init__(self, name: str, model: nn.Module, opt, batches: list[Tensor], a, device, clock):
         self.name, self.model, self.opt, self.batches = name, model, opt, batches
-        self.net = torch.compile(model) if a.compile else model
+        self.net = torch.compile(model, dynamic=False) if a.compile else model  # as LMModule.net
         self.a, self.device, self.clock = a, device, clock
         self.times: list[float] = []
 

@@ -80,7 +80,9 @@ class LMModule(L.LightningModule):
     def net(self) -> torch.nn.Module:
         """The model to run: compiled lazily when `compile=true` (the state dict stays the plain model's)."""
         if self.cfg.get("compile") and self._compiled is None:
-            self._compiled = torch.compile(self.model)
+            # static shapes: a new batch size or length recompiles (validation: once). With dynamic shapes
+            # inductor failed on RoPE at a second length (torch 2.13 CPU: "mul expected 2 arguments, got 3").
+            self._compiled = torch.compile(self.model, dynamic=False)
         return self._compiled if self._compiled is not None else self.model
 
     def forward(self, idx: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:

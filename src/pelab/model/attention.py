@@ -63,19 +63,16 @@ def antidiagonal_sums(grad: Tensor) -> Tensor:
 class DiagonalView(torch.autograd.Function):
     """table (..., N) -> (..., R, K) with out[..., r, j] = table[..., offset + r + j]: a zero-copy strided view.
 
-    Why a Function: autograd through ``as_strided`` (or a gather of T^2 indices) scatter-adds every one of
+    Why a Function: autograd through a strided view (or a gather of T^2 indices) scatter-adds every one of
     the R*K gradient entries into the N table slots (atomics on CUDA: the T5 training step was 7x NoPE's on
     an H200); a translation-invariant bias needs one gradient per (head, distance), the sums along the
     view's anti-diagonals (``antidiagonal_sums``)."""
 
     @staticmethod
     def forward(ctx, table: Tensor, R: int, K: int, offset: int) -> Tensor:
-        if table.stride(-1) != 1:
-            table = table.contiguous()
         ctx.n, ctx.offset = table.shape[-1], offset
-        lead = table.shape[:-1]
-        size, stride = (*lead, R, K), (*table.stride()[:-1], 1, 1)
-        return table.as_strided(size, stride, table.storage_offset() + offset)
+        # windows of K consecutive entries, stepping by one: a view (unfold, not as_strided: dynamo traces it)
+        return table[..., offset : offset + R + K - 1].unfold(-1, K, 1)  # (..., R, K)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None, None]:
