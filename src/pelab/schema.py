@@ -87,6 +87,7 @@ class OptimConfig:
     grad_clip: float
     nonfinite: str
     max_skips: int
+    fused: bool | None  # null = on CUDA only
 
 
 @dataclass
