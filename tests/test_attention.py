@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch.profiler import profile
@@ -118,39 +120,102 @@ def test_bad_bias_shape_and_chunk_size_are_clear_errors():
 
 @pytest.mark.slow
 def test_flex_attention_matches_reference_on_cpu():
-    """The CUDA path (FlexAttention + score_mod), forced on CPU under torch.compile (~15-60 s compile)."""
+    """model.attn_backend=flex (FlexAttention + score_mod) on CPU under torch.compile: the per-pair table
+    (shared and per-batch) and the per-distance table; the path taken is recorded as "flex" (~20 s: three
+    compiles). Forward only: FlexAttention has no backward on CPU (torch 2.13: NotImplementedError); its
+    gradients are compared with the reference by experiments/benchmarks/gpu_check.sh on CUDA."""
     pytest.importorskip("torch.nn.attention.flex_attention")
     import torch._inductor.config as inductor_config
+
+    from pelab.model.attention import attention_paths, distance_bias, reset_attention_paths
 
     # T a multiple of flex's 128 block: on CPU (torch 2.13) a partial last block reads past the end of
     # k/v (NaN when that memory holds NaN bits); inductor's on-disk cache has also returned wrong CPU
     # flex kernels, so compile fresh here. The CUDA kernels mask partial blocks.
     T = 128
+    reset_attention_paths()
     q, k, v = qkv(T)
-    with inductor_config.patch(force_disable_caches=True):
-        for batched in (False, True):
-            bias = random_bias(T, batched)
-            out = causal_attention(q, k, v, bias, backend="flex")
-            torch.testing.assert_close(out, reference_attention(q, k, v, bias), atol=1e-5, rtol=1e-5)
-            # the auto path's one-time self-check accepts a correct kernel
-            assert _flex_matches_sdpa(out, q, k, v, bias)
+    pe = build_encoding({"name": "alibi"}, H * DH, H)
+    pos = torch.arange(T)
+    cases = {"pairs": random_bias(T), "pairs_per_batch": random_bias(T, batched=True),
+             "alibi": distance_bias(pe, T, pos.device)}  # per distance: read inside the score_mod
+    with inductor_config.patch(force_disable_caches=True), torch.no_grad():
+        for label, bias in cases.items():
+            out = causal_attention(q, k, v, bias, backend="flex", scheme=label)
+            ref = reference_attention(q, k, v, pe.score_bias(pos, pos) if label == "alibi" else bias)
+            torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+            assert _flex_matches_sdpa(out, q, k, v, bias)  # the one-time self-check accepts a correct kernel
+    paths = attention_paths()["paths"]
+    assert {s: list(p) for s, p in paths.items()} == {label: ["flex"] for label in cases}
+
+
+def test_flex_failure_falls_back_with_a_warning_and_is_recorded():
+    """A real FlexAttention failure, asked for by model.attn_backend=flex in a CPU training forward (flex has
+    no backward on CPU, torch 2.13): a visible warning, the SDPA path's numbers and gradients, and the
+    fallback with its reason in attention_paths (what summary.json records)."""
+    from pelab.model import attention
+    from pelab.model.gpt import GPT, GPTConfig
+
+    attention.reset_attention_paths()
+    saved = dict(attention._flex_state)
+    try:
+        attention._flex_state.update(error=None, compiled=None, block_masks={})
+        torch.manual_seed(0)
+        pe = build_encoding({"name": "alibi"}, 16, 2)
+        model = GPT(GPTConfig(vocab_size=50, n_layers=2, n_heads=2, d_model=16, attn_backend="flex"), pe)
+        idx = torch.randint(0, 50, (2, 16))
+        with pytest.warns(UserWarning, match="FlexAttention failed"):
+            logits = model(idx)
+        record = attention.attention_paths()
+        assert record["flex_error"]
+        assert list(record["paths"]["alibi"]) == ["sdpa_mask"]
+        reason = record["paths"]["alibi"]["sdpa_mask"]["reason"]
+        assert "flex failed" in reason and record["flex_error"] in reason, reason
+        # later calls skip flex without another warning; the numbers are the SDPA path's
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            again = model(idx)
+        for block in model.blocks:
+            block.attn.backend = "sdpa"
+        torch.testing.assert_close(logits, model(idx), atol=0, rtol=0)
+        torch.testing.assert_close(again, logits, atol=0, rtol=0)
+    finally:
+        attention._flex_state.clear()
+        attention._flex_state.update(saved)
+
+
+def test_default_forward_records_the_sdpa_paths():
+    """A normal CPU forward records which path each scheme took: is_causal SDPA without a bias, SDPA with an
+    additive mask for a fixed bias, the explicit softmax for a learned bias in training."""
+    from pelab.model import attention
+    from pelab.model.gpt import GPT, GPTConfig
+
+    attention.reset_attention_paths()
+    for name in ("nope", "alibi", "t5_bias"):
+        model = GPT(GPTConfig(vocab_size=50, n_layers=1, n_heads=2, d_model=16), build_encoding({"name": name}, 16, 2))
+        model(torch.randint(0, 50, (1, 12))).sum().backward()
+    paths = attention.attention_paths()["paths"]
+    assert {s: list(p) for s, p in paths.items()} == {
+        "nope": ["sdpa_causal"], "alibi": ["sdpa_mask"], "t5_bias": ["explicit"]}
+    assert paths["alibi"]["sdpa_mask"]["first_call"] == "cpu float32 B=1 H=2 T=12 Dh=8 bias=DistanceBias"
+    assert "model.attn_backend=auto" in paths["alibi"]["sdpa_mask"]["reason"]
 
 
 def test_flex_self_check_rejects_a_wrong_kernel(monkeypatch):
     """The auto path compares each new flex kernel once against SDPA and falls back if they disagree."""
     from pelab.model import attention
 
-    monkeypatch.setitem(attention._flex_state, "failed", False)
+    monkeypatch.setitem(attention._flex_state, "error", None)
     monkeypatch.setitem(attention._flex_state, "verified", set())
     T = 12
     q, k, v = qkv(T)
     bias = random_bias(T)
     good = reference_attention(q, k, v, bias)
-    assert _flex_matches_sdpa(good, q, k, v, bias) and not attention._flex_state["failed"]
+    assert _flex_matches_sdpa(good, q, k, v, bias) and attention._flex_state["error"] is None
     monkeypatch.setitem(attention._flex_state, "verified", set())
     with pytest.warns(UserWarning, match="disagrees"):
         assert not _flex_matches_sdpa(good + 0.01, q, k, v, bias)
-    assert attention._flex_state["failed"]  # auto dispatch now skips flex for this process
+    assert attention._flex_state["error"]  # flex is now refused for this process (with this reason)
 
 
 # ---- the CPU fast paths (benchmarked in experiments/benchmarks) are exact ---------------------------------
@@ -215,36 +280,59 @@ def test_rope_rotation_passes_gradcheck_in_float64():
     assert torch.autograd.gradcheck(lambda t: apply_rotary(t, cos, sin).double(), (x,), eps=1e-3, atol=1e-3)
 
 
-@pytest.mark.parametrize("scheme", ["alibi", "t5_bias"])
+@pytest.mark.parametrize("scheme", ["alibi", "t5_bias", "kerple"])
 @pytest.mark.parametrize("chunk", [4, 7, 64])
 def test_per_distance_bias_matches_the_full_bias_and_reference(scheme, chunk):
-    """The (H, 2T-1) per-distance table, viewed per query chunk, gives the reference attention's output and
-    gradients (q, k, v and T5's learned table) for every chunking."""
+    """The (H, 2T-1) per-distance table, viewed per query chunk (CPU) or materialised whole (CUDA's form),
+    gives the reference attention's output and gradients (q, k, v and the learned T5 table / KERPLE r1, r2)
+    for every chunking; its forward is the full bias exactly."""
     from pelab.encodings import build_encoding
-    from pelab.model.attention import DistanceBias, distance_bias
+    from pelab.model.attention import CausalBias, DistanceBias, distance_bias
 
     torch.manual_seed(0)
     B, H, T, Dh = 2, 4, 19, 8
     pe = build_encoding({"name": scheme}, d_model=H * Dh, n_heads=H)
     with torch.no_grad():
         for p in pe.parameters():  # T5's N(0, d^-0.5) init is small: make the bias matter
-            p.mul_(10)
+            p.mul_(10 if scheme == "t5_bias" else 1.5)
     pos = torch.arange(T)
     table = distance_bias(pe, T, pos.device)
     assert isinstance(table, DistanceBias) and table.table.shape == (H, 2 * T - 1)
     full = causal_bias(pe.score_bias(pos, pos)).mask  # (H, T, T) with -inf above the diagonal
-    torch.testing.assert_close(table.chunk(5, 12)[0].flip(-2), full[:, 5:12, :12])
+    torch.testing.assert_close(table.chunk(5, 12)[0].flip(-2), full[:, 5:12, :12], atol=0, rtol=0)
+    torch.testing.assert_close(table.full(), full, atol=0, rtol=0)
 
     q, k, v = (torch.randn(B, H, T, Dh, requires_grad=True) for _ in range(3))
     params = [q, k, v, *pe.parameters()]
-    out = causal_attention(q, k, v, distance_bias(pe, T, pos.device), chunk_size=chunk)
+    assert len(params) > 3 or scheme == "alibi"
     ref = reference_attention(q, k, v, pe.score_bias(pos, pos))
-    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     w = torch.randn_like(ref)
-    for got, want in zip(
-        torch.autograd.grad((out * w).sum(), params), torch.autograd.grad((ref * w).sum(), params)
-    ):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    want = torch.autograd.grad((ref * w).sum(), params)
+    for form in (distance_bias(pe, T, pos.device), CausalBias(distance_bias(pe, T, pos.device).full())):
+        out = causal_attention(q, k, v, form, chunk_size=chunk)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+        for got, expected in zip(torch.autograd.grad((out * w).sum(), params), want):
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("lead", [(3,), (2, 3)], ids=["heads", "batch-heads"])
+def test_diagonal_view_gradient_is_the_per_distance_sum(lead):
+    """DiagonalView's backward (anti-diagonal sums by pad-and-reshape) equals autograd through a plain
+    gather of the same entries, in fp64, with leading (H,) or per-batch (B, H) dimensions; gradcheck too."""
+    from pelab.model.attention import DiagonalView
+
+    torch.manual_seed(0)
+    N, R, K, offset = 13, 5, 7, 1
+    table = torch.randn(*lead, N, dtype=torch.float64, requires_grad=True)
+    index = offset + torch.arange(R)[:, None] + torch.arange(K)[None, :]  # (R, K)
+    view, gathered = DiagonalView.apply(table, R, K, offset), table[..., index]
+    assert torch.equal(view, gathered)
+    w = torch.randn_like(gathered)
+    got, = torch.autograd.grad((view * w).sum(), table)
+    want, = torch.autograd.grad((gathered * w).sum(), table)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+    assert got[..., offset + R + K - 1:].abs().max() == 0 and got[..., :offset].abs().max() == 0
+    assert torch.autograd.gradcheck(lambda t: DiagonalView.apply(t, R, K, offset), (table,))
 
 
 @pytest.mark.parametrize("scheme", ["alibi", "t5_bias"])

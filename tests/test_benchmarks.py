@@ -89,3 +89,44 @@ def test_eval_memory_measures_each_case_in_its_own_process(tmp_path):
         assert r["peak_rss"] >= r["rss_before"] > 0 and r["seconds"] > 0
         assert 3.0 < r["nll_per_token"] < 5.5
     assert "target < 4.0 GiB: met" in proc.stdout
+
+
+GPU_CHECK = ROOT / "experiments" / "benchmarks" / "gpu_check.sh"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_check_parses_and_its_python_pieces_run_on_cpu(tmp_path):
+    """gpu_check.sh is valid bash; the pieces it calls run at tiny sizes on CPU with the arguments it passes
+    (all of them: `bash gpu_check.sh --cpu-smoke`, README), and `collect` joins their JSONs into one."""
+    assert subprocess.run(["bash", "-n", str(GPU_CHECK)], check=False, capture_output=True).returncode == 0
+    gpu_check = _load("gpu_check")
+    gpu_check.main(["steps", "--cpu-smoke", "--schemes", "nope", "alibi", "t5_bias", "--json", str(tmp_path / "steps.json")])
+    gpu_check.main(["mfu", "--cpu-smoke", "--no-compile", "--mfu-schemes", "nope", "--json", str(tmp_path / "mfu.json")])
+    gpu_check.main(["attention", "--cpu-smoke", "--schemes", "t5_bias", "--flex-dtypes", "--json",
+                    str(tmp_path / "attention.json")])
+    _load("eval_memory").main(["--in-process", "--pe", "alibi", "kerple", "--lengths", "64", "--d", "32", "--layers",
+                               "1", "--heads", "2", "--vocab", "64", "--train-len", "32", "--json",
+                               str(tmp_path / "eval_memory.json")])
+    report = gpu_check.main(["collect", str(tmp_path)])
+    assert json.loads((tmp_path / "gpu_check.json").read_text())["steps"] == report["steps"]
+    steps = report["steps"]["rows"]
+    assert set(steps) == {"nope", "alibi", "t5_bias"} and steps["nope"]["vs_nope"] == 1.0
+    # the path each scheme's training step took, as recorded by the attention dispatch
+    assert list(steps["nope"]["attention"]) == ["sdpa_causal"] and list(steps["alibi"]["attention"]) == ["sdpa_mask"]
+    assert list(steps["t5_bias"]["attention"]) == ["explicit"]
+    mfu = report["mfu"]
+    assert mfu["matmul_flops"] > 0 and 0 < mfu["rows"]["nope"]["mfu_vs_matmul"]
+    assert mfu["rows"]["nope"]["mfu_vs_spec"] == pytest.approx(
+        mfu["rows"]["nope"]["flops_per_token"] * mfu["rows"]["nope"]["tokens_per_s"] / 989e12)
+    att = report["attention"]["rows"]["t5_bias"]
+    assert att["bias_form"] == "DistanceBias" and att["sdpa_err_fp32"] < 1e-5 and att["sdpa_err_bf16"] < 0.1
+    memory = report["eval_memory"]["rows"]
+    assert [(r["scheme"], r["length"]) for r in memory] == [("alibi", 64), ("kerple", 64)]
+    assert all("error" not in r and 3.0 < r["nll_per_token"] < 5.5 for r in memory)
+    assert report["train"]["status"] is None and report["probe_speed"]["error"]  # sections not run: said so

@@ -351,9 +351,12 @@ def test_nan_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
     assert summary["status"] == "failed" and "step 12" in summary["error"]  # (W&B state: the sweep test)
 
 
-def test_nan_skip_mode_skips_the_update_up_to_max_skips(tmp_path):
+@pytest.mark.parametrize("fused", ["null", "true"], ids=["checked-each-step", "fused-no-sync"])
+def test_nan_skip_mode_skips_the_update_up_to_max_skips(fused, tmp_path):
+    """Both checks: each step's flag read at once (CPU default), and the fused AdamW's (CUDA default), whose
+    kernel skips a flagged update itself and whose flags are read every log_every_n_steps (5) steps."""
     base = [*FAST, "logger=csv", "evaluate_after_fit=false", "trainer.max_steps=12", "trainer.val_check_interval=12",
-            "optim.nonfinite=skip", "debug.inject_nan_at_step=[3,7]"]
+            "optim.nonfinite=skip", "debug.inject_nan_at_step=[3,7]", f"optim.fused={fused}"]
     summary = train(compose([*base, "optim.max_skips=2"], tmp_path / "ok"))
     assert summary["status"] == "ok" and summary["nonfinite_skips"] == 2
     assert math.isfinite(summary["metrics"]["val/loss"])
@@ -363,6 +366,21 @@ def test_nan_skip_mode_skips_the_update_up_to_max_skips(tmp_path):
 
     with pytest.raises(NonFiniteError, match=r"step 7 .*already skipped 1 steps \(optim\.max_skips=1\)"):
         train(compose([*base, "optim.max_skips=1"], tmp_path / "too-many"))
+
+
+def test_nan_stop_with_the_fused_optimizer_stops_before_any_later_checkpoint(tmp_path):
+    """optim.fused=true (no host sync per step): a NaN at step 7 is found when the queued flags are read
+    (log_every_n_steps=5: after step 9) and stops the run naming step 7; the update was never applied, and
+    no checkpoint was written after it (the last one is step 5's, finite)."""
+    out = tmp_path / "run"
+    cfg = compose([*FAST, "logger=csv", "evaluate_after_fit=false", "optim.fused=true", "trainer.max_steps=12",
+                   "trainer.val_check_interval=12", "callbacks.checkpoint.every_n_steps=5",
+                   "debug.inject_nan_at_step=7"], out)
+    with pytest.raises(NonFiniteError, match=r"non-finite loss at step 7 .*optim\.nonfinite=stop.*\(step 5\)"):
+        train(cfg)
+    kept = load(out / "checkpoints" / "last.ckpt")
+    assert kept["global_step"] == 5
+    assert all(torch.isfinite(t).all() for t in kept["state_dict"].values())
 
 
 # -- 4. DDP vs one process -------------------------------------------------------------------------
@@ -468,6 +486,7 @@ def test_unknown_option_lists_the_available_ones(group, known, tmp_path):
 BAD_INPUTS = [
     # (overrides, the setting the message must name)
     (["model.n_heads=3"], "model.n_heads"),
+    (["model.attn_backend=fast"], "model.attn_backend"),
     (["pe=rope", "pe.randomized.max_position=16"], "pe.randomized.max_position"),
     (["data.seq_len=0"], "data.seq_len"),
     (["data.seq_len=-8"], "data.seq_len"),

@@ -61,6 +61,10 @@ def test_every_encoding_trains_and_lowers_the_loss(overrides, tmp_path):
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert saved["status"] == "ok" and saved["metrics"]["val/ppl"] > 1.0
     assert saved["config"]["pe"]["name"] == pe
+    # the attention path(s) this job's scheme took, and no other scheme's (summary.json "attention")
+    paths = saved["attention"]["paths"]
+    assert list(paths) == [pe] and saved["attention"]["flex_error"] is None
+    assert set(paths[pe]) <= {"sdpa_causal", "sdpa_mask", "explicit"} and paths[pe], paths
 
 
 def test_unknown_encoding_lists_the_available_ones(tmp_path):

@@ -2,12 +2,17 @@
 
     python experiments/benchmarks/eval_memory.py                       # 4k, 16k, 32k tokens, all schemes
     python experiments/benchmarks/eval_memory.py --pe rope alibi --lengths 4096 --json out.json
+    python experiments/benchmarks/eval_memory.py --device cuda --dtype bf16 --lengths 32768 --d 384 --layers 6 \
+        --heads 6 --vocab 32768 --pe nope rope alibi t5_bias          # GPU: peak CUDA memory per case
 
 Each (scheme, length) runs in a fresh subprocess, so its peak RSS (VmHWM from /proc/self/status, else
 ru_maxrss) is that case's alone: interpreter + torch + model + one evaluation forward. The forward is the
 real evaluation path: ``score_windows`` (pelab.evaluation.extrapolation) on one window of ``length``
 tokens under ``torch.no_grad()`` -- full logits (T, V), per-token fp32 cross-entropy, per-position sums.
 ``learned`` gets ``pe.max_position = length`` (its table must cover the evaluated positions).
+On CUDA (``--device cuda``) the peak is ``torch.cuda.max_memory_allocated`` of the case (model + activations),
+``--dtype bf16`` = autocast as in evaluation under bf16-mixed; ``--in-process`` runs the cases one after the
+other in this process (the CUDA peak is reset per case; the RSS columns then mean nothing).
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEMES = ("nope", "rope", "alibi", "t5_bias", "learned", "sinusoidal")
+SCHEMES = ("nope", "rope", "alibi", "t5_bias", "learned", "sinusoidal")  # the default set
+ALL_SCHEMES = (*SCHEMES, "xpos", "kerple", "sandwich", "fire", "cope")
 GIB = 2**30
 
 
@@ -61,15 +67,26 @@ def run_case(a: argparse.Namespace) -> dict:
         pe["max_position"] = length
     model_cfg = {"n_layers": a.layers, "n_heads": a.heads, "d_model": a.d, "attn_chunk_size": a.chunk}
     torch.manual_seed(0)
-    model = build_model(model_cfg, pe, a.vocab, a.train_len).eval()
-    tokens = torch.randint(0, a.vocab, (length + 1,))
-    sums, counts = torch.zeros(length, dtype=torch.float64), torch.zeros(length, dtype=torch.float64)
+    device = torch.device(a.device)
+    model = build_model(model_cfg, pe, a.vocab, a.train_len).eval().to(device)
+    tokens = torch.randint(0, a.vocab, (length + 1,)).to(device)
+    sums, counts = (torch.zeros(length, dtype=torch.float64, device=device) for _ in range(2))
     rss_before = (status_kib("VmRSS") or 0) * 1024
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.dtype == "bf16")
     t0 = time.perf_counter()
-    with torch.no_grad():
+    with torch.no_grad(), autocast:
         nll, n = score_windows(model, tokens, [Window(0, length, 0)], 1, sums, counts)
+    if cuda:
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     return {
+        "device": a.device,
+        "dtype": a.dtype,
+        "cuda_peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
         "scheme": scheme,
         "length": length,
         "seconds": seconds,
@@ -81,7 +98,12 @@ def run_case(a: argparse.Namespace) -> dict:
 
 
 def measure(scheme: str, length: int, a: argparse.Namespace) -> dict:
-    """run_case in a fresh interpreter (its peak RSS is this case's alone)."""
+    """run_case in a fresh interpreter (its peak RSS is this case's alone), or here with --in-process."""
+    if a.in_process:
+        try:
+            return run_case(argparse.Namespace(**{**vars(a), "case": [scheme, str(length)]}))
+        except Exception as err:  # noqa: BLE001 - one case's failure is recorded, the others run
+            return {"scheme": scheme, "length": length, "error": [f"{type(err).__name__}: {err}"]}
     sizes = f"--d {a.d} --layers {a.layers} --heads {a.heads} --vocab {a.vocab} --chunk {a.chunk}"
     cmd = [
         sys.executable,
@@ -92,6 +114,10 @@ def measure(scheme: str, length: int, a: argparse.Namespace) -> dict:
         *sizes.split(),
         "--train-len",
         str(a.train_len),
+        "--device",
+        a.device,
+        "--dtype",
+        a.dtype,
     ]
     if a.threads:
         cmd += ["--threads", str(a.threads)]
@@ -134,7 +160,9 @@ def print_table(rows: list[dict], lengths: list[int], limit_gib: float) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pe", nargs="+", default=list(SCHEMES), choices=SCHEMES)
+    p.add_argument("--pe", nargs="+", default=list(SCHEMES), choices=ALL_SCHEMES)
+    p.add_argument("--device", default="cpu", help="cuda: also the case's peak CUDA memory")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="bf16 = autocast (CUDA)")
     p.add_argument("--lengths", nargs="+", type=int, default=[4096, 16384, 32768])
     p.add_argument("--d", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
@@ -146,6 +174,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=1800, help="seconds per case")
     p.add_argument("--limit-gib", type=float, default=4.0)
     p.add_argument("--json", default=None)
+    p.add_argument("--in-process", action="store_true", help="all cases in this process (CUDA peak only)")
     p.add_argument("--case", nargs=2, metavar=("SCHEME", "LENGTH"), help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -165,7 +194,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for n in a.lengths:
             rows.append(measure(scheme, n, a))
             r = rows[-1]
-            msg = r.get("error") or f"{r['peak_rss'] / GIB:.2f} GiB, {r['seconds']:.1f} s"
+            msg = r.get("error") or f"{r['peak_rss'] / GIB:.2f} GiB RSS, {r['seconds']:.1f} s" + (
+                f", CUDA peak {r['cuda_peak_bytes'] / GIB:.2f} GiB" if r.get("cuda_peak_bytes") is not None else "")
             print(f"  {scheme} {n}: {msg}", flush=True)
     print_table(rows, a.lengths, a.limit_gib)
     load_after = os.getloadavg()

@@ -51,7 +51,8 @@ from pelab.encodings import default_pe_config
 from pelab.harness.callbacks import TokenThroughput
 from pelab.harness.module import LMModule, build_model, flops_per_token
 
-SCHEMES = ("nope", "rope", "alibi", "t5_bias", "learned", "sinusoidal")
+SCHEMES = ("nope", "rope", "alibi", "t5_bias", "learned", "sinusoidal")  # the default set; each has a peer config
+ALL_SCHEMES = (*SCHEMES, "xpos", "kerple", "sandwich", "fire", "cope")  # --pe: the others without the peer
 IMPLS = ("plain", "lightning", "x-transformers")
 # wall: elapsed time. cpu: CPU time of this process -- insensitive to other processes taking the cores
 # (with --threads 1; with more threads it also counts OpenMP spin-waits).
@@ -183,7 +184,7 @@ class Stepper:
 
     def __init__(self, name: str, model: nn.Module, opt, batches: list[Tensor], a, device, clock):
         self.name, self.model, self.opt, self.batches = name, model, opt, batches
-        self.net = torch.compile(model) if a.compile else model
+        self.net = torch.compile(model, dynamic=False) if a.compile else model  # as LMModule.net
         self.a, self.device, self.clock = a, device, clock
         self.times: list[float] = []
 
@@ -299,7 +300,7 @@ def make_steppers(scheme: str, a, device, xt, batches: list[Tensor]) -> dict[str
     model = build_model(model_config(a), pe_config(scheme), a.vocab, a.seq).to(device)
     opt = adamw(model, device, lambda n: n.startswith("pe."))
     steppers = {"plain": Stepper("plain", model, opt, batches, a, device, clock)}
-    if xt is not None:
+    if xt is not None and scheme in SCHEMES:  # x-transformers configured like pelab for these schemes only
         torch.manual_seed(0)
         peer = build_peer(xt, scheme, a).to(device)
         opt = adamw(peer, device, lambda n: "pos_emb" in n or "rel_pos" in n)
@@ -414,7 +415,7 @@ def print_table(rows: list[dict], peak: float | None, peak_src: str, has_peer: b
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pe", nargs="+", default=list(SCHEMES), choices=SCHEMES)
+    p.add_argument("--pe", nargs="+", default=list(SCHEMES), choices=ALL_SCHEMES)
     p.add_argument("--d", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=4)

@@ -40,6 +40,7 @@ class ModelConfig:
     dropout: float
     bias: bool
     attn_chunk_size: int
+    attn_backend: str  # auto | sdpa | flex
     init: str  # gpt2 | kaiming
     tie_embeddings: bool
     attn_logit_scale: str  # none | log_length
@@ -86,6 +87,7 @@ class OptimConfig:
     grad_clip: float
     nonfinite: str
     max_skips: int
+    fused: bool | None  # null = on CUDA only
 
 
 @dataclass

@@ -32,7 +32,7 @@ from omegaconf import MISSING
 from torch import Tensor, nn
 
 from pelab.errors import ConfigError
-from pelab.model.attention import BiasFn, causal_bias, distance_bias
+from pelab.model.attention import BiasFn, CausalBias, causal_bias, distance_bias
 
 # A (H, T, T) bias (times B for per-batch positions) is materialised once per forward up to this many
 # elements (256 MB in fp32); longer inputs compute it per query chunk inside attention instead.
@@ -160,15 +160,18 @@ class PositionEncoding(nn.Module):
         raise NotImplementedError(f"pe={self.name} has no rotation (has_rotate=False)")
 
     def bias(self, pos: Tensor, consecutive: bool) -> BiasFn:
-        """The score bias of this forward for every layer: one value per distance for a translation-invariant
-        bias of consecutive positions (O(H*T)); else the full (H, T, T) bias + causal mask when it is small
-        enough; else a per-query-chunk callable (bounded memory). The CUDA path feeds FlexAttention a full
-        bias, so it skips the per-distance form."""
+        """The score bias of this forward for every layer: for a translation-invariant bias of consecutive
+        positions, one value per distance (O(H*T)), viewed per query chunk on CPU and materialised as the full
+        (H, T, T) mask on CUDA (what its kernels read); else the full (H, T, T) bias + causal mask when it is
+        small enough; else a per-query-chunk callable (bounded memory). A learned per-distance table gets its
+        gradient as one sum per distance (``DiagonalView``), not a scatter over every (query, key) pair."""
         T = pos.shape[-1]
-        per_distance = consecutive and self.bias_translation_invariant and not pos.is_cuda
-        if per_distance and self.n_heads * (2 * T - 1) <= self.max_bias_elements:
+        per_distance = consecutive and self.bias_translation_invariant
+        if per_distance and not pos.is_cuda and self.n_heads * (2 * T - 1) <= self.max_bias_elements:
             return distance_bias(self, T, pos.device)
         if self.n_heads * T * T * (pos.shape[0] if pos.dim() == 2 else 1) <= self.max_bias_elements:
+            if per_distance:
+                return CausalBias(distance_bias(self, T, pos.device).full())
             return causal_bias(self.score_bias(pos, pos))
         return self._chunk_bias_fn(pos)
 

@@ -281,9 +281,17 @@ class Sandwich(PositionEncoding):
         self.head_scale = torch.tensor(sandwich_slopes(self.n_heads), device=self.omega.device)
         return self
 
+    # above this many (pair, frequency) products, score_bias computes each distance once instead
+    MAX_DIRECT_ELEMENTS = 2**22
+
     def score_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         n = _distance(q_pos, k_pos).to(torch.float32)  # (Tq, Tk) or (B, Tq, Tk)
+        if n.numel() * self.omega.numel() <= self.MAX_DIRECT_ELEMENTS:
+            # e.g. the model's per-distance table, (1, 2T-1): no host sync, nothing dynamo cannot trace
+            scale, bias = _with_heads(self.head_scale, torch.cos(n[..., None] * self.omega).sum(-1) - self.dim / 2)
+            return bias * scale
         # sum_i cos(n w_i) over d'/2 frequencies, a Tq*Tk*d'/2 temporary: computed per distance instead
+        # (the same products: identical numbers; min/max are a host sync, and a graph break under compile)
         lo, hi = int(n.min()), int(n.max())
         d = torch.arange(lo, hi + 1, device=n.device, dtype=torch.float32)
         per_distance = torch.cos(d[:, None] * self.omega).sum(-1) - self.dim / 2  # (hi-lo+1,)

@@ -125,6 +125,8 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     two full products (and autograd keeps them); here each half is written once into one output buffer.
     """
     h = cos.shape[-1]
+    if torch.compiler.is_compiling():  # dynamo cannot trace out= into a slice (a graph break per call);
+        return _rotate_functional(x, cos, sin, h)  # inductor fuses this form into one kernel anyway
     out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
     x1, x2 = x[..., :h], x[..., h : 2 * h]
     o1, o2 = out[..., :h], out[..., h : 2 * h]
@@ -133,6 +135,15 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     if 2 * h < x.shape[-1]:
         out[..., 2 * h :] = x[..., 2 * h :]
     return out.to(x.dtype)
+
+
+def _rotate_functional(x: Tensor, cos: Tensor, sin: Tensor, h: int) -> Tensor:
+    """_rotate without out= buffers (the same fp32 products), for torch.compile."""
+    x1, x2 = x[..., :h].float(), x[..., h : 2 * h].float()
+    parts = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
+    if 2 * h < x.shape[-1]:
+        parts.append(x[..., 2 * h :].float())
+    return torch.cat(parts, dim=-1).to(x.dtype)
 
 
 class _Rotary(torch.autograd.Function):

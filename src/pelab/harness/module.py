@@ -7,7 +7,11 @@ Reliability (see `pelab.harness.reliability`):
 - the torch RNG is re-seeded before every training step from (seed, step, rank), like the data stream, so
   dropout masks after a resume equal those of an uninterrupted run without saving any RNG state;
 - a non-finite loss or gradient (checked after backward, before the optimizer step) stops the run
-  (`optim.nonfinite=stop`) or skips that update (`skip`, at most `optim.max_skips` times);
+  (`optim.nonfinite=stop`) or skips that update (`skip`, at most `optim.max_skips` times). With the fused
+  AdamW (CUDA by default, `optim.fused`) the check costs no host sync per step: the kernel skips a flagged
+  update itself (`found_inf`, as under a GradScaler) and the flags are read every `trainer.log_every_n_steps`
+  steps and before a checkpoint, so a stop is raised up to that many (good) steps late, never after a bad
+  update was applied; otherwise each step's flag is read at once;
 - a checkpoint is never written from non-finite weights.
 """
 
@@ -71,6 +75,8 @@ class LMModule(L.LightningModule):
         # has no step left to train (Lightning then computes none).
         self.restored_metrics: dict[str, float] = {}
         self._loss: torch.Tensor | None = None
+        # fused AdamW: (step, non-finite flag, loss, grad norm) of the steps not yet read back (device tensors)
+        self._pending: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = []
         debug = cfg.get("debug") or {}
         nan_at = debug.get("inject_nan_at_step")
         self.inject_nan_at = set() if nan_at is None else {int(s) for s in np.atleast_1d(nan_at)}
@@ -80,7 +86,9 @@ class LMModule(L.LightningModule):
     def net(self) -> torch.nn.Module:
         """The model to run: compiled lazily when `compile=true` (the state dict stays the plain model's)."""
         if self.cfg.get("compile") and self._compiled is None:
-            self._compiled = torch.compile(self.model)
+            # static shapes: a new batch size or length recompiles (validation: once). With dynamic shapes
+            # inductor failed on RoPE at a second length (torch 2.13 CPU: "mul expected 2 arguments, got 3").
+            self._compiled = torch.compile(self.model, dynamic=False)
         return self._compiled if self._compiled is not None else self.model
 
     def forward(self, idx: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
@@ -116,8 +124,9 @@ class LMModule(L.LightningModule):
         self._loss = loss.detach()
         tokens = x.numel() * self.trainer.world_size
         self.log("train/loss", loss, prog_bar=True)
-        self.log("train/tokens", float((self.global_step + 1) * tokens))
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"])
+        # host numbers as CPU tensors: self.log(float) would copy each to the GPU and wait for it (a sync)
+        self.log("train/tokens", torch.tensor(float((self.global_step + 1) * tokens)))
+        self.log("train/lr", torch.tensor(float(self.optimizers().param_groups[0]["lr"])))
         return loss
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -133,23 +142,55 @@ class LMModule(L.LightningModule):
         loss on one rank makes every rank's averaged gradient NaN): check, then clip to optim.grad_clip."""
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-        if torch.isfinite(norm) and (self._loss is None or torch.isfinite(self._loss)):
+        if optimizer.defaults.get("fused"):
+            self._flag_nonfinite(optimizer, params, norm)
+            return
+        if torch.isfinite(norm) and (self._loss is None or torch.isfinite(self._loss)):  # a host sync
             if self.grad_clip > 0:
                 torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, norm)
             self.log("train/grad_norm", norm)
             return
-        self._bad_step(float(norm))
+        self._bad_step(int(self.global_step), float(norm))
         for p in params:  # AdamW skips parameters without gradient: no update, moments untouched
             p.grad = None
 
-    def _bad_step(self, grad_norm: float) -> None:
-        step = int(self.global_step)
-        loss = float(self._loss) if self._loss is not None else float("nan")
+    def _flag_nonfinite(self, optimizer: torch.optim.Optimizer, params: list, norm: torch.Tensor) -> None:
+        """Fused AdamW, without a host sync: a non-finite step sets the optimizer's ``found_inf``, with which
+        the fused kernel changes no parameter, moment or step count (what a GradScaler uses); the flag is
+        queued and read in ``check_nonfinite``. A bad step's clipped gradients are NaN but never applied."""
+        loss = self._loss if self._loss is not None else norm.new_zeros(())
+        bad = ~(torch.isfinite(norm) & torch.isfinite(loss))
+        if self.grad_clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, norm)
+        optimizer.found_inf = bad.float()
+        self.log("train/grad_norm", norm)
+        self._pending.append((int(self.global_step), bad, loss, norm))
+        if len(self._pending) >= max(1, int(getattr(self.trainer, "log_every_n_steps", 1) or 1)):
+            self.check_nonfinite(in_step=True)
+
+    def check_nonfinite(self, in_step: bool = False) -> None:
+        """Read the queued non-finite flags (one host sync) and count or stop for each bad step, in order.
+        ``in_step``: called from a training step's hook, where the skip count may be logged."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        flags = torch.stack([bad for _, bad, _, _ in pending]).tolist()
+        for (step, _, loss, norm), flagged in zip(pending, flags, strict=True):
+            if flagged:
+                self._bad_step(step, float(norm), float(loss), log_skips=in_step)
+
+    def on_train_end(self) -> None:
+        self.check_nonfinite()
+
+    def _bad_step(self, step: int, grad_norm: float, loss: float | None = None, log_skips: bool = True) -> None:
+        if loss is None:
+            loss = float(self._loss) if self._loss is not None else float("nan")
         kind = "loss" if not math.isfinite(loss) else "gradient"
         what = f"non-finite {kind} at step {step} (loss={loss}, grad_norm={grad_norm})"
         if self.nonfinite == "skip" and self.nonfinite_skips < self.max_skips:
             self.nonfinite_skips += 1
-            self.log("train/nonfinite_skips", float(self.nonfinite_skips))
+            if log_skips:  # Lightning allows self.log in step hooks only (not in on_save_checkpoint / on_train_end)
+                self.log("train/nonfinite_skips", float(self.nonfinite_skips))
             log.warning("%s; update skipped (%d/%d, optim.max_skips).", what, self.nonfinite_skips, self.max_skips)
             return
         why = (f"stopped (optim.nonfinite={self.nonfinite})" if self.nonfinite != "skip"
@@ -167,6 +208,7 @@ class LMModule(L.LightningModule):
         return f"{last} (step {self.last_ckpt_step})"
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self.check_nonfinite()  # a stop queued by the fused path comes before any later checkpoint
         bad = [n for n, p in self.model.named_parameters() if not torch.isfinite(p).all()]
         if bad:  # never replace a good checkpoint with a broken state
             raise NonFiniteError(f"refusing to write a checkpoint at step {self.global_step}: non-finite "
@@ -213,7 +255,7 @@ class LMModule(L.LightningModule):
             {"params": decay, "weight_decay": o["weight_decay"]},
             {"params": no_decay, "weight_decay": 0.0},
         ]
-        fused = self.device.type == "cuda"
+        fused = self.device.type == "cuda" if o.get("fused") is None else bool(o["fused"])
         opt = torch.optim.AdamW(groups, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"], fused=fused)
         total = int(self.trainer.max_steps) if self.trainer.max_steps and self.trainer.max_steps > 0 else 1
         sched = torch.optim.lr_scheduler.LambdaLR(

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 # model.* keys that do not change the checkpoint's tensors or their meaning; anything else in model.*, pe.*
 # (except the encoding's own `runtime_keys`) and tokenizer.* must match to resume.
-MODEL_RUNTIME_KEYS = ("name", "dropout", "attn_chunk_size")
+MODEL_RUNTIME_KEYS = ("name", "dropout", "attn_chunk_size", "attn_backend")
 
 
 RESUME_HINT = "Relaunch the same command with ckpt_path=auto (and the same paths.output_dir) to continue."

@@ -1,18 +1,27 @@
 """Causal attention: the single dispatch point for every encoding.
 
-  no score bias           -> F.scaled_dot_product_attention(is_causal=True)   (flash / fused kernels)
-  score bias, CUDA        -> FlexAttention with a score_mod adding the bias (compiled; causal block mask)
-  score bias, CPU/fallback-> SDPA with an additive float mask (bias + causal -inf), in query chunks of
-                             ``chunk_size`` (keys only up to each chunk's last query): memory O(H*chunk*T);
-                             the mask is passed 4-D, which SDPA's fused CPU kernel accepts (3-D -> math path);
-                             a mask that needs a gradient (learned T5 bias, training) on CPU goes through
-                             ``explicit_attention`` instead (the fused kernel gives no mask gradient)
+  no score bias     -> "sdpa_causal": F.scaled_dot_product_attention(is_causal=True) (flash / fused kernels)
+  score bias        -> "sdpa_mask": SDPA with an additive float mask (bias + causal -inf), in query chunks of
+                       ``chunk_size`` (keys only up to each chunk's last query): memory O(H*chunk*T); the
+                       mask is passed 4-D, which SDPA's fused CPU kernel accepts (3-D -> math path). The
+                       default on every device: on one H200 (B=16, H=6, T=1024, Dh=64, bf16, fwd+bwd) it took
+                       0.55 ms where FlexAttention took 1.0 ms (and FlexAttention only compiled there with
+                       smaller tiles, FLEX_CUDA_KERNEL_OPTIONS).
+                    -> "explicit": on CPU, a mask that needs a gradient (a learned bias in training) goes
+                       through ``explicit_attention`` (SDPA's fused CPU kernel gives no mask gradient)
+  backend="flex"    -> "flex": FlexAttention with a score_mod adding the bias (compiled; causal block mask;
+                       runs on CPU too under torch.compile); if it fails or is refused, a warning and the
+                       SDPA path, with the reason recorded
+Which path each scheme actually took is recorded per process (``attention_paths``: logged once per (scheme,
+path) at INFO and written to summary.json), so that no fallback is silent.
 
 The bias (``bias_fn``) is one of
   * a Tensor (H, T, T) or (B, H, T, T): the bias of every (query, key) pair; entries above the diagonal
     are ignored (masked here);
   * a ``CausalBias``: the same with the causal -inf already added -- what the model builds once per forward
     and shares across layers, so that each layer only slices it;
+  * a ``DistanceBias``: a translation-invariant bias as one value per (head, distance), (H, 2T-1), viewed per
+    query chunk (CPU) -- its learned table gets one gradient sum per distance (``DiagonalView``);
   * a callable ``bias_fn(q0, q1) -> Tensor (H | B,H, q1-q0, q1)``: the bias of queries q0..q1-1 against keys
     0..q1-1, computed on demand per query chunk, for inputs too long to materialise (H, T, T).
 All paths return the same numbers as ``reference_attention`` (explicit softmax); see tests/test_attention.py.
@@ -20,6 +29,7 @@ All paths return the same numbers as ``reference_attention`` (explicit softmax);
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 from collections.abc import Callable
@@ -29,6 +39,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+log = logging.getLogger(__name__)
+
+ATTN_BACKENDS = ("auto", "sdpa", "flex")  # model.attn_backend
+
 
 @dataclass(frozen=True)
 class CausalBias:
@@ -37,12 +51,44 @@ class CausalBias:
     mask: Tensor
 
 
+def antidiagonal_sums(grad: Tensor) -> Tensor:
+    """(..., R, K) -> (..., R+K-1): out[..., m] = sum of grad[..., r, j] over r + j = m.
+
+    Pad-and-reshape: with R zeros appended to each row, entry (r, j) sits at flat index r(K+R) + j
+    = r(K+R-1) + (r+j), i.e. in column r+j of the same buffer read as rows of K+R-1 (the last R entries,
+    padding of the last row, are dropped). One copy and one row sum: O(R*K), no scatter or atomics."""
+    R, K = grad.shape[-2:]
+    flat = F.pad(grad, (0, R)).flatten(-2)[..., : R * (K + R - 1)]  # (..., R*(K+R-1))
+    return flat.unflatten(-1, (R, K + R - 1)).sum(-2)
+
+
+class DiagonalView(torch.autograd.Function):
+    """table (..., N) -> (..., R, K) with out[..., r, j] = table[..., offset + r + j]: a zero-copy strided view.
+
+    Why a Function: autograd through a strided view (or a gather of T^2 indices) scatter-adds every one of
+    the R*K gradient entries into the N table slots (atomics on CUDA: the T5 training step was 7x NoPE's on
+    an H200); a translation-invariant bias needs one gradient per (head, distance), the sums along the
+    view's anti-diagonals (``antidiagonal_sums``)."""
+
+    @staticmethod
+    def forward(ctx, table: Tensor, R: int, K: int, offset: int) -> Tensor:
+        ctx.n, ctx.offset = table.shape[-1], offset
+        # windows of K consecutive entries, stepping by one: a view (unfold, not as_strided: dynamo traces it)
+        return table[..., offset : offset + R + K - 1].unfold(-1, K, 1)  # (..., R, K)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None, None]:
+        sums = antidiagonal_sums(grad)  # (..., R+K-1): table entries offset .. offset+R+K-2
+        return F.pad(sums, (ctx.offset, ctx.n - ctx.offset - sums.shape[-1])), None, None, None
+
+
 @dataclass(frozen=True)
 class DistanceBias:
     """A translation-invariant bias + causal mask for T consecutive positions, as one value per distance:
     ``table[:, n]`` is the bias at distance (query - key) = T-1-n, n = 0..2T-2, and -inf where that distance
     is negative. The (C, K) mask of a query chunk is then a zero-copy strided view of it (``chunk``): memory
-    O(H*T) for any chunk, where materialising the bias costs O(H*chunk*T) per chunk and layer.
+    O(H*T) for any chunk, where materialising the bias costs O(H*chunk*T) per chunk and layer. A learned
+    table's gradient is summed per distance (``DiagonalView``).
     """
 
     table: Tensor  # (H, 2T-1)
@@ -53,9 +99,12 @@ class DistanceBias:
 
         Row r (query i = q1-1-r), key j reads table[T - q1 + r + j], whose distance is i - j: the view
         steps +1 along both rows and keys (strides must be non-negative), hence the reversed rows."""
-        t = self.table
-        size, stride = (1, t.shape[0], q1 - q0, q1), (0, t.stride(0), 1, 1)
-        return t.as_strided(size, stride, t.storage_offset() + self.T - q1)
+        return DiagonalView.apply(self.table, q1 - q0, q1, self.T - q1)[None]
+
+    def full(self) -> Tensor:
+        """The (H, T, T) mask in query order (bias + causal -inf), materialised: what the CUDA kernels read.
+        Its gradient still reaches the table as one sum per distance."""
+        return self.chunk(0, self.T)[0].flip(-2)
 
 
 def distance_bias(pe, T: int, device: torch.device) -> DistanceBias:
@@ -76,7 +125,52 @@ FLEX_MAX_BIAS_ELEMENTS = 64 * 2**20
 # dynamo's recompile limit is 8); further signatures use the chunked SDPA path.
 FLEX_MAX_SIGNATURES = 8
 
-_flex_state: dict = {"compiled": None, "failed": False, "block_masks": {}, "verified": set()}
+# FlexAttention's tiles on CUDA for score_mods that read a bias table: with the defaults, an H200 (torch 2.11,
+# triton 3.6; bf16, Dh=64, an fp32 (H, T, T) table) found "No valid triton configs" (shared memory: 245760 B
+# required, 232448 B available); these compiled and ran there.
+FLEX_CUDA_KERNEL_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 1}
+
+_flex_state: dict = {"compiled": None, "error": None, "block_masks": {}, "verified": set()}
+
+
+# ---- which path ran: per process, per scheme ----------------------------------------------------------------
+_paths: dict[str, dict[str, dict]] = {}  # scheme -> path -> {"reason", "first_call", "compiled"}
+
+
+def note_path(scheme: str, path: str, reason: str | None, signature: str, compiled: bool) -> None:
+    """Record that ``scheme``'s attention ran on ``path`` (and why not a faster one); logged once per
+    (scheme, path). Under torch.compile it is called after each compiled graph runs, never traced
+    (registered with dynamo below), so recording adds no graph break and no recompile."""
+    entry = _paths.setdefault(scheme, {})
+    if path in entry:
+        return
+    entry[path] = {"reason": reason, "first_call": signature, "compiled": compiled}
+    log.info("attention: pe=%s takes the %s path (%s)%s%s", scheme, path, signature,
+             f"; {reason}" if reason else "", " under torch.compile" if compiled else "")
+
+
+if hasattr(torch._dynamo.config, "reorderable_logging_functions"):
+    torch._dynamo.config.reorderable_logging_functions.add(note_path)
+
+
+def attention_paths() -> dict:
+    """What this process's attention did so far, for summary.json: {"paths": {scheme: {path: {reason,
+    first_call, compiled}}}, "flex_error": the FlexAttention failure that disabled it, or None}."""
+    return {"paths": {s: {p: dict(v) for p, v in paths.items()} for s, paths in _paths.items()},
+            "flex_error": _flex_state["error"]}
+
+
+def reset_attention_paths() -> None:
+    _paths.clear()
+
+
+def _note(scheme: str | None, path: str, reason: str | None, q: Tensor, bias_fn: BiasFn | None) -> None:
+    if scheme is None:  # internal calls (e.g. the flex self-check) are not the model's attention
+        return
+    kind = "none" if bias_fn is None else type(bias_fn).__name__
+    B, H, T, Dh = q.shape
+    signature = f"{q.device.type} {str(q.dtype).removeprefix('torch.')} B={B} H={H} T={T} Dh={Dh} bias={kind}"
+    note_path(scheme, path, reason, signature, torch.compiler.is_compiling())
 
 
 def reference_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -99,26 +193,48 @@ def causal_attention(
     dropout_p: float = 0.0,
     backend: str = "auto",
     q_start: int = 0,
+    scheme: str | None = None,
 ) -> Tensor:
     """q, k, v (B, H, T, Dh) -> (B, H, T, Dh), causal, with an optional score bias (see module doc).
 
-    ``backend``: "auto" (as above), "sdpa" (never FlexAttention), "flex" (FlexAttention on any device,
-    e.g. to test it on CPU under torch.compile). ``q_start`` > 0: only the queries q_start..T-1 (against
-    keys 0..T-1), (B, H, T - q_start, Dh) -- evaluation of the last rows (``GPT.hidden(from_index=...)``);
-    they take the chunked SDPA path whatever the bias (is_causal aligns a shorter query block top-left).
+    ``backend`` (model.attn_backend): "auto" and "sdpa": the SDPA paths; "flex": FlexAttention for a score
+    bias (any device; on CPU under torch.compile), falling back to SDPA with a warning if it fails.
+    ``q_start`` > 0: only the queries q_start..T-1 (against keys 0..T-1), (B, H, T - q_start, Dh) --
+    evaluation of the last rows (``GPT.hidden(from_index=...)``); they take the chunked SDPA path whatever
+    the bias (is_causal aligns a shorter query block top-left). ``scheme``: the label the path taken is
+    recorded under (``attention_paths``); None records nothing.
     """
+    if backend not in ATTN_BACKENDS:
+        raise ValueError(f"model.attn_backend={backend} is unknown; choose one of {list(ATTN_BACKENDS)}")
     if q_start:
-        return chunked_biased_attention(q, k, v, bias_fn, chunk_size, dropout_p, q_start)
+        return chunked_biased_attention(q, k, v, bias_fn, chunk_size, dropout_p, q_start, scheme=scheme,
+                                        reason="the last rows only (q_start > 0)")
     if bias_fn is None:
+        _note(scheme, "sdpa_causal", None, q, None)
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-    use_flex = backend == "flex" or (
-        backend == "auto" and q.is_cuda and dropout_p == 0.0 and not _flex_state["failed"]
-    )
-    if use_flex:
-        out = _flex_biased_attention(q, k, v, bias_fn, strict=backend == "flex")
+    reason = _sdpa_reason(q, backend, dropout_p)
+    if reason is None:  # FlexAttention asked for and possible
+        out, reason = _flex_biased_attention(q, k, v, bias_fn, strict=False)
         if out is not None:
+            _note(scheme, "flex", "model.attn_backend=flex", q, bias_fn)
             return out
-    return chunked_biased_attention(q, k, v, bias_fn, chunk_size, dropout_p)
+    return chunked_biased_attention(q, k, v, bias_fn, chunk_size, dropout_p, scheme=scheme, reason=reason)
+
+
+def _sdpa_reason(q: Tensor, backend: str, dropout_p: float) -> str | None:
+    """Why a score bias takes the SDPA path rather than FlexAttention; None: try FlexAttention."""
+    if backend == "sdpa":
+        return "SDPA asked for: model.attn_backend=sdpa, or a content bias (CoPE: computed per layer and chunk)"
+    if backend == "auto":
+        if q.is_cuda:
+            return ("model.attn_backend=auto: additive-mask SDPA, measured faster than FlexAttention on an H200 "
+                    "(0.55 vs 1.0 ms fwd+bwd at B=16 H=6 T=1024 Dh=64 bf16)")
+        return "model.attn_backend=auto"
+    if dropout_p > 0.0:
+        return "model.attn_backend=flex refused: FlexAttention has no attention dropout (model.dropout > 0)"
+    if _flex_state["error"] is not None:
+        return f"model.attn_backend=flex refused: FlexAttention failed earlier in this process ({_flex_state['error']})"
+    return None
 
 
 # ---- SDPA with an additive mask, in query chunks -------------------------------------------------------
@@ -154,10 +270,11 @@ def causal_bias(bias: Tensor) -> CausalBias:
 
 def chunked_biased_attention(
     q: Tensor, k: Tensor, v: Tensor, bias_fn: BiasFn | None, chunk_size: int = 1024, dropout_p: float = 0.0,
-    q_start: int = 0,
+    q_start: int = 0, scheme: str | None = None, reason: str | None = None,
 ) -> Tensor:
     """SDPA with mask = bias + causal, one query chunk at a time (memory O(H * chunk * T)); queries
-    q_start..T-1 only -> (B, H, T - q_start, Dh). No bias (None): the mask is the causal -inf alone."""
+    q_start..T-1 only -> (B, H, T - q_start, Dh). No bias (None): the mask is the causal -inf alone.
+    The path ("sdpa_mask" or "explicit") is recorded under ``scheme`` with ``reason`` (see note_path)."""
     if chunk_size < 1:
         raise ValueError(f"model.attn_chunk_size must be >= 1; got {chunk_size}")
     T = q.shape[-2]
@@ -167,11 +284,11 @@ def chunked_biased_attention(
     for q0 in range(q_start, T, chunk_size):
         q1 = min(q0 + chunk_size, T)
         qc, kc, vc = q[..., q0:q1, :], k[..., :q1, :], v[..., :q1, :]
-        if isinstance(bias_fn, DistanceBias):
+        flipped = isinstance(bias_fn, DistanceBias)
+        if flipped:
             # the chunk's mask lists queries in reverse order: flip the queries in and the outputs back
-            outs.append(_masked_attention(qc.flip(-2), kc, vc, bias_fn.chunk(q0, q1), dropout_p).flip(-2))
-            continue
-        if bias_fn is None:
+            qc, mask = qc.flip(-2), bias_fn.chunk(q0, q1)
+        elif bias_fn is None:
             mask = causal_additive_mask(q.new_zeros(1, q1 - q0, q1), q0)  # (1, C, q1)
         else:
             mask = _bias_chunk(bias_fn, q0, q1)  # (H | B,H, C, q1)
@@ -180,15 +297,22 @@ def chunked_biased_attention(
         if mask.dim() == 3:
             # (1, H, C, K) view: SDPA takes its fused CPU kernel for 4-D masks, the math path for 3-D ones
             mask = mask.unsqueeze(0)
-        outs.append(_masked_attention(qc, kc, vc, mask, dropout_p))
+        explicit = _needs_explicit(q, mask)
+        if q0 == q_start:
+            why = "CPU: the learned bias needs a mask gradient, which SDPA's fused CPU kernel does not give"
+            _note(scheme, "explicit" if explicit else "sdpa_mask",
+                  "; ".join(filter(None, (reason, why if explicit else None))), q, bias_fn)
+        out = (explicit_attention if explicit else _sdpa_masked)(qc, kc, vc, mask.to(q.dtype), dropout_p)
+        outs.append(out.flip(-2) if flipped else out)
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
 
 
-def _masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout_p: float) -> Tensor:
-    mask = mask.to(q.dtype)
-    if mask.requires_grad and not q.is_cuda:
-        # a learned bias (T5) needs dL/dscores: SDPA would take its math path, which is slower
-        return explicit_attention(q, k, v, mask, dropout_p)
+def _needs_explicit(q: Tensor, mask: Tensor) -> bool:
+    """A mask that needs a gradient (a learned bias in training) on CPU: SDPA would take its math path."""
+    return mask.requires_grad and not q.is_cuda
+
+
+def _sdpa_masked(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout_p: float = 0.0) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
 
@@ -233,12 +357,15 @@ def log_length_scale(q0: int, q1: int, train_length: int, device: torch.device |
 
 
 def observed_attention(q: Tensor, k: Tensor, v: Tensor, bias_fn: BiasFn | None, chunk_size: int = 1024,
-                       scale_from: int | None = None, observer: Callable | None = None, q_start: int = 0
-                       ) -> Tensor:
+                       scale_from: int | None = None, observer: Callable | None = None, q_start: int = 0,
+                       scheme: str | None = None) -> Tensor:
     """Causal attention through explicit logits, one query chunk at a time: optionally scaled by
     ``log_length_scale`` (``scale_from`` = L) and shown to ``observer(scores (B, H, C, K), q0)`` before the
     softmax. (B, H, T, Dh) -> (B, H, T - q_start, Dh): queries q_start..T-1. The model takes this path only
     when one of the two is asked for at evaluation; otherwise ``causal_attention`` runs unchanged."""
+    why = [w for w, on in (("logits scaled past the training length", scale_from is not None),
+                           ("attention statistics observed", observer is not None)) if on]
+    _note(scheme, "explicit_logits", "evaluation: " + ", ".join(why), q, bias_fn)
     T = q.shape[-2]
     outs = []
     for q0 in range(q_start, T, chunk_size):
@@ -252,7 +379,7 @@ def observed_attention(q: Tensor, k: Tensor, v: Tensor, bias_fn: BiasFn | None, 
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
 
 
-# ---- FlexAttention (CUDA) -------------------------------------------------------------------------------
+# ---- FlexAttention (model.attn_backend=flex) ---------------------------------------------------------------
 def _causal(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
 
@@ -271,35 +398,54 @@ def _score_mod(bias: Tensor) -> Callable:
     return score_mod
 
 
-def _flex_biased_attention(q: Tensor, k: Tensor, v: Tensor, bias_fn: BiasFn, strict: bool) -> Tensor | None:
-    """FlexAttention with score + bias[h, q, k]; None (caller falls back) if unavailable or too large."""
+def _distance_score_mod(bias: DistanceBias) -> Callable:
+    """score + table[h, T-1 - (q - k)]: a translation-invariant bias read per distance, (H, 2T-1), not per pair."""
+    table, last = bias.table, bias.T - 1
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score + table[h, last - q_idx + kv_idx]
+
+    return score_mod
+
+
+def _flex_inputs(q: Tensor, bias_fn: BiasFn, strict: bool) -> tuple[Callable | None, tuple | str]:
+    """The score_mod for ``bias_fn`` and the signature its compiled kernel is specialised on; or None and
+    why FlexAttention is refused (a callable bias too large to materialise)."""
     T = q.shape[-2]
+    if isinstance(bias_fn, DistanceBias):
+        return _distance_score_mod(bias_fn), _flex_signature(q, bias_fn.table, "distance")
     if isinstance(bias_fn, CausalBias):
         bias = bias_fn.mask  # its -inf entries lie where the causal block mask masks anyway
-    elif isinstance(bias_fn, DistanceBias):
-        bias = bias_fn.chunk(0, T)[0].flip(-2)  # (H, T, T), rows back in query order
     elif isinstance(bias_fn, Tensor):
         bias = bias_fn
     else:
         n_elements = q.shape[1] * T * T  # estimate for (H, T, T); a per-batch bias is B times larger
         if n_elements > FLEX_MAX_BIAS_ELEMENTS and not strict:
-            return None
+            return None, (f"model.attn_backend=flex refused: a {T}-token bias computed per chunk would be "
+                          f"materialised whole (> {FLEX_MAX_BIAS_ELEMENTS} elements)")
         bias = bias_fn(0, T)
+    return _score_mod(bias), _flex_signature(q, bias, "pairs")
+
+
+def _flex_biased_attention(q: Tensor, k: Tensor, v: Tensor, bias_fn: BiasFn, strict: bool
+                           ) -> tuple[Tensor | None, str | None]:
+    """FlexAttention with score + bias -> (output, None); or (None, why) for the caller to fall back to SDPA:
+    refused (too large, too many compiled shapes), failed (a warning; flex is then off for this process)
+    or disagreeing with SDPA on its first call for this signature (a warning). ``strict``: raise instead."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+    T = q.shape[-2]
+    score_mod, signature = _flex_inputs(q, bias_fn, strict)
+    if score_mod is None:
+        return None, signature
     # past dynamo's recompile limit flex would run eagerly (slow, O(T^2) memory): use SDPA for new shapes
-    n_compiled = len(_flex_state["verified"])
-    if (
-        not strict
-        and n_compiled >= FLEX_MAX_SIGNATURES
-        and _flex_signature(q, bias) not in _flex_state["verified"]
-    ):
-        return None
-
+    if not strict and len(_flex_state["verified"]) >= FLEX_MAX_SIGNATURES and signature not in _flex_state["verified"]:
+        return None, f"model.attn_backend=flex refused: {FLEX_MAX_SIGNATURES} input shapes compiled already"
+    options = dict(FLEX_CUDA_KERNEL_OPTIONS) if q.is_cuda else None
     if torch.compiler.is_compiling():
         # inside a compiled model dynamo traces flex directly: no process-level caches or self-check here
         block_mask = create_block_mask(_causal, None, None, T, T, device=q.device)
-        return flex_attention(q, k, v, score_mod=_score_mod(bias), block_mask=block_mask)
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, kernel_options=options), None
     try:
         if _flex_state["compiled"] is None:
             # static shapes: inductor's dynamic-shape CPU flex kernel fails to build (torch 2.13)
@@ -309,43 +455,44 @@ def _flex_biased_attention(q: Tensor, k: Tensor, v: Tensor, bias_fn: BiasFn, str
         if block_mask is None:
             block_mask = create_block_mask(_causal, None, None, T, T, device=q.device)
             _flex_state["block_masks"][key] = block_mask
-        out = _flex_state["compiled"](q, k, v, score_mod=_score_mod(bias), block_mask=block_mask)
+        out = _flex_state["compiled"](q, k, v, score_mod=score_mod, block_mask=block_mask, kernel_options=options)
     except Exception as err:  # any failure: disable flex for this process, use SDPA
         if strict:
             raise
-        _flex_state["failed"] = True
-        warnings.warn(
-            f"FlexAttention failed ({type(err).__name__}: {err}); using chunked SDPA instead", stacklevel=2
-        )
-        return None
-    if not strict and not _flex_matches_sdpa(out, q, k, v, bias):
-        return None
-    return out
+        message = " ".join(f"{type(err).__name__}: {err}".split())[:500]
+        _flex_state["error"] = message
+        warnings.warn(f"FlexAttention failed ({message}); using chunked SDPA instead (recorded in "
+                      "summary.json under attention)", stacklevel=3)
+        return None, f"model.attn_backend=flex failed, fell back: {message}"
+    if not strict and not _flex_matches_sdpa(out, q, k, v, bias_fn, signature):
+        return None, f"model.attn_backend=flex fell back: {_flex_state['error']}"
+    return out, None
 
 
-def _flex_signature(q: Tensor, bias: Tensor) -> tuple:
+def _flex_signature(q: Tensor, bias: Tensor, form: str) -> tuple:
     """What a static-shape compiled flex kernel is specialised on."""
-    return (tuple(q.shape), q.dtype, str(q.device), tuple(bias.shape[:-2]), bias.dtype)
+    return (tuple(q.shape), q.dtype, str(q.device), form, tuple(bias.shape[:-2]), bias.dtype)
 
 
-def _flex_matches_sdpa(out: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> bool:
+def _flex_matches_sdpa(out: Tensor, q: Tensor, k: Tensor, v: Tensor, bias_fn: BiasFn,
+                       signature: tuple | None = None) -> bool:
     """Check a compiled FlexAttention kernel once per input signature against the SDPA path.
 
     Why: a compiled kernel is reused for every later call with the same signature, and we have seen
     inductor's on-disk cache hand back wrong flex kernels (CPU, torch 2.13). One extra attention and one
     host sync per new shape buys the guarantee that the fast path gives the reference numbers.
     """
-    key = _flex_signature(q, bias)
+    key = signature or _flex_inputs(q, bias_fn, strict=True)[1]
     if key in _flex_state["verified"]:
         return True
     with torch.no_grad():
-        expected = chunked_biased_attention(q, k, v, bias)
-    tol = 1e-4 if q.dtype in (torch.float32, torch.float64) else 2e-2
+        expected = chunked_biased_attention(q, k, v, bias_fn)
+    # bf16 / fp16: each path rounds on its own (~1e-2 apart at T = 1024); a wrong kernel is off by O(1)
+    tol = 1e-4 if q.dtype in (torch.float32, torch.float64) else 6e-2
     if torch.allclose(out.detach().float(), expected.float(), atol=tol, rtol=tol):
         _flex_state["verified"].add(key)
         return True
-    _flex_state["failed"] = True
-    warnings.warn(
-        "FlexAttention disagrees with SDPA on this input; using chunked SDPA from now on", stacklevel=3
-    )
+    _flex_state["error"] = "its output disagreed with SDPA's on a new input signature"
+    warnings.warn("FlexAttention disagrees with SDPA on this input; using chunked SDPA from now on (recorded in "
+                  "summary.json under attention)", stacklevel=3)
     return False

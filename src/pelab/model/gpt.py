@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pelab.model.attention import causal_attention, observed_attention
+from pelab.model.attention import ATTN_BACKENDS, causal_attention, observed_attention
 
 if TYPE_CHECKING:  # the encodings import model.attention: no import at run time, no cycle
     from pelab.encodings.base import PositionEncoding, PositionState
@@ -35,7 +35,10 @@ class GPTConfig:
     d_ff: int | None = None  # None = 4 * d_model
     dropout: float = 0.0
     bias: bool = False  # biases in Linear and LayerNorm layers
-    attn_chunk_size: int = 1024  # query chunk of the CPU biased-attention path
+    attn_chunk_size: int = 1024  # query chunk of the biased-attention SDPA path
+    # auto | sdpa: a score bias goes through SDPA with an additive mask (measured faster than FlexAttention
+    # on an H200); flex: FlexAttention (compiled score_mod), with a warning and SDPA if it fails
+    attn_backend: str = "auto"
     # gpt2: N(0, 0.02) weights, residual projections scaled by 1/sqrt(2 * layers) (GPT-2, nanoGPT).
     # kaiming: PyTorch's default Linear / LayerNorm init and kaiming-normal token embeddings, N(0, 2/d)
     # (x-transformers' TransformerWrapper; checked against x_transformers 2.31). The embedding scale is what
@@ -71,6 +74,8 @@ class GPTConfig:
             (0.0 <= self.dropout < 1.0, f"model.dropout must be in [0, 1); got {self.dropout}"),
             (self.attn_chunk_size >= 1, f"model.attn_chunk_size must be >= 1; got {self.attn_chunk_size}"),
             (self.init in INITS, f"model.init={self.init} is unknown; choose one of {list(INITS)}"),
+            (self.attn_backend in ATTN_BACKENDS,
+             f"model.attn_backend={self.attn_backend} is unknown; choose one of {list(ATTN_BACKENDS)}"),
             (self.attn_logit_scale in LOGIT_SCALES,
              f"model.attn_logit_scale={self.attn_logit_scale} is unknown; choose one of {list(LOGIT_SCALES)}"),
             (self.attn_logit_scale == "none" or self.train_length is None or self.train_length >= 2,
@@ -92,6 +97,7 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.resid_drop = nn.Dropout(config.dropout)
         self.chunk_size = config.attn_chunk_size
+        self.backend = config.attn_backend
         # Past this many keys, logits scale by log(n)/log(L) (model.attn_logit_scale=log_length); None = off.
         self.scale_from = config.train_length if config.attn_logit_scale == "log_length" else None
         # Evaluation-time diagnostics (pelab.evaluation.attention_stats) set a callable here; None in training.
@@ -104,19 +110,19 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
         if pe.has_rotate:
             q, k = pe.rotate(q, k, state)
-        bias, backend = state.bias, "auto"
+        bias, backend = state.bias, self.backend
         if pe.has_content_bias:
             bias, backend = self._content_bias_fn(pe, q, k, state), "sdpa"  # per layer: chunked SDPA path
         dropout_p = self.dropout if self.training else 0.0
         scaled = self.scale_from is not None and T > self.scale_from
         if self.observer is None and not scaled:  # always in training (T <= L): the fused kernels
             y = causal_attention(q, k, v, bias, chunk_size=self.chunk_size, dropout_p=dropout_p, backend=backend,
-                                 q_start=q_start)
+                                 q_start=q_start, scheme=pe.name)
         else:  # explicit logits: scaled past L and / or shown to the diagnostics
             # an observer's statistics are over every query: with one, all rows are computed, then sliced
             first = q_start if self.observer is None else 0
             y = observed_attention(q, k, v, bias, self.chunk_size, self.scale_from if scaled else None,
-                                   self.observer, q_start=first)[..., q_start - first:, :]
+                                   self.observer, q_start=first, scheme=pe.name)[..., q_start - first:, :]
         y = y.transpose(1, 2).reshape(B, T - q_start, D)  # (B, T - q_start, D)
         return self.resid_drop(self.proj(y))
 

@@ -27,7 +27,7 @@ from pelab.tasks.train import build_datamodule
 log = logging.getLogger(__name__)
 
 # Keys of the eval command line that replace the checkpoint's own settings.
-OVERRIDABLE = ("pe.", "eval.", "probes.", "model.attn_logit_scale")  # the last: no weights, any scheme
+OVERRIDABLE = ("pe.", "eval.", "probes.", "model.attn_logit_scale", "model.attn_backend")  # the last two: no weights
 # Keys of eval.yaml itself; any other key (model.*, data.*, tokenizer.*, ...) comes from the checkpoint.
 OWN_KEYS = ("ckpt_path", "scaling_sweep", "device", "tags", "notes", "name", "task", "logger", "paths", "hydra",
             "eval", "probes")
@@ -61,7 +61,7 @@ def overridden_keys(cfg: DictConfig) -> list[str]:
         elif key.split(".")[0].split("@")[0] not in OWN_KEYS:
             raise ConfigError(
                 f"{key} cannot be changed by eval.py: the model, data and tokenizer come from the checkpoint "
-                "(only pe.*, eval.*, probes.* and model.attn_logit_scale can be overridden); evaluate a checkpoint trained with that setting."
+                "(only pe.*, eval.*, probes.*, model.attn_logit_scale and model.attn_backend can be overridden); evaluate a checkpoint trained with that setting."
             )
     return keys
 

@@ -76,7 +76,11 @@ class Task:
     def save(self) -> None:
         """Write summary.json as it stands (rank 0): called whenever something new is known."""
         if self.rank == 0 and os.getpid() == self.pid:
+            from pelab.model.attention import attention_paths
+
             self.summary["wall_seconds"] = round(time.time() - self.t0, 2)
+            # which attention path each scheme took in this process (a FlexAttention failure included)
+            self.summary["attention"] = attention_paths()
             write_summary(self.output_dir, self.summary)
 
     def quit_now(self, signum: int) -> None:
@@ -107,7 +111,10 @@ def run_task(output_dir: Path, *, rank: int = 0, signals: tuple[int, ...] = (), 
     from pelab.harness.loggers import finish_wandb
     from pelab.harness.reliability import RESUME_HINT, JobSignals, Preempted
 
+    from pelab.model.attention import reset_attention_paths
+
     quiet_third_party()
+    reset_attention_paths()  # this job's attention paths only (a multirun runs its jobs in one process)
     output_dir.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"status": "running", **fields, "output_dir": str(output_dir),
                                "command": command_line(), "versions": versions()}
