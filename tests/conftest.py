@@ -41,11 +41,20 @@ FAST = [
 ]
 
 
+def shared_tmp(tmp_path_factory, name: str) -> Path:
+    """A folder every pytest-xdist worker of this session sees (their base temps share a parent)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # one process
+        return tmp_path_factory.mktemp(name)
+    path = tmp_path_factory.getbasetemp().parent / name
+    path.mkdir(exist_ok=True)
+    return path
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
-    """One token cache for the whole session, so each corpus/tokenizer is built once."""
-    path = Path(os.environ.get("PELAB_TEST_CACHE_DIR") or tmp_path_factory.mktemp("pelab-cache"))
-    return path
+    """One token cache for the whole session and all its workers, so each corpus/tokenizer is built once
+    (concurrent builders wait on the cache's own lock)."""
+    return Path(os.environ.get("PELAB_TEST_CACHE_DIR") or shared_tmp(tmp_path_factory, "pelab-cache"))
 
 
 @pytest.fixture(autouse=True)
@@ -76,13 +85,17 @@ SWEEP_ARGS = [
 @pytest.fixture(scope="session")
 def sweep(tmp_path_factory, cache_dir) -> Path:
     """One real 2 x 2 Hydra multirun (SWEEP_ARGS) for every test that reads a sweep's summaries: the
-    sweep, report and dashboard tests (~25 s on 2 busy cores, once per session)."""
-    root = tmp_path_factory.mktemp("sweep")
+    sweep, report and dashboard tests (~25 s on 2 busy cores, once per session, whichever xdist worker asks first)."""
+    from pelab.data.cache import _locked
+
+    root = shared_tmp(tmp_path_factory, "sweep")
     sweep_dir = root / "multirun"
-    out = run_cli(
-        ["-m", *SWEEP_ARGS, f"hydra.sweep.dir={sweep_dir}"], cwd=root, env={"PELAB_CACHE_DIR": str(cache_dir)}
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    with _locked(root / "build.lock"):  # built by the first worker that needs it; the others wait for it
+        if not (root / "done").exists():
+            out = run_cli(["-m", *SWEEP_ARGS, f"hydra.sweep.dir={sweep_dir}"], cwd=root,
+                          env={"PELAB_CACHE_DIR": str(cache_dir)})
+            assert out.returncode == 0, out.stderr[-3000:]
+            (root / "done").touch()
     return sweep_dir
 
 

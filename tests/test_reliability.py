@@ -392,6 +392,7 @@ def test_ddp_sim_equals_one_process_on_the_same_rows(tmp_path):
                   cwd=tmp_path, env=ONE_THREAD)
     assert res.returncode == 0, res.stderr[-3000:]
     ddp = summary_of(tmp_path / "ddp")
+    assert ddp["status"] == "ok" and ddp["global_step"] == 40
     # One process, batch 8 = the 4 rows rank 0 draws + the 4 rows rank 1 draws at each step.
     one = train(compose([*run, "trainer=cpu", "debug.emulate_world_size=2", "logger=csv"], tmp_path / "one"))
     a, b = ddp["metrics"]["val/ppl"], one["metrics"]["val/ppl"]
@@ -407,6 +408,7 @@ def test_ddp_sim_equals_one_process_on_the_same_rows(tmp_path):
     (wandb_run,) = offline_runs(tmp_path / "ddp")
     history = [r for r in wandb_records(wandb_run) if r.get("type") == "history"]
     assert sum("val/ppl" in r["history"]["item"] for r in history) == 2
+    assert wandb_summary(wandb_run)["summary"]["val/ppl"] == pytest.approx(a, rel=1e-6)
     assert sorted(p.name for p in (tmp_path / "ddp").rglob("summary.json")) == ["summary.json"]
 
 
