@@ -192,6 +192,17 @@ def test_report_rows_split_on_swept_settings_but_not_on_seeds(tmp_path):
     assert all(r.seeds == [0, 1] for r in grouping.rows)
 
 
+def test_report_labels_rows_by_the_shortest_of_keys_that_vary_together(tmp_path):
+    """Two keys telling the same rows apart: the label names the one that prints shortest (the mix ratio,
+    not the curriculum list that came with it)."""
+    cur = [[0, 32, 0.5], [200, 64, 0.5], [400, 128, 0.1]]
+    jobs = [_job(tmp_path, {"name": "rope"}, data={"seq_len": 128, "recall_mix": 0.25, "recall_curriculum": cur}),
+            _job(tmp_path, {"name": "rope"}, data={"seq_len": 128, "recall_mix": 0, "recall_curriculum": cur[:2]})]
+    grouping = report.group_rows(jobs)
+    assert [r.label for r in grouping.rows] == ["rope data.recall_mix=0.25", "rope data.recall_mix=0"]
+    assert grouping.also == ["data.recall_curriculum"]  # still recorded as varying with the rows
+
+
 def test_report_labels_variants_and_fills_knobs_older_runs_lack(tmp_path):
     rope = {"name": "rope", "base": 10000.0}
     old_rope = _job(tmp_path, rope)  # written before frequency_fraction / randomized existed

@@ -99,7 +99,10 @@ def row_keys(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
     ]
     target = _n_groups(frame, base + extra)
     label_keys: list[str] = []
-    for k in sorted(extra, key=lambda k: (-frame[k].nunique(dropna=False), k)):  # most values first
+    def order(k: str) -> tuple:  # most values first, then the shortest to print (a mix ratio, not a list)
+        return -frame[k].nunique(dropna=False), int(frame[k].astype(str).str.len().max()), k
+
+    for k in sorted(extra, key=order):
         if _n_groups(frame, base + label_keys) == target:
             break
         if _n_groups(frame, base + label_keys + [k]) > _n_groups(frame, base + label_keys):
