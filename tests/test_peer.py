@@ -51,8 +51,12 @@ def test_peer_trains_on_pelab_batches_end_to_end(peer, tmp_path):
     from pelab.summary import read_summary
 
     s = read_summary(out)
-    assert s["status"] == "ok" and s["config"]["pe"]["name"] == "xt_learned"
+    # the peer's scheme only: PELab's encoding knobs (pe.max_position, ...) are not the peer's settings
+    assert s["status"] == "ok" and s["config"]["pe"] == {"name": "xt_learned"}
     assert s["peer"]["kwargs"]["decoder"]["dim"] == s["config"]["model"]["d_model"]
+    # PELab's own token record, so a report over peer and PELab runs can check they saw the same tokens
+    assert s["data"]["vocab_size"] == s["peer"]["kwargs"]["wrapper"]["num_tokens"]
+    assert s["data"]["fingerprint"]["key"] and s["data"]["fingerprint"]["tokenizer"]["kind"] == s["config"]["tokenizer"]["kind"]
     curve = [p["loss"] for p in s["train_curve"]]
     assert curve[-1] < curve[0] - 0.3
     m = s["metrics"]

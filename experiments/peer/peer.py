@@ -147,7 +147,7 @@ def train(pe: str, overrides: list[str], out: Path, log_every: int = 100) -> dic
 
     from pelab.data.datamodule import inputs_and_targets
     from pelab.summary import versions, write_summary
-    from pelab.tasks.train import build_datamodule
+    from pelab.tasks.train import build_datamodule, data_record
 
     t0 = time.time()
     cfg = compose_config(pe, overrides, out)
@@ -182,9 +182,11 @@ def train(pe: str, overrides: list[str], out: Path, log_every: int = 100) -> dic
         "status": "ok",
         "output_dir": str(out),
         "command": " ".join(["experiments/peer/peer.py", "--pe", pe, *overrides]),
-        "config": OmegaConf.to_container(cfg, resolve=True),
+        # PELab's config minus its encoding's knobs (e.g. pe.bias_scale), which the peer's scheme does not read
+        "config": {**OmegaConf.to_container(cfg, resolve=True), "pe": {"name": cfg.pe.name}},
         "peer": {"library": "x-transformers", "version": importlib.metadata.version("x-transformers"),
                  "scheme": pe, "kwargs": kwargs},
+        "data": data_record(datamodule),  # PELab's tokens: reports check both sides saw the same ones
         "model": {"params": sum(p.numel() for p in model.parameters())},
         "versions": versions(),
         "global_step": steps,

@@ -259,18 +259,23 @@ def prepare_data(cfg: DictConfig, batch_size: int, summary: dict, ckpt_path: str
     datamodule = build_datamodule(cfg, batch_size)
     datamodule.prepare_data()
     datamodule.setup("fit")
-    summary["data"] = {
-        "fingerprint": datamodule.fingerprint,
-        "vocab_size": datamodule.vocab_size,
-        "reserved": datamodule.reserved,  # the recall key / value id ranges [start, stop)
-        "bytes_per_token": datamodule.bytes_per_token,
-    }
+    summary["data"] = data_record(datamodule)
     if ckpt_vocab is not None and int(ckpt_vocab) != datamodule.vocab_size:
         raise CheckpointError(
             f"ckpt_path={ckpt_path} has a vocabulary of {ckpt_vocab} ids but this run's tokenizer gives "
             f"{datamodule.vocab_size}; resume with the checkpoint's tokenizer.* and data.* settings."
         )
     return datamodule
+
+
+def data_record(datamodule: Any) -> dict:
+    """summary.json's `data`: what a report needs to tell whether runs saw the same tokens."""
+    return {
+        "fingerprint": datamodule.fingerprint,
+        "vocab_size": datamodule.vocab_size,
+        "reserved": datamodule.reserved,  # the recall key / value id ranges [start, stop)
+        "bytes_per_token": datamodule.bytes_per_token,
+    }
 
 
 def build_datamodule(cfg: DictConfig, batch_size: int) -> Any:
