@@ -34,6 +34,7 @@ BAD = [
     (["probes.depths=[a]"], "probes.depths[0]"),
     (["probes.depths=0.5"], "probes.depths"),
     (["compile=maybe"], "compile"),
+    (["matmul_precision=tf32"], "matmul_precision"),
     (["model.n_heads=null"], "model.n_heads"),
     (["+model.n_kv_heads=2"], "model.n_kv_heads"),
     (["model.name=???"], "model.name"),

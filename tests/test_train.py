@@ -13,6 +13,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from conftest import FAST, compose, offline_runs, run_cli, wandb_records, wandb_summary
+from pelab.harness.callbacks import SparseRichProgressBar
 from pelab.tasks.train import train
 
 ENCODINGS = ["nope", "sinusoidal", "learned", "t5_bias", "rope", "alibi"]
@@ -39,6 +40,17 @@ class StepClock(Callback):
 
     def on_train_batch_end(self, trainer, *_) -> None:
         StepClock.times[trainer.global_step] = time.perf_counter() - self.paused
+
+
+class CountingRichBar(SparseRichProgressBar):
+    """Test probe: the global steps at which the bar read its metrics (train/loss ...) while training."""
+
+    reads: ClassVar[list[int]] = []
+
+    def get_metrics(self, trainer, pl_module):
+        if trainer.training:
+            CountingRichBar.reads.append(trainer.global_step)
+        return super().get_metrics(trainer, pl_module)
 
 
 def _train_losses(output_dir: Path) -> list[float]:
@@ -147,6 +159,19 @@ def test_pe_diagnostics_figures_reach_disk_and_wandb(tmp_path):
     assert s["pe/num_learnable_params"] == (32 + 32) + (32 * 2 + 2) + 2
     history = [r for r in wandb_records(path) if r.get("type") == "history"]
     assert any("pe/bias_by_distance" in json.dumps(h) for h in history)
+
+
+def test_terminal_progress_bar_reads_metrics_only_every_refresh_rate_steps(tmp_path):
+    """The Rich bar (a terminal) reads the logged metrics (a host sync on CUDA) every `refresh_rate` steps, not
+    after every step as Lightning's RichProgressBar does; it still shows them."""
+    CountingRichBar.reads.clear()
+    fast = [o for o in FAST if not o.startswith("callbacks.progress_bar")]
+    cfg = compose([*fast, "logger=csv", "evaluate_after_fit=false", "trainer.max_steps=30",
+                   "callbacks.progress_bar._target_=test_train.CountingRichBar",
+                   "callbacks.progress_bar.refresh_rate=10", "~callbacks.progress_bar.log_refresh_rate"], tmp_path)
+    assert train(cfg)["global_step"] == 30
+    steps = [s for s in CountingRichBar.reads if 0 < s < 30]  # training steps (not the epoch end)
+    assert steps and all(s % 10 == 0 for s in steps), CountingRichBar.reads
 
 
 def test_tokens_per_sec_is_tokens_over_wall_time_and_mfu_follows_from_flops_per_token(tmp_path):

@@ -170,6 +170,7 @@ class RunConfig:
     optimized_metric: str
     ckpt_path: str | None
     compile: bool
+    matmul_precision: str
     evaluate_after_fit: bool
     debug: DebugConfig
 
@@ -432,10 +433,15 @@ def check_probes(p: DictConfig, seq_len: int) -> None:
              "lower probes.pairs or drop the short probes.lengths.")
 
 
+MATMUL_PRECISIONS = ("highest", "high", "medium")
+
+
 def check_run(r: DictConfig, batch_size: int) -> None:
     # numpy's SeedSequence and Lightning's seed_everything take 0 .. 2**32-1 (Lightning silently uses 0 outside).
     need(0 <= r.seed < 2**32, "seed", r.seed, "must be in [0, 2**32).")
     need(bool(r.optimized_metric), "optimized_metric", r.optimized_metric, "must name a metric, e.g. val/ppl.")
+    need(r.matmul_precision in MATMUL_PRECISIONS, "matmul_precision", r.matmul_precision,
+         f"must be one of {', '.join(MATMUL_PRECISIONS)} (torch.set_float32_matmul_precision).")
     nan_at = r.debug.inject_nan_at_step
     steps = list(nan_at) if OmegaConf.is_list(nan_at) else ([] if nan_at is None else [nan_at])
     need(all(_is_int(s) and s >= 0 for s in steps), "debug.inject_nan_at_step", nan_at,

@@ -196,12 +196,14 @@ def load_parent_weights(module: Any, path: str) -> None:
 
 def trainer_settings(cfg: DictConfig) -> tuple[str, int]:
     """The precision (`auto`: bf16-mixed on GPU, 32-true on CPU, where bf16 matmul is ~200x slower) and the
-    number of devices, checked against the batch size."""
+    number of devices, checked against the batch size; on CUDA also sets `matmul_precision`."""
     t = OmegaConf.to_container(cfg.trainer, resolve=True)
     precision = t.get("precision")
     if precision == "auto":
-        gpu = torch.cuda.is_available() and t.get("accelerator") in ("auto", "gpu", "cuda")
-        precision = "bf16-mixed" if gpu else "32-true"
+        precision = "bf16-mixed" if on_cuda(t) else "32-true"
+    if on_cuda(t):
+        # TF32 for the fp32 matmuls left outside autocast (Lightning warns when this is unset on tensor cores)
+        torch.set_float32_matmul_precision(cfg.matmul_precision)
     world = world_size_of(t)
     if int(cfg.data.batch_size) % world:
         raise ConfigError(
@@ -212,6 +214,11 @@ def trainer_settings(cfg: DictConfig) -> tuple[str, int]:
         raise ConfigError("debug.emulate_world_size emulates several ranks in one process; "
                           "use it with one device (trainer=cpu) or drop it.")
     return precision, world
+
+
+def on_cuda(tcfg: dict) -> bool:
+    """Whether this trainer config trains on CUDA devices."""
+    return torch.cuda.is_available() and tcfg.get("accelerator") in ("auto", "gpu", "cuda")
 
 
 def world_size_of(tcfg: dict) -> int:
