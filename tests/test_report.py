@@ -176,13 +176,14 @@ def test_report_rows_split_on_swept_settings_but_not_on_seeds(tmp_path):
             optim={"lr": lr},
             name=f"{pe}-{s}",
             paths={"output_dir": f"/x/{pe}{lr}{s}"},
+            **({"matmul_precision": "high", "compile": True} if s else {}),  # seed 0 predates the keys
         )
         for pe in ("alibi", "rope")
         for lr in (1e-3, 3e-3)
         for s in (0, 1)
     ]
     grouping = report.group_rows(jobs)
-    assert grouping.shown == ["pe.name", "optim.lr"]  # seed, name and paths never define a row
+    assert grouping.shown == ["pe.name", "optim.lr"]  # seed, name, paths and speed keys never define a row
     assert [r.label for r in grouping.rows] == [
         "alibi optim.lr=0.001",
         "alibi optim.lr=0.003",

@@ -33,7 +33,8 @@ IGNORED_KEYS = (
     "callbacks.",
     "ckpt_path",
     "hydra.",
-    "compile",
+    "compile",  # speed settings: the same model and math up to float rounding
+    "matmul_precision",  # (and a run made before a speed key existed must not become its own row)
     "evaluate_after_fit",
     "datamodule.",  # the DataModule's arguments repeat data.*
 )
