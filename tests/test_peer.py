@@ -85,3 +85,32 @@ def test_learned_scale_sinusoid_is_x_transformers_scaled_sinusoid():
     assert [p.numel() for p in pe.parameters()] == [1]
     ours.sum().backward()
     assert pe.scale.grad is not None
+
+
+def test_unscaled_position_table_is_the_same_function_with_a_faster_table(peer, tmp_path):
+    """--unscaled-table folds x-transformers' d^-0.5 into its learned table: logits unchanged at step 0, and
+    one identical Adam step moves the table's output d^0.5 times as far as x-transformers' own."""
+    cfg = compose([*TINY, "pe=learned"], tmp_path)
+    torch.manual_seed(0)
+    model, _ = peer.build_peer("learned", cfg, vocab_size=300)
+    idx = torch.randint(0, 300, (2, 16))
+    before = model(idx)
+    table = model.net.pos_emb
+    out_before = table.emb.weight.detach() * table.scale
+
+    def output_step(m):  # how far one Adam step (lr 1e-2) moves the table's output rows
+        w0 = m.net.pos_emb.emb.weight.detach().clone() * m.net.pos_emb.scale
+        opt = torch.optim.Adam([m.net.pos_emb.emb.weight], lr=1e-2)
+        m(idx).logsumexp(-1).mean().backward()
+        opt.step()
+        return (m.net.pos_emb.emb.weight.detach() * m.net.pos_emb.scale - w0)[:16].abs().mean()
+
+    import copy
+
+    scaled = copy.deepcopy(model)
+    peer.unscale_position_table(model)
+    assert table.scale == 1.0 and torch.allclose(table.emb.weight, out_before)
+    torch.testing.assert_close(model(idx), before)
+    d = cfg.model.d_model
+    ratio = output_step(model) / output_step(scaled)
+    assert ratio == pytest.approx(d**0.5, rel=0.05)

@@ -139,7 +139,18 @@ def evaluate(model: nn.Module, datamodule: Any, cfg: Any, out: Path, summary: di
     return run_evaluation(model, datamodule, cfg, out, run=None, summary=summary)
 
 
-def train(pe: str, overrides: list[str], out: Path, log_every: int = 100) -> dict:
+def unscale_position_table(model: PeerLM) -> None:
+    """x-transformers' learned table is ``emb(pos) * d^-0.5`` with ``emb`` ~ N(0, 1): the same function as an
+    unscaled table ~ N(0, d^-1), but under Adam (steps of about lr in parameter units) it moves d^-0.5 times
+    as fast in output units. Fold the scale into the table, so only that learning rate changes (an
+    experiment on the peer's learned-position gap, experiments/peer/README.md)."""
+    pos = model.net.pos_emb
+    with torch.no_grad():
+        pos.emb.weight.mul_(pos.scale)
+    pos.scale = 1.0
+
+
+def train(pe: str, overrides: list[str], out: Path, log_every: int = 100, unscaled_table: bool = False) -> dict:
     """Train the peer of ``pe`` under PELab's config ``overrides``; write and return its summary."""
     import importlib.metadata
 
@@ -157,6 +168,8 @@ def train(pe: str, overrides: list[str], out: Path, log_every: int = 100) -> dic
     datamodule.setup("fit")
     torch.manual_seed(int(cfg.seed))
     model, kwargs = build_peer(pe, cfg, datamodule.vocab_size)
+    if unscaled_table:
+        unscale_position_table(model)
     opt, sched = optimizer_and_schedule(model, cfg.optim, steps)
     clip = float(cfg.optim.get("grad_clip") or 0.0)
     stream = datamodule.train_dataset(start_step=0, rank=0)  # PELab's batch `step` for this seed
@@ -181,9 +194,11 @@ def train(pe: str, overrides: list[str], out: Path, log_every: int = 100) -> dic
     summary: dict[str, Any] = {
         "status": "ok",
         "output_dir": str(out),
-        "command": " ".join(["experiments/peer/peer.py", "--pe", pe, *overrides]),
+        "command": " ".join(["experiments/peer/peer.py", "--pe", pe, *(["--unscaled-table"] if unscaled_table else []),
+                             *overrides]),
         # PELab's config minus its encoding's knobs (e.g. pe.bias_scale), which the peer's scheme does not read
-        "config": {**OmegaConf.to_container(cfg, resolve=True), "pe": {"name": cfg.pe.name}},
+        "config": {**OmegaConf.to_container(cfg, resolve=True),
+                   "pe": {"name": cfg.pe.name, **({"unscaled_table": True} if unscaled_table else {})}},
         "peer": {"library": "x-transformers", "version": importlib.metadata.version("x-transformers"),
                  "scheme": pe, "kwargs": kwargs},
         "data": data_record(datamodule),  # PELab's tokens: reports check both sides saw the same ones
@@ -205,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pe", required=True, choices=SCHEMES, help="the PELab scheme to peer")
     p.add_argument("--out", type=Path, default=None, help="output folder (default outputs/peer/<pe>_s<seed>)")
     p.add_argument("--log-every", type=int, default=100)
+    p.add_argument("--unscaled-table", action="store_true",
+                   help="learned only: fold x-transformers' d^-0.5 into its position table (same function at "
+                        "step 0, d^0.5 times its learning rate in output units)")
     p.add_argument("overrides", nargs="*", help="PELab config overrides (train.yaml), e.g. seed=1 data.seq_len=128")
     a = p.parse_args(argv)
     if importlib.util.find_spec("x_transformers") is None:
@@ -212,7 +230,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     seed = next((o.split("=", 1)[1] for o in a.overrides if o.startswith("seed=")), "0")
     out = a.out or ROOT / "outputs" / "peer" / f"{a.pe}_s{seed}"
-    summary = train(a.pe, list(a.overrides), Path(out).resolve(), a.log_every)
+    if a.unscaled_table and a.pe != "learned":
+        p.error("--unscaled-table applies to --pe learned only (the other schemes have no scaled table)")
+    summary = train(a.pe, list(a.overrides), Path(out).resolve(), a.log_every, a.unscaled_table)
     m = summary["metrics"]
     lengths = summary["evaluation"]["extrapolation"]["lengths"]
     print("ppl " + "  ".join(f"{L}: {m.get(f'extrap/ppl@{L}', float('nan')):.3f}" for L in lengths))
