@@ -91,7 +91,8 @@ def test_report_figures_are_real_images(sweep, tmp_path):
     from PIL import Image
 
     rep = report.build_report([sweep], tmp_path)
-    assert set(rep.figures) == {"ppl_vs_length", "loss_by_position", "probe_heatmaps", "probe_kv_vs_length"}
+    assert set(rep.figures) == {"ppl_vs_length", "val_curve", "loss_by_position", "probe_heatmaps",
+                                "probe_kv_vs_length"}
     md = rep.path.read_text()
     for name, path in rep.figures.items():
         assert path.parent == tmp_path and path.suffix == ".png"
@@ -165,6 +166,37 @@ def test_report_cells_mark_not_applicable_diverged_and_partial():
 def _job(tmp_path: Path, pe: dict, seed: int = 0, **config) -> report.Job:
     cfg = {"pe": pe, "model": {"name": "tiny"}, "data": {"seq_len": 128}, "seed": seed, **config}
     return report.Job(tmp_path, "ok", {"config": cfg, "metrics": {"val/ppl": 10.0}})
+
+
+def test_report_convergence_reads_each_runs_csv_log(tmp_path):
+    """Validation ppl at 50% / 80% / 100% of the steps and the change over the last fifth, from csv/metrics.csv
+    (a run folder) or metrics.csv (a summary copied with its log); a run without a log is not in it."""
+    curves = {0: {100: 9.0, 400: 6.0, 500: 5.5, 800: 5.0, 1000: 4.5}, 1: {100: 9.5, 400: 6.2, 500: 6.5, 800: 6.0,
+              1000: 5.7}}
+    for seed, curve in curves.items():
+        folder = tmp_path / f"rope_s{seed}"
+        log = folder / ("csv/metrics.csv" if seed == 0 else "metrics.csv")
+        log.parent.mkdir(parents=True)
+        # training rows (no val/ppl) between the validation rows, as Lightning's CSV logger writes them
+        lines = ["epoch,step,train/loss,val/ppl"] + [f"0,{s - 1},2.0," for s in curve]
+        lines += [f"0,{s},,{v}" for s, v in curve.items()]
+        log.write_text("\n".join(lines) + "\n")
+        write_summary(folder, {"status": "ok", "config": {"pe": {"name": "rope"}, "model": {"name": "tiny"},
+                                                         "data": {"seq_len": 128}, "seed": seed},
+                               "metrics": {"val/ppl": curve[1000], "extrap/ppl@128": curve[1000]}})
+    no_log = tmp_path / "alibi_s0"
+    write_summary(no_log, {"status": "ok", "config": {"pe": {"name": "alibi"}, "model": {"name": "tiny"},
+                                                       "data": {"seq_len": 128}, "seed": 0},
+                           "metrics": {"val/ppl": 4.0, "extrap/ppl@128": 4.0}})
+    rep = report.build_report([tmp_path], tmp_path / "report")
+    header, rows = _table(rep.path.read_text(), "Convergence: validation perplexity")
+    assert header[1:5] == ["seeds with a log", "val ppl at 50% of steps", "val ppl at 80% of steps",
+                           "val ppl at 100% of steps"]
+    assert [r[0] for r in rows] == ["rope"]  # alibi kept no log
+    change = [100 * (4.5 / 5.0 - 1), 100 * (5.7 / 6.0 - 1)]
+    assert rows[0][1:] == ["0,1", "6.00 ± 0.71", "5.50 ± 0.71", "5.10 ± 0.85",
+                           f"{statistics.fmean(change):.1f} ± {statistics.stdev(change):.1f} %"]
+    assert "val_curve" in rep.figures
 
 
 def test_report_rows_split_on_swept_settings_but_not_on_seeds(tmp_path):

@@ -14,7 +14,7 @@ from pathlib import Path
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, NullFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 
 def _figure(w: float = 6.0, h: float = 4.0) -> Figure:
@@ -78,6 +78,38 @@ def plot_ppl_vs_length(
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     _legend(ax, len(results) + 1)
+    return fig
+
+
+def plot_metric_vs_step(
+    curves: Mapping[str, Mapping[int, float]],
+    title: str = "Validation perplexity during training",
+    ylabel: str = "validation perplexity (log scale)",
+    shade_from: float | None = 0.8,
+) -> Figure:
+    """One line per label of a metric by training step (log y with plain-number ticks); the last
+    (1 - shade_from) of the steps shaded: the part of training where a flat curve says it has converged."""
+    fig = _figure(8.5 if len(curves) > 6 else 6.0, 4.0)
+    ax = fig.add_subplot()
+    last = 0
+    for (label, curve), style in zip(curves.items(), _styles(len(curves))):
+        pts = sorted((int(s), float(v)) for s, v in curve.items() if _finite(v) and v > 0)
+        if not pts:
+            continue
+        xs, ys = zip(*pts)
+        last = max(last, xs[-1])
+        ax.plot(xs, ys, label=str(label), markersize=3, **style)
+    if shade_from is not None and last:
+        ax.axvspan(shade_from * last, last, color="grey", alpha=0.12, label=f"last {100 - round(100 * shade_from)}%")
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("training step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    _legend(ax, len(curves) + 1)
     return fig
 
 

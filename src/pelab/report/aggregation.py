@@ -235,6 +235,12 @@ def mean_curve(curves: Sequence[Sequence[Any]]) -> list[float]:
     return seed_mean([c[:n] for c in curves]).tolist() if n else []
 
 
+def val_curves(row: Row) -> pd.DataFrame:
+    """steps x seeds of validation perplexity, for the row's jobs that kept a CSV log."""
+    curves = {j.setting("seed"): j.val_curve for j in row.jobs if not j.val_curve.empty}
+    return pd.DataFrame(curves).sort_index()
+
+
 # ---------------------------------------------------------------------------------------------
 # the in-window retrieval criterion (pelab.harness.retrieval.RetrievalCriterion)
 

@@ -9,8 +9,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from pelab.summary import SUMMARY_FILE, as_float, read_summary
 
+# Where a run keeps its Lightning CSV log (logger=csv / wandb+csv), and where a study that copies a run's
+# summary.json keeps the log beside it.
+CSV_LOGS = ("csv/metrics.csv", "metrics.csv")
 UNFINISHED = "no summary.json (still running, or killed before it could write one)"
 
 
@@ -57,6 +62,18 @@ class Job:
     @property
     def probes(self) -> dict:
         return (self.summary.get("evaluation") or {}).get("probes") or {}
+
+    @cached_property
+    def val_curve(self) -> pd.Series:
+        """val/ppl by step from the job's CSV log (empty when it kept none: logger=none, or a summary copied
+        without its log)."""
+        for name in CSV_LOGS:
+            if (self.folder / name).is_file():
+                log = pd.read_csv(self.folder / name)
+                if {"step", "val/ppl"} <= set(log.columns):
+                    val = log.dropna(subset=["val/ppl"])
+                    return val.groupby("step")["val/ppl"].last().astype(float)  # a resumed run logs a step again
+        return pd.Series(dtype=float)
 
 
 def _numeric(v: Any) -> bool:

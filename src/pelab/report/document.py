@@ -15,6 +15,7 @@ from pelab.report.figures import make_figures
 from pelab.report.tables import (
     Table,
     common_settings,
+    convergence_table,
     criterion_table,
     failures_table,
     metadata_table,
@@ -128,6 +129,13 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
     section(
         "Bits per byte",
         [metric_table(rows, "extrap/bpb@{L}", "Bits per byte, non-overlapping windows", digits=3)],
+    )
+    section(
+        "Convergence",
+        [convergence_table(rows)],
+        ["val_curve"],
+        "Is in-window perplexity flat at the end of training? (A comparison made before it is can change "
+        "with more steps.)",
     )
     section(
         "Loss by position",

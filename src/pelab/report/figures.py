@@ -1,5 +1,5 @@
-"""Rendering, figures (drawn by pelab.evaluation.plots): ppl vs evaluation length and loss by position,
-one of each per training length, probe accuracy vs length per kind (bands: the seeds' mean 95% interval;
+"""Rendering, figures (drawn by pelab.evaluation.plots): ppl vs evaluation length, validation perplexity vs step
+and loss by position, one of each per training length, probe accuracy vs length per kind (bands: the seeds' mean 95% interval;
 chance and copy baselines), and a grid of probe heatmaps (probes: only runs that acquired retrieval in-window,
 when they trained to a criterion)."""
 
@@ -18,6 +18,7 @@ from pelab.report.aggregation import (
     probe_kinds,
     probe_panel,
     seed_mean,
+    val_curves,
 )
 
 
@@ -27,6 +28,7 @@ def make_figures(rows: Sequence[Row], out: Path) -> dict[str, Path]:
     from pelab.evaluation.plots import (
         plot_accuracy_vs_length,
         plot_loss_by_position,
+        plot_metric_vs_step,
         plot_ppl_vs_length,
         plot_probe_heatmap_grid,
         save_figure,
@@ -56,6 +58,11 @@ def make_figures(rows: Sequence[Row], out: Path) -> dict[str, Path]:
                 losses, train_len, title=f"Loss by token position (train {train_len})"
             )
             paths[f"loss_by_position{suffix}"] = save_figure(fig, out / f"loss_by_position{suffix}.png")
+        val = {r.label: c.mean(axis=1).dropna().to_dict() for r in sub if not (c := val_curves(r)).empty}
+        if val:
+            fig = plot_metric_vs_step(val, title=f"Validation perplexity during training (train {train_len}; "
+                                                 "mean over seeds)")
+            paths[f"val_curve{suffix}"] = save_figure(fig, out / f"val_curve{suffix}.png")
         for stat in ("entropy", "distance", "mass_past_L", "max_logit"):  # eval.diagnostics runs only
             values = by_length(sub, f"attn/{stat}@{{L}}", seed_mean)
             if values.columns.empty or not np.isfinite(values.to_numpy(dtype=float)).any():

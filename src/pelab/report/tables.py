@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from pelab.evaluation.stats import mcnemar
 from pelab.report.aggregation import (
@@ -21,6 +22,7 @@ from pelab.report.aggregation import (
     offset_cells,
     paired_outcomes,
     probe_panel,
+    val_curves,
 )
 from pelab.report.discovery import Job
 
@@ -159,6 +161,37 @@ def criterion_table(rows: Sequence[Row]) -> Table | None:
             for j in r.jobs if acquired(j) is not None)
         accs = ", ".join(f"{j.metrics['train/retrieval_acc']:.3f}" for j in r.jobs if acquired(j) is not None)
         t.rows.append([r.label, ",".join(map(str, r.seeds)), steps, accs])
+    return t
+
+
+CONVERGENCE_AT = (0.5, 0.8, 1.0)  # fractions of the training steps shown; the last two give the late change
+
+
+def _at_fraction(curve: pd.Series, fraction: float) -> float:
+    """The value logged at the last validation step <= fraction x the last logged step."""
+    curve = curve.dropna()  # a seed may not have logged every step of the others
+    steps = curve.index[curve.index <= fraction * curve.index.max()]
+    return float(curve.loc[steps.max()]) if len(steps) else math.nan
+
+
+def convergence_table(rows: Sequence[Row]) -> Table | None:
+    """Validation perplexity at half, four fifths and the end of training (mean ± std over the seeds that kept
+    a CSV log) and its relative change over the last fifth: has in-window perplexity flattened, or would more
+    steps move the comparison?"""
+    curves = [(r, val_curves(r)) for r in rows]
+    curves = [(r, c) for r, c in curves if not c.empty]
+    if not curves:
+        return None
+    heads = [f"val ppl at {round(100 * f)}% of steps" for f in CONVERGENCE_AT]
+    t = Table("Convergence: validation perplexity during training", ["encoding", "seeds with a log", *heads,
+              "change over the last 20%"], [], caption=(
+        "From each run's CSV log (csv/metrics.csv); a change near 0% means in-window perplexity has flattened "
+        "at this step budget (learning-rate schedule included)."))
+    for r, c in curves:
+        at = {f: c.apply(_at_fraction, fraction=f) for f in CONVERGENCE_AT}  # per seed
+        change = 100 * (at[1.0] / at[0.8] - 1)
+        t.rows.append([r.label, ",".join(map(str, c.columns)), *(aggregate(at[f]) for f in CONVERGENCE_AT),
+                       aggregate(change, 1) + " %"])
     return t
 
 
