@@ -3,7 +3,9 @@ sweep file and the experiment presets."""
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 import yaml
@@ -156,9 +158,33 @@ def test_wandb_sweep_grid_passes_hydra_overrides():
         assert cfg.pe.name == pe and cfg.data.seq_len == 128
 
 
-def test_length_extrapolation_experiment_sweeps_all_encodings():
+def test_length_extrapolation_experiment_sweeps_all_encodings_and_seeds():
     cfg = _compose_hydra(["experiment=length_extrapolation"])
-    assert cfg.model.name == "tiny" and cfg.data.seq_len == 128
-    assert list(cfg.eval.lengths) == [1, 2, 4, 8, 16] and cfg.probes.enabled
+    assert cfg.model.name == "tiny" and cfg.tokenizer.kind == "byte" and cfg.data.seq_len == 128
+    assert cfg.data.recall_mix == 0 and not cfg.probes.enabled  # pure text: its perplexity is what is reported
+    assert list(cfg.eval.lengths) == [1, 2, 4, 8]
     params = cfg.hydra.sweeper.params
-    assert set(params["pe"].split(",")) == ENCODINGS
+    assert set(params["pe"].split(",")) == ENCODINGS and params["seed"] == "0,1,2"
+    v1 = _compose_hydra(["experiment=length_extrapolation_v1"])  # the first study, kept reproducible
+    assert v1.model.d_model == 256 and v1.data.recall_mix == 0.1 and list(v1.eval.lengths) == [1, 2, 4, 8, 16]
+    assert set(v1.hydra.sweeper.params["pe"].split(",")) == ENCODINGS
+
+
+@pytest.mark.parametrize("pe", ["t5_bias", "cope"])
+def test_length_extrapolation_preset_is_the_setting_of_the_committed_study(pe):
+    """experiment=length_extrapolation composes to the settings the committed runs of
+    experiments/length_extrapolation were made with (they were launched with explicit overrides; summary.json
+    keeps each run's resolved config). Keys added to the config after those runs are not in their summaries."""
+    from omegaconf import OmegaConf
+
+    ran = json.loads((ROOT / f"experiments/peer/results/seeds/pelab_{pe}_s1/summary.json").read_text())["config"]
+    cfg = compose(["experiment=length_extrapolation", f"pe={pe}", "seed=1"], Path("/tmp/unused"))
+
+    def flat(d: dict, prefix: str = "") -> dict:
+        return {k2: v2 for k, v in d.items()
+                for k2, v2 in (flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v}).items()}
+
+    for section in ("model", "data", "tokenizer", "optim", "pe", "eval", "probes"):
+        preset = flat(OmegaConf.to_container(cfg[section], resolve=True))
+        assert {k: preset.get(k) for k in flat(ran[section])} == flat(ran[section]), section
+    assert cfg.seed == ran["seed"] and cfg.trainer.max_steps == ran["trainer"]["max_steps"]
