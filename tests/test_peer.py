@@ -114,3 +114,21 @@ def test_unscaled_position_table_is_the_same_function_with_a_faster_table(peer, 
     d = cfg.model.d_model
     ratio = output_step(model) / output_step(scaled)
     assert ratio == pytest.approx(d**0.5, rel=0.05)
+
+
+def test_t5_table_init_redraws_only_the_peers_t5_table(peer, tmp_path):
+    """--t5-table-std=s draws x-transformers' T5 table from N(0, s) (its default is N(0, 1)); nothing else of
+    the network changes, and the bias it adds changes with the table."""
+    cfg = compose([*TINY, "pe=t5_bias"], tmp_path)
+    torch.manual_seed(0)
+    model, _ = peer.build_peer("t5_bias", cfg, vocab_size=300)
+    table = model.net.attn_layers.rel_pos.relative_attention_bias.weight
+    others = {n: p.detach().clone() for n, p in model.named_parameters() if "relative_attention_bias" not in n}
+    idx = torch.randint(0, 300, (2, 16))
+    before = model(idx)
+    assert 0.7 < table.std().item() < 1.3  # x-transformers' own N(0, 1)
+    torch.manual_seed(1)
+    peer.init_t5_table(model, cfg.model.d_model**-0.5)
+    assert table.std().item() == pytest.approx(cfg.model.d_model**-0.5, rel=0.5)  # 128 draws: within 50%
+    assert all(torch.equal(p, others[n]) for n, p in model.named_parameters() if n in others)
+    assert not torch.allclose(model(idx), before)

@@ -87,13 +87,16 @@ def training_curves(runs: list[dict], out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from matplotlib import colormaps
+
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2))
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in runs:
         groups[(r["pe"], r["impl"])].append(r)
     schemes = sorted({pe for pe, _ in groups})
     for (pe, impl), rs in sorted(groups.items()):
-        color = f"C{schemes.index(pe)}"
+        i = 2 * schemes.index(pe)  # tab20: the ten dark colours, then the light ones (tab10 repeats at 11)
+        color = colormaps["tab20"].colors[i % 20 + i // 20]
         ls = "-" if impl == "PELab" else "--"
         # single-batch losses are noisy and the two log on different steps (the peer every 100): means per
         # 250-step bucket
@@ -108,7 +111,10 @@ def training_curves(runs: list[dict], out: Path) -> Path:
             label = f"{pe} ({n} seed{'s' if n > 1 else ''})"
             b.plot(val.index, val.values, "-", color=color, label=label)
     a.set(xlabel="step", ylabel="training loss (mean per 250 steps and seeds)", ylim=(None, 2.2))
-    b.set(xlabel="step", ylabel="PELab validation ppl (over seeds)", yscale="log")
+    b.set(xlabel="step", ylabel="PELab validation ppl (mean over seeds)", yscale="log")
+    b.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0)))
+    b.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    b.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     a.legend(fontsize=7, ncol=2)
     b.legend(fontsize=8)
     fig.tight_layout()

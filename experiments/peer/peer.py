@@ -150,7 +150,16 @@ def unscale_position_table(model: PeerLM) -> None:
     pos.scale = 1.0
 
 
-def train(pe: str, overrides: list[str], out: Path, log_every: int = 100, unscaled_table: bool = False) -> dict:
+def init_t5_table(model: PeerLM, std: float) -> None:
+    """Re-draw x-transformers' T5 table (``rel_pos.relative_attention_bias``, N(0, 1) by default, used × sqrt(d_head))
+    from N(0, std): with std = d_model^-0.5 it starts as PELab's table does (an experiment on the peer's T5
+    seed that trains badly, experiments/peer/README.md)."""
+    with torch.no_grad():
+        model.net.attn_layers.rel_pos.relative_attention_bias.weight.normal_(0.0, std)
+
+
+def train(pe: str, overrides: list[str], out: Path, log_every: int = 100, unscaled_table: bool = False,
+          t5_table_std: float | None = None) -> dict:
     """Train the peer of ``pe`` under PELab's config ``overrides``; write and return its summary."""
     import importlib.metadata
 
@@ -170,6 +179,8 @@ def train(pe: str, overrides: list[str], out: Path, log_every: int = 100, unscal
     model, kwargs = build_peer(pe, cfg, datamodule.vocab_size)
     if unscaled_table:
         unscale_position_table(model)
+    if t5_table_std is not None:
+        init_t5_table(model, t5_table_std)
     opt, sched = optimizer_and_schedule(model, cfg.optim, steps)
     clip = float(cfg.optim.get("grad_clip") or 0.0)
     stream = datamodule.train_dataset(start_step=0, rank=0)  # PELab's batch `step` for this seed
@@ -195,10 +206,11 @@ def train(pe: str, overrides: list[str], out: Path, log_every: int = 100, unscal
         "status": "ok",
         "output_dir": str(out),
         "command": " ".join(["experiments/peer/peer.py", "--pe", pe, *(["--unscaled-table"] if unscaled_table else []),
-                             *overrides]),
+                             *([f"--t5-table-std={t5_table_std}"] if t5_table_std is not None else []), *overrides]),
         # PELab's config minus its encoding's knobs (e.g. pe.bias_scale), which the peer's scheme does not read
         "config": {**OmegaConf.to_container(cfg, resolve=True),
-                   "pe": {"name": cfg.pe.name, **({"unscaled_table": True} if unscaled_table else {})}},
+                   "pe": {"name": cfg.pe.name, **({"unscaled_table": True} if unscaled_table else {}),
+                          **({"t5_table_std": t5_table_std} if t5_table_std is not None else {})}},
         "peer": {"library": "x-transformers", "version": importlib.metadata.version("x-transformers"),
                  "scheme": pe, "kwargs": kwargs},
         "data": data_record(datamodule),  # PELab's tokens: reports check both sides saw the same ones
@@ -223,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--unscaled-table", action="store_true",
                    help="learned only: fold x-transformers' d^-0.5 into its position table (same function at "
                         "step 0, d^0.5 times its learning rate in output units)")
+    p.add_argument("--t5-table-std", type=float, default=None,
+                   help="t5_bias only: draw x-transformers' T5 table from N(0, STD) instead of N(0, 1) "
+                        "(d_model^-0.5 = PELab's init)")
     p.add_argument("overrides", nargs="*", help="PELab config overrides (train.yaml), e.g. seed=1 data.seq_len=128")
     a = p.parse_args(argv)
     if importlib.util.find_spec("x_transformers") is None:
@@ -232,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     out = a.out or ROOT / "outputs" / "peer" / f"{a.pe}_s{seed}"
     if a.unscaled_table and a.pe != "learned":
         p.error("--unscaled-table applies to --pe learned only (the other schemes have no scaled table)")
-    summary = train(a.pe, list(a.overrides), Path(out).resolve(), a.log_every, a.unscaled_table)
+    if a.t5_table_std is not None and (a.pe != "t5_bias" or a.t5_table_std <= 0):
+        p.error("--t5-table-std applies to --pe t5_bias only and must be > 0")
+    summary = train(a.pe, list(a.overrides), Path(out).resolve(), a.log_every, a.unscaled_table, a.t5_table_std)
     m = summary["metrics"]
     lengths = summary["evaluation"]["extrapolation"]["lengths"]
     print("ppl " + "  ".join(f"{L}: {m.get(f'extrap/ppl@{L}', float('nan')):.3f}" for L in lengths))
