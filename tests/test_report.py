@@ -208,7 +208,8 @@ def test_report_rows_split_on_swept_settings_but_not_on_seeds(tmp_path):
             optim={"lr": lr},
             name=f"{pe}-{s}",
             paths={"output_dir": f"/x/{pe}{lr}{s}"},
-            **({"matmul_precision": "high", "compile": True} if s else {}),  # seed 0 predates the keys
+            **({"matmul_precision": "high", "compile": True,  # seed 0 predates the keys
+                "model": {"name": "tiny", "attn_backend": "auto"}} if s else {}),
         )
         for pe in ("alibi", "rope")
         for lr in (1e-3, 3e-3)
