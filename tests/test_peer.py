@@ -132,3 +132,17 @@ def test_t5_table_init_redraws_only_the_peers_t5_table(peer, tmp_path):
     assert table.std().item() == pytest.approx(cfg.model.d_model**-0.5, rel=0.5)  # 128 draws: within 50%
     assert all(torch.equal(p, others[n]) for n, p in model.named_parameters() if n in others)
     assert not torch.allclose(model(idx), before)
+
+
+def test_tie_scale_sets_the_peers_logit_scale(peer, tmp_path):
+    """--tie-scale=s multiplies the tied head's logits by s instead of x-transformers' d^-0.5: the same
+    network (same seed) gives logits (s / d^-0.5) times its default ones."""
+    cfg = compose([*TINY, "pe=alibi"], tmp_path)
+    idx = torch.randint(0, 300, (2, 16))
+    torch.manual_seed(0)
+    default, _ = peer.build_peer("alibi", cfg, vocab_size=300)
+    torch.manual_seed(0)
+    unscaled, kwargs = peer.build_peer("alibi", cfg, vocab_size=300, tie_scale=1.0)
+    assert kwargs["wrapper"]["tie_embedding_scale"] == 1.0
+    d = cfg.model.d_model
+    torch.testing.assert_close(unscaled(idx), default(idx) * d**0.5, rtol=1e-4, atol=1e-5)

@@ -84,8 +84,10 @@ def compose_config(pe: str, overrides: list[str], out: Path):
     return cfg
 
 
-def build_peer(pe: str, cfg: Any, vocab_size: int) -> tuple[PeerLM, dict]:
-    """The x-transformers model of PELab's ``model.*`` shape for scheme ``pe``, and its kwargs."""
+def build_peer(pe: str, cfg: Any, vocab_size: int, tie_scale: float | None = None) -> tuple[PeerLM, dict]:
+    """The x-transformers model of PELab's ``model.*`` shape for scheme ``pe``, and its kwargs. ``tie_scale``:
+    the tied head's logit scale (x-transformers' ``tie_embedding_scale``; None = its default d^-0.5, 1 = PELab's
+    head)."""
     from x_transformers import Decoder, TransformerWrapper
 
     m = cfg.model
@@ -94,6 +96,8 @@ def build_peer(pe: str, cfg: Any, vocab_size: int) -> tuple[PeerLM, dict]:
     shape = SimpleNamespace(d=d, heads=heads, layers=int(m.n_layers), seq=int(cfg.data.seq_len), vocab=vocab_size)
     layers, wrapper = _throughput_module().peer_config(pe, shape)
     layers.update(ff_mult=d_ff / d, attn_dropout=float(m.dropout), ff_dropout=float(m.dropout))
+    if tie_scale is not None:
+        wrapper = {**wrapper, "tie_embedding_scale": float(tie_scale)}
     net = TransformerWrapper(attn_layers=Decoder(**layers), **wrapper)
     max_position = shape.seq if pe == "learned" else None
     return PeerLM(net, max_position), {"decoder": layers, "wrapper": wrapper}
@@ -159,7 +163,7 @@ def init_t5_table(model: PeerLM, std: float) -> None:
 
 
 def train(pe: str, overrides: list[str], out: Path, log_every: int = 100, unscaled_table: bool = False,
-          t5_table_std: float | None = None) -> dict:
+          t5_table_std: float | None = None, tie_scale: float | None = None) -> dict:
     """Train the peer of ``pe`` under PELab's config ``overrides``; write and return its summary."""
     import importlib.metadata
 
@@ -176,7 +180,7 @@ def train(pe: str, overrides: list[str], out: Path, log_every: int = 100, unscal
     datamodule.prepare_data()
     datamodule.setup("fit")
     torch.manual_seed(int(cfg.seed))
-    model, kwargs = build_peer(pe, cfg, datamodule.vocab_size)
+    model, kwargs = build_peer(pe, cfg, datamodule.vocab_size, tie_scale)
     if unscaled_table:
         unscale_position_table(model)
     if t5_table_std is not None:
@@ -206,11 +210,13 @@ def train(pe: str, overrides: list[str], out: Path, log_every: int = 100, unscal
         "status": "ok",
         "output_dir": str(out),
         "command": " ".join(["experiments/peer/peer.py", "--pe", pe, *(["--unscaled-table"] if unscaled_table else []),
-                             *([f"--t5-table-std={t5_table_std}"] if t5_table_std is not None else []), *overrides]),
+                             *([f"--t5-table-std={t5_table_std}"] if t5_table_std is not None else []),
+                             *([f"--tie-scale={tie_scale}"] if tie_scale is not None else []), *overrides]),
         # PELab's config minus its encoding's knobs (e.g. pe.bias_scale), which the peer's scheme does not read
         "config": {**OmegaConf.to_container(cfg, resolve=True),
                    "pe": {"name": cfg.pe.name, **({"unscaled_table": True} if unscaled_table else {}),
-                          **({"t5_table_std": t5_table_std} if t5_table_std is not None else {})}},
+                          **({"t5_table_std": t5_table_std} if t5_table_std is not None else {}),
+                          **({"tie_scale": tie_scale} if tie_scale is not None else {})}},
         "peer": {"library": "x-transformers", "version": importlib.metadata.version("x-transformers"),
                  "scheme": pe, "kwargs": kwargs},
         "data": data_record(datamodule),  # PELab's tokens: reports check both sides saw the same ones
@@ -238,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--t5-table-std", type=float, default=None,
                    help="t5_bias only: draw x-transformers' T5 table from N(0, STD) instead of N(0, 1) "
                         "(d_model^-0.5 = PELab's init)")
+    p.add_argument("--tie-scale", type=float, default=None,
+                   help="the tied head's logit scale (x-transformers' tie_embedding_scale, default d^-0.5; "
+                        "1 = PELab's head)")
     p.add_argument("overrides", nargs="*", help="PELab config overrides (train.yaml), e.g. seed=1 data.seq_len=128")
     a = p.parse_args(argv)
     if importlib.util.find_spec("x_transformers") is None:
@@ -249,7 +258,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--unscaled-table applies to --pe learned only (the other schemes have no scaled table)")
     if a.t5_table_std is not None and (a.pe != "t5_bias" or a.t5_table_std <= 0):
         p.error("--t5-table-std applies to --pe t5_bias only and must be > 0")
-    summary = train(a.pe, list(a.overrides), Path(out).resolve(), a.log_every, a.unscaled_table, a.t5_table_std)
+    if a.tie_scale is not None and a.tie_scale <= 0:
+        p.error("--tie-scale must be > 0")
+    summary = train(a.pe, list(a.overrides), Path(out).resolve(), a.log_every, a.unscaled_table, a.t5_table_std,
+                    a.tie_scale)
     m = summary["metrics"]
     lengths = summary["evaluation"]["extrapolation"]["lengths"]
     print("ppl " + "  ".join(f"{L}: {m.get(f'extrap/ppl@{L}', float('nan')):.3f}" for L in lengths))
