@@ -86,7 +86,6 @@ def training_curves(runs: list[dict], out: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
     from matplotlib import colormaps
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2))
