@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from pelab.evaluation.plots import plain_log_ticks
 from pelab.summary import as_float, read_summary
 
 IMPLS = ("PELab", "x-transformers")
@@ -111,9 +112,7 @@ def training_curves(runs: list[dict], out: Path) -> Path:
             b.plot(val.index, val.values, "-", color=color, label=label)
     a.set(xlabel="step", ylabel="training loss (mean per 250 steps and seeds)", ylim=(None, 2.2))
     b.set(xlabel="step", ylabel="PELab validation ppl (mean over seeds)", yscale="log")
-    b.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0)))
-    b.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    b.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    plain_log_ticks(b.yaxis)
     a.legend(fontsize=7, ncol=2)
     b.legend(fontsize=8)
     fig.tight_layout()

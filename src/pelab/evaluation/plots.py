@@ -42,6 +42,23 @@ def _legend(ax, n_series: int) -> None:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
 
 
+def plain_log_ticks(axis) -> None:
+    """Ticks of a log axis at 1, 1.5, 2, 3, 4, 5, 6, 8 per decade, written as plain numbers (4, 6, 10, not
+    6x10^0): perplexities between 4 and 15 otherwise get one labelled tick."""
+    axis.set_major_locator(LogLocator(subs=(1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _finish(ax, xlabel: str, ylabel: str, title: str, n_series: int) -> None:
+    """Labels, title, grid and legend of a line plot."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    _legend(ax, n_series)
+
+
 def _finite(x: float | None) -> bool:
     return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
 
@@ -73,11 +90,7 @@ def plot_ppl_vs_length(
     ax.set_xticks(ticks)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{round(v)}"))
     ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("evaluation length (tokens)")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    _legend(ax, len(results) + 1)
+    _finish(ax, "evaluation length (tokens)", ylabel, title, len(results) + 1)
     return fig
 
 
@@ -102,14 +115,8 @@ def plot_metric_vs_step(
     if shade_from is not None and last:
         ax.axvspan(shade_from * last, last, color="grey", alpha=0.12, label=f"last {100 - round(100 * shade_from)}%")
     ax.set_yscale("log")
-    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0)))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("training step")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    _legend(ax, len(curves) + 1)
+    plain_log_ticks(ax.yaxis)
+    _finish(ax, "training step", ylabel, title, len(curves) + 1)
     return fig
 
 
