@@ -177,14 +177,11 @@ def test_length_extrapolation_preset_is_the_setting_of_the_committed_study(pe):
     keeps each run's resolved config). Keys added to the config after those runs are not in their summaries."""
     from omegaconf import OmegaConf
 
+    from pelab.report.aggregation import flatten
+
     ran = json.loads((ROOT / f"experiments/peer/results/seeds/pelab_{pe}_s1/summary.json").read_text())["config"]
     cfg = compose(["experiment=length_extrapolation", f"pe={pe}", "seed=1"], Path("/tmp/unused"))
-
-    def flat(d: dict, prefix: str = "") -> dict:
-        return {k2: v2 for k, v in d.items()
-                for k2, v2 in (flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v}).items()}
-
     for section in ("model", "data", "tokenizer", "optim", "pe", "eval", "probes"):
-        preset = flat(OmegaConf.to_container(cfg[section], resolve=True))
-        assert {k: preset.get(k) for k in flat(ran[section])} == flat(ran[section]), section
+        preset, committed = flatten(OmegaConf.to_container(cfg[section], resolve=True)), flatten(ran[section])
+        assert {k: preset.get(k) for k in committed} == committed, section
     assert cfg.seed == ran["seed"] and cfg.trainer.max_steps == ran["trainer"]["max_steps"]
