@@ -79,7 +79,8 @@ def test_probe_summary_and_accuracy_tables_carry_intervals(built):
     header, rows = _table(built.markdown, "mqar: summary at the training length")
     assert header[:6] == ["encoding", "L", "accuracy", "lim_gap", "effective length", "AUC"]
     by_pe = {r[0]: r for r in rows}
-    assert by_pe["rope"][2] == "1.00 [1.00, 1.00]"  # every paired instance right: the bootstrap is a point
+    # every paired instance right: Wilson's interval for 10 of 10 instances (the bootstrap alone is a point)
+    assert by_pe["rope"][2] == "1.00 [0.72, 1.00]"
     assert by_pe["alibi"][2].startswith("0.80 [") and by_pe["alibi"][3] == "0.00 [0.00, 0.00]"
     assert by_pe["rope"][4] == "128" and by_pe["alibi"][4] == "none" and by_pe["nope"][4] == "none"
     assert by_pe["rope"][5] == "0.75"  # (1 + 0.5) / 2 over log2 lengths 0..1
@@ -116,4 +117,4 @@ def test_runs_that_did_not_acquire_retrieval_are_labelled_and_not_plotted(tmp_pa
     assert rows == [["rope", "0", "350", "0.970"], ["nope", "0,1", "not acquired (cap 3000), 2900", "0.130, 0.960"]]
     assert "left out of the probe tables and figures: nope (seed 0)." in built.markdown
     _, summary = _table(built.markdown, "mqar: summary at the training length")
-    assert {r[0]: r[2] for r in summary}["nope"] == "1.00 [1.00, 1.00]"  # only the seed that acquired it
+    assert {r[0]: r[2] for r in summary}["nope"] == "1.00 [0.72, 1.00]"  # only the seed that acquired it

@@ -56,6 +56,17 @@ def test_depth_summary_gap_is_the_mean_of_per_instance_gaps_with_a_paired_interv
     assert math.isnan(stats.depth_summary(depths, [[True], [True, False], [True]])["acc"])  # unpaired
 
 
+def test_depth_summary_interval_at_all_wrong_or_all_right_is_wilson_over_instances():
+    """20 instances that fail (pass) at all 5 depths: the bootstrap alone would give [0, 0] ([1, 1]); the
+    interval is Wilson's for 0 (20) of 20 instances, the independent unit."""
+    depths = [0.0, 0.25, 0.5, 0.75, 1.0]
+    none = stats.depth_summary(depths, [[False] * 20] * 5)
+    assert none["acc"] == 0.0 and (none["acc_lo"], none["acc_hi"]) == stats.wilson(0, 20)
+    assert none["acc_hi"] == pytest.approx(0.161, abs=0.001)  # z^2 / (n + z^2) at z = 1.96, n = 20
+    every = stats.depth_summary(depths, [[True] * 20] * 5)
+    assert (every["acc_lo"], every["acc_hi"]) == stats.wilson(20, 20) and every["acc_lo"] < 1.0
+
+
 def test_effective_length_and_auc_over_log_length():
     assert stats.effective_length([128, 256, 512, 1024], [0.99, 0.92, 0.5, 0.95]) == 1024
     assert stats.effective_length([128, 256], [0.95, float("nan")]) == 128

@@ -76,7 +76,13 @@ def depth_summary(depths: Sequence[float], outcomes: Sequence[Sequence[bool]], n
     x = np.asarray(outcomes, dtype=float)  # (depths, instances)
     mean = x.mean(axis=0)
     out["acc"] = float(mean.mean())
-    out["acc_lo"], out["acc_hi"] = paired_bootstrap(mean, n_boot, seed)
+    if mean.min() in (0.0, 1.0) and mean.min() == mean.max():
+        # Every instance failed (or passed) at every depth: the bootstrap can only resample that one value and
+        # would claim no uncertainty ([0, 0] from 20 instances). The instances are the independent unit, so the
+        # Wilson interval of k of n instances bounds it instead.
+        out["acc_lo"], out["acc_hi"] = wilson(int(mean[0]) * mean.size, mean.size)
+    else:
+        out["acc_lo"], out["acc_hi"] = paired_bootstrap(mean, n_boot, seed)
     edges = edge_mask(depths)
     if edges is not None:
         gap = x[edges].mean(axis=0) - x[~edges].mean(axis=0)
