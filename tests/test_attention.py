@@ -12,10 +12,10 @@ from pelab.encodings import build_encoding
 from pelab.model.attention import (
     _flex_matches_sdpa,
     causal_attention,
-    causal_bias,
     chunked_biased_attention,
     reference_attention,
 )
+from pelab.ops import causal_bias
 
 B, H, DH = 2, 3, 8
 
@@ -127,7 +127,8 @@ def test_flex_attention_matches_reference_on_cpu():
     pytest.importorskip("torch.nn.attention.flex_attention")
     import torch._inductor.config as inductor_config
 
-    from pelab.model.attention import attention_paths, distance_bias, reset_attention_paths
+    from pelab.model.attention import attention_paths, reset_attention_paths
+    from pelab.ops import distance_bias
 
     # T a multiple of flex's 128 block: on CPU (torch 2.13) a partial last block reads past the end of
     # k/v (NaN when that memory holds NaN bits); inductor's on-disk cache has also returned wrong CPU
@@ -287,7 +288,7 @@ def test_per_distance_bias_matches_the_full_bias_and_reference(scheme, chunk):
     gives the reference attention's output and gradients (q, k, v and the learned T5 table / KERPLE r1, r2)
     for every chunking; its forward is the full bias exactly."""
     from pelab.encodings import build_encoding
-    from pelab.model.attention import CausalBias, DistanceBias, distance_bias
+    from pelab.ops import CausalBias, DistanceBias, distance_bias
 
     torch.manual_seed(0)
     B, H, T, Dh = 2, 4, 19, 8
@@ -319,7 +320,7 @@ def test_per_distance_bias_matches_the_full_bias_and_reference(scheme, chunk):
 def test_diagonal_view_gradient_is_the_per_distance_sum(lead):
     """DiagonalView's backward (anti-diagonal sums by pad-and-reshape) equals autograd through a plain
     gather of the same entries, in fp64, with leading (H,) or per-batch (B, H) dimensions; gradcheck too."""
-    from pelab.model.attention import DiagonalView
+    from pelab.ops import DiagonalView
 
     torch.manual_seed(0)
     N, R, K, offset = 13, 5, 7, 1
@@ -340,8 +341,8 @@ def test_model_default_positions_use_the_per_distance_bias_with_identical_logits
     """Default positions (start..start+T-1) take the per-distance path; explicit positions the full (H, T, T)
     bias; logits and gradients agree, with and without a start offset."""
     from pelab.encodings import build_encoding
-    from pelab.model.attention import CausalBias, DistanceBias
     from pelab.model.gpt import GPT, GPTConfig
+    from pelab.ops import CausalBias, DistanceBias
 
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=50, n_layers=2, n_heads=2, d_model=16, attn_chunk_size=6)

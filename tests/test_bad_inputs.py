@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import CONF_DIR, FAST, compose, run_cli
+from pelab.data.config import LOADER_KEYS
 from pelab.errors import ConfigError
-from pelab.schema import LOADER_KEYS
 from pelab.tasks.train import validate_config
 
 BAD = [

@@ -32,7 +32,7 @@ from pelab.data import (
 from pelab.data.cache import verify_entry
 from pelab.data.corpora import SPLITS, StdlibCorpus, _wikitext_articles
 from pelab.data.tokenizer import load_pretrained
-from pelab.tasks.train import build_datamodule
+from pelab.harness.build import build_datamodule
 
 _WORDS = "the of and to in is was for on that with as by at from an were are which this be or has"
 _ODD = "naïve café 日本語 🙂 Ελληνικά def return self None True x1 y_2 (a, b) [0] {k: v} # -> == !="
@@ -80,7 +80,8 @@ BPE_SMALL = {"kind": "bpe", "vocab_size": 320, "min_frequency": 2}
 
 
 def _dm(text_dir: Path, cache: Path, tokenizer=BPE_SMALL, **kw) -> LMDataModule:
-    kw = {"seq_len": 32, "batch_size": 4, "seed": 0, "val_windows": 8, **kw}
+    # pure text unless a test asks for recall rows (32-token windows fit no kv / passkey row)
+    kw = {"seq_len": 32, "batch_size": 4, "seed": 0, "val_windows": 8, "recall_mix": 0.0, **kw}
     dm = LMDataModule(source=_src(text_dir), tokenizer=tokenizer, cache_dir=str(cache), **kw)
     dm.prepare_data()
     dm.setup("fit")
@@ -405,7 +406,8 @@ def _fit(text_dir, cache, max_steps, accumulate=1, ckpt_in=None, ckpt_out=None):
     import lightning as L
 
     dm = LMDataModule(
-        source=_src(text_dir), tokenizer="byte", seq_len=16, batch_size=2, seed=3, cache_dir=str(cache)
+        source=_src(text_dir), tokenizer="byte", seq_len=16, batch_size=2, seed=3, cache_dir=str(cache),
+        recall_mix=0.0,
     )
     trainer = L.Trainer(
         max_steps=max_steps,
@@ -728,7 +730,8 @@ def _e2e(folder: Path, cache: Path, out: Path, *extra: str):
 
 
 def test_corruption_in_the_middle_of_the_cache_is_detected_rebuilt_and_the_run_trains(tmp_path):
-    from pelab.tasks.train import build_datamodule, train
+    from pelab.harness.build import build_datamodule
+    from pelab.tasks.train import train
 
     folder = _words_dir(tmp_path / "texts", 12, 40_000)
     cfg = _e2e(folder, tmp_path / "cache", tmp_path / "run")
@@ -849,7 +852,7 @@ def test_mixed_folder_skips_binaries_keeps_the_text_splits_and_trains(tmp_path):
 
 
 def test_folder_of_random_binary_files_is_one_error_before_tokenizing(tmp_path):
-    from pelab.harness.reliability import is_user_error
+    from pelab.errors import is_user_error
     from pelab.tasks.train import train
 
     folder = tmp_path / "binary"

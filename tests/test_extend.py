@@ -75,12 +75,9 @@ def test_a_parent_of_another_shape_is_refused_in_one_line_before_any_data(parent
 
 def test_scaling_child_scales_relative_to_the_parents_length(parent, tmp_path):
     """pe.train_length (what PI / YaRN scale relative to) defaults to the parent's L, not the child's."""
-    from pelab.tasks.task import Task
-    from pelab.tasks.train import extension_parent
+    from pelab.harness.extension import extension_parent
 
     cfg = compose([*FAST, "pe=rope", f"extend.from={parent['output_dir']}", "data.seq_len=128",
                    "pe.scaling.type=yarn", "pe.scaling.factor=4"], tmp_path)
-    task = Task(tmp_path, {})
-    link = extension_parent(cfg, task)
+    link = extension_parent(cfg)
     assert link["train_length"] == 32 and cfg.pe.train_length == 32
-    assert task.summary["config"]["pe"]["train_length"] == 32

@@ -17,7 +17,7 @@ from pelab.tasks.evaluate import OVERRIDABLE, OWN_KEYS
 from pelab.tasks.train import validate_config
 
 README = (ROOT / "README.md").read_text()
-FENCE = re.compile(r"```[a-z]*\n(.*?)```", re.S)
+FENCE = re.compile(r"```[a-z]*\n(.*?)```", re.DOTALL)
 
 
 def shell_commands() -> list[str]:

@@ -19,10 +19,10 @@ from pelab.data.datamodule import (
     DataConfigError,
     LMDataModule,
     inputs_and_targets,
-    two_means,
 )
 from pelab.data.recall import make_probe_samples
-from pelab.tasks.train import build_datamodule
+from pelab.harness.build import build_datamodule
+from pelab.harness.module import two_means
 
 QUERY = re.compile(r'Key: "([0-9a-f]+)" Value: "')
 
@@ -192,18 +192,20 @@ def test_two_means_scores_the_text_after_the_span_and_a_stage_sets_the_share(sma
 
 
 def test_the_harness_datamodule_gets_every_loader_setting(tmp_path):
-    """conf/datamodule/lm.yaml passes every data.* loader key: a missing one silently fell back to the
-    constructor's default (the curriculum was off and data.recall_pairs ignored in every harness run)."""
+    """Every data.* loader key of the composed config reaches the DataModule (a key that once went missing
+    silently fell back to the constructor's default: the curriculum was off and data.recall_pairs ignored in
+    every harness run)."""
     from omegaconf import OmegaConf
 
-    from pelab import CONF_DIR
-    from pelab.schema import LOADER_KEYS
+    from pelab.data.config import LOADER_KEYS
 
-    assert set(LOADER_KEYS) <= set(OmegaConf.load(Path(CONF_DIR) / "datamodule" / "lm.yaml"))
     cfg = compose(["experiment=recall", "data.recall_pairs=6", "data.recall_curriculum=[[0,32],[7,64]]",
+                   "data.val_windows=5", "data.val_batch_size=3", "data.recall_key_len=4", "data.num_workers=0",
                    f"paths.cache_dir={tmp_path}"])
     dm = build_datamodule(cfg, cfg.data.batch_size)
-    assert dm.recall_pairs == 6 and dm.recall_curriculum == [[0, 32], [7, 64]]
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    assert dm.settings == {k: data[k] for k in LOADER_KEYS}
+    assert dm.recall_pairs == 6 and dm.recall_curriculum == [[0, 32], [7, 64]] and dm.val_batch_size == 3
 
 
 def test_probe_instances_never_appear_in_training_batches(small_texts, tmp_path):
@@ -389,7 +391,7 @@ def test_harness_trains_on_two_means(tmp_path):
 ])
 def test_bad_recall_settings_fail_in_one_line_naming_them(overrides, key):
     from pelab.errors import ConfigError
-    from pelab.schema import validate
+    from pelab.tasks.config import validate
 
     with pytest.raises(ConfigError) as err:
         validate(compose(overrides))
@@ -398,7 +400,7 @@ def test_bad_recall_settings_fail_in_one_line_naming_them(overrides, key):
 
 
 def test_every_recall_setting_together_is_valid():
-    from pelab.schema import validate
+    from pelab.tasks.config import validate
 
     validate(compose(["data.recall_loss=two_means", "data.recall_kinds=[mqar,kv_single,passkey_single,kv,passkey]",
                       "data.recall_curriculum=[[0,32],[200,64],[400,128]]",

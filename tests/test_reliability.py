@@ -25,7 +25,7 @@ from hydra.errors import MissingConfigException
 from lightning.pytorch.callbacks import Callback
 
 from conftest import FAST, ROOT, compose, offline_runs, run_cli, wandb_records, wandb_summary
-from pelab.harness.reliability import CheckpointError, NonFiniteError, is_user_error
+from pelab.errors import CheckpointError, NonFiniteError, is_user_error
 from pelab.tasks.task import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
 from pelab.tasks.train import train
 

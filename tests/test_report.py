@@ -108,7 +108,8 @@ def test_report_figures_are_real_images(sweep, tmp_path):
 
 @pytest.mark.slow
 def test_report_lists_failed_and_unfinished_jobs_and_leaves_them_out(sweep, tmp_path):
-    from pelab.tasks.train import ConfigError, train
+    from pelab.errors import ConfigError
+    from pelab.tasks.train import train
 
     extra = tmp_path / "extra"
     failed = extra / "0_failed"

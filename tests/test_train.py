@@ -146,12 +146,12 @@ def test_pe_diagnostics_figures_reach_disk_and_wandb(tmp_path):
     """The start-of-run diagnostics: parameter count and the encoding's figures, on disk and in the W&B run."""
     import wandb
 
+    from pelab.harness.loggers import log_pe_diagnostics
     from pelab.model import build_model
-    from pelab.tasks.train import log_pe_diagnostics
 
     model = build_model({"n_layers": 1, "n_heads": 2, "d_model": 16}, {"name": "fire"}, vocab_size=8, train_length=32)
     run = wandb.init(mode="offline", dir=str(tmp_path), project="pelab-test", settings=wandb.Settings(silent=True))
-    log_pe_diagnostics(run, model, seq_len=32, output_dir=tmp_path)
+    log_pe_diagnostics(run, model, train_length=32, output_dir=tmp_path)
     run.finish()
     assert (tmp_path / "plots" / "pe_bias_by_distance.png").stat().st_size > 5000
     (path,) = offline_runs(tmp_path)

@@ -140,7 +140,7 @@ def bias_gradient_timing(pe, params, a, device) -> dict:
     for a given upstream gradient, and the two gradients' largest difference relative to their largest entry."""
     import torch
 
-    from pelab.model.attention import causal_bias, distance_bias
+    from pelab.ops import causal_bias, distance_bias
 
     T = a.seq
     pos = torch.arange(T, device=device)

@@ -171,7 +171,7 @@ def train(pe: str, overrides: list[str], out: Path, log_every: int = 100, unscal
 
     from pelab.data.datamodule import inputs_and_targets
     from pelab.summary import versions, write_summary
-    from pelab.tasks.train import build_datamodule, data_record
+    from pelab.harness.build import build_datamodule, data_record
 
     t0 = time.time()
     cfg = compose_config(pe, overrides, out)

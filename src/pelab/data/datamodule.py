@@ -41,14 +41,14 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-import torch.nn.functional as F
+from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from pelab.data.cache import TokenCache, open_cache
+from pelab.data.config import LOADER_KEYS, check_reserved, loader_settings
 from pelab.data.corpora import SPLITS, build_corpus
 from pelab.data.tokenizer import tokenizer_fingerprint
 from pelab.errors import ConfigError
-from pelab.schema import check_reserved, loader_settings
 
 Mixer = Callable[..., Any]  # (n, length, rng, step, text) -> rows or (rows, answer_mask)
 
@@ -71,19 +71,6 @@ def inputs_and_targets(
     if answers:
         return ids[:, :-1], targets, is_answer[:, 1:]
     return ids[:, :-1], targets
-
-
-def two_means(logits: torch.Tensor, targets: torch.Tensor, answers: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """recall_loss=two_means: the loss is the sum of (mean NLL over the scored text targets, mean NLL over the
-    answer targets), each over the whole batch, so the few answers weigh as much as all the text (both are
-    logged). A mean over no target is 0. (B, T, V), (B, T), (B, T) -> two scalars, fp32. No data-dependent branch:
-    no device sync."""
-    nll = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none").view_as(targets)
-    text = (targets != IGNORE_INDEX) & ~answers
-    answers = answers & (targets != IGNORE_INDEX)
-    mean = lambda m: (nll * m).sum() / m.sum().clamp_min(1)
-    return mean(text), mean(answers)
 
 
 # Bad loader settings (seq_len, batch_size, recall_mix, ...): the package's one user-error class.
@@ -276,61 +263,57 @@ class LMDataModule(L.LightningDataModule):
     """Corpus + tokenizer + token cache, served as deterministic windows.
 
     source:    the data config: `source` (stdlib | text_dir | hf) plus that source's knobs
-               (path, glob, name, config, text_field, data_files, doc_split, max_bytes, ...);
-               other keys (seq_len, batch_size, ...) are ignored here. A bare kind string works.
+               (path, glob, name, config, text_field, data_files, doc_split, max_bytes, ...) and the
+               loader keys (`pelab.data.config.LoaderConfig`: seq_len, recall_mix, ...). A bare kind string
+               works.
     tokenizer: the tokenizer config: `kind` (bpe | byte | pretrained) plus its knobs.
+    batch_size: rows per step on this device (the harness divides the global data.batch_size); None = the
+               data config's.
     max_steps: stop the training stream after this many batches (micro-steps); None = endless,
                which is what a Trainer wants (it stops at trainer.max_steps; with an endless
                stream `trainer.val_check_interval` must be an int number of steps).
-    recall_mix, recall_kinds, recall_key_len, recall_value_len, recall_loss, recall_pairs,
-    recall_curriculum: the synthetic recall rows of the training mix (see the module docstring);
-               defaults = kv and passkey, 3-char keys and values, every token a target.
+    **loader:  loader keys that replace the data config's (e.g. seq_len=32, recall_mix=0); any key left
+               out takes its value from conf/data/_loader.yaml, the one place the defaults are written.
     """
 
     def __init__(
         self,
         source: Mapping[str, Any] | str,
         tokenizer: Mapping[str, Any] | str,
-        seq_len: int,
-        batch_size: int,
+        batch_size: int | None = None,
         seed: int = 0,
         cache_dir: str | None = None,
-        val_windows: int | None = 64,
-        val_batch_size: int | None = None,
-        recall_mix: float = 0.0,
-        num_workers: int = 0,
         max_steps: int | None = None,
         mixer: Mixer | None = None,
-        recall_kinds: Sequence[str] = ("kv", "passkey"),
-        recall_key_len: int = 3,
-        recall_value_len: int = 3,
-        recall_loss: str = "all",
-        recall_pairs: int = 8,
-        recall_curriculum: Sequence[Sequence[int]] | None = None,
+        **loader: Any,
     ):
         super().__init__()
-        # The checks of the harness's config (pelab.schema), so direct use fails the same way, naming data.*.
-        loader = loader_settings({
-            "seq_len": seq_len, "batch_size": batch_size, "val_windows": val_windows,
-            "val_batch_size": val_batch_size, "recall_mix": recall_mix,
-            "recall_kinds": [recall_kinds] if isinstance(recall_kinds, str) else list(recall_kinds),
-            "recall_key_len": recall_key_len, "recall_value_len": recall_value_len, "recall_loss": recall_loss,
-            "recall_pairs": recall_pairs, "recall_curriculum": _plain(recall_curriculum),
-            "num_workers": num_workers,
-        })
+        # The loader keys (pelab.data.config.LoaderConfig: seq_len, recall_mix, ...) come from the data config
+        # (`source`), then keyword arguments; conf/data/_loader.yaml fills the rest. `batch_size`: per device.
+        source = _plain(source)
+        given = {**(source if isinstance(source, Mapping) else {}), **_plain(loader)}
+        if batch_size is not None:
+            given["batch_size"] = batch_size
+        if isinstance(given.get("recall_kinds"), str):
+            given["recall_kinds"] = [given["recall_kinds"]]
+        unknown = sorted(set(loader) - set(LOADER_KEYS))
+        if unknown:
+            raise TypeError(f"LMDataModule got unknown loader settings {unknown}; known: {list(LOADER_KEYS)}")
+        settings = loader_settings(given)
+        self.settings: dict[str, Any] = OmegaConf.to_container(settings)  # the loader keys, as used
         # pairs vs the reserved ids, before any data cost (the tokenizer config is not typed here).
-        check_reserved(tokenizer_fingerprint(_plain(tokenizer)), loader, probes=None)
-        self.recall_kinds = tuple(loader.recall_kinds)
-        self.recall_key_len, self.recall_value_len = loader.recall_key_len, loader.recall_value_len
-        self.recall_loss = loader.recall_loss
-        self.recall_pairs = loader.recall_pairs
-        self.recall_curriculum = _plain(loader.recall_curriculum)
-        self.source_cfg, self.tokenizer_cfg = _plain(source), _plain(tokenizer)
-        self.seq_len, self.batch_size, self.seed = loader.seq_len, loader.batch_size, int(seed)
-        self.cache_dir, self.val_windows = cache_dir, loader.val_windows
-        self.val_batch_size = loader.val_batch_size or loader.batch_size
-        self.recall_mix, self.mixer = loader.recall_mix, mixer
-        self.num_workers, self.max_steps = loader.num_workers, max_steps
+        check_reserved(tokenizer_fingerprint(_plain(tokenizer)), settings, probes=None)
+        self.recall_kinds = tuple(settings.recall_kinds)
+        self.recall_key_len, self.recall_value_len = settings.recall_key_len, settings.recall_value_len
+        self.recall_loss = settings.recall_loss
+        self.recall_pairs = settings.recall_pairs
+        self.recall_curriculum = _plain(settings.recall_curriculum)
+        self.source_cfg, self.tokenizer_cfg = source, _plain(tokenizer)
+        self.seq_len, self.batch_size, self.seed = settings.seq_len, settings.batch_size, int(seed)
+        self.cache_dir, self.val_windows = cache_dir, settings.val_windows
+        self.val_batch_size = settings.val_batch_size or settings.batch_size
+        self.recall_mix, self.mixer = settings.recall_mix, mixer
+        self.num_workers, self.max_steps = settings.num_workers, max_steps
         self.cache: TokenCache | None = None
 
     # -- Lightning hooks ----------------------------------------------------------------------

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 EOT = "<|endoftext|>"
-KINDS = ("bpe", "byte", "pretrained")
+TOKENIZER_KINDS = ("bpe", "byte", "pretrained")
 # BPE merges are learned on at most this much of the train split (spread over it): on the stdlib
 # corpus 8 MB trains 3x faster than all 30 MB with the same compression on val (3.29 vs 3.35 B/token).
 DEFAULT_TRAIN_BYTES = 8_000_000
@@ -149,8 +149,8 @@ Tokenizer = ByteTokenizer | HFTokenizer
 
 def _cfg_kind(cfg: Mapping[str, Any] | str) -> str:
     kind = cfg if isinstance(cfg, str) else str(cfg.get("kind", "bpe"))
-    if kind not in KINDS:
-        raise TokenizerError(f"unknown tokenizer.kind={kind!r}; known: {list(KINDS)}")
+    if kind not in TOKENIZER_KINDS:
+        raise TokenizerError(f"unknown tokenizer.kind={kind!r}; known: {list(TOKENIZER_KINDS)}")
     return kind
 
 

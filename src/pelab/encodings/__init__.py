@@ -13,6 +13,8 @@ from pelab.encodings.config import (
     build_encoding,
     default_pe_config,
     pe_schema,
+    pe_settings,
+    pe_variant,
     resolve_pe_config,
 )
 
@@ -25,5 +27,7 @@ __all__ = [
     "build_encoding",
     "default_pe_config",
     "pe_schema",
+    "pe_settings",
+    "pe_variant",
     "resolve_pe_config",
 ]

@@ -32,7 +32,7 @@ from omegaconf import MISSING
 from torch import Tensor, nn
 
 from pelab.errors import ConfigError
-from pelab.model.attention import BiasFn, CausalBias, causal_bias, distance_bias
+from pelab.ops import BiasFn, CausalBias, causal_bias, distance_bias
 
 # A (H, T, T) bias (times B for per-batch positions) is materialised once per forward up to this many
 # elements (256 MB in fp32); longer inputs compute it per query chunk inside attention instead.
@@ -69,8 +69,20 @@ class PEConfig:
     randomized: RandomizedConfig = field(default_factory=RandomizedConfig)
 
     # Capabilities the harness asks instead of names.
-    supports_scaling: ClassVar[bool] = False  # pe.scaling.* (context extension) can change at evaluation
+    supports_scaling: ClassVar[bool] = False  # has context-extension variants (``variant``), switchable at evaluation
     runtime_keys: ClassVar[tuple[str, ...]] = ()  # pe keys a checkpoint may be resumed/evaluated with changed
+
+    @property
+    def extends_context(self) -> bool:
+        """True when these settings stretch positions relative to ``train_length`` (context extension): a
+        run fine-tuned from a parent that leaves ``train_length`` null means the parent's training length."""
+        return False
+
+    def variant(self, name: str) -> PEConfig:
+        """These settings under the encoding's context-extension variant ``name`` (``supports_scaling``
+        encodings; e.g. RoPE's scaling types), for eval.py's ``scaling_sweep``."""
+        raise ConfigError(f"pe={self.name} has no context-extension variants (asked for {name!r}); "
+                          "drop scaling_sweep")
 
     def resolve(self, train_length: int | None) -> None:
         """Fill the settings left null that mean "the training length"."""

@@ -63,15 +63,28 @@ def pe_schema(cfg: Any) -> type[PEConfig]:
     return cls.Config
 
 
-def resolve_pe_config(cfg: Any, *, d_model: int, n_heads: int, train_length: int | None) -> dict:
-    """Typed (schema), resolved (settings that mean "the training length" filled) and range-checked ``pe``
-    config as a plain dict; every problem is a ConfigError naming ``pe.<key>``."""
+def pe_settings(cfg: Any, *, d_model: int, n_heads: int, train_length: int | None) -> PEConfig:
+    """The encoding's config object: typed (its schema), resolved (settings that mean "the training length"
+    filled) and range-checked; every problem is a ConfigError naming ``pe.<key>``."""
     cfg = _as_config(cfg)
-    schema = pe_schema(cfg)
-    config: PEConfig = OmegaConf.to_object(typed(schema, cfg, "pe"))
+    config: PEConfig = OmegaConf.to_object(typed(pe_schema(cfg), cfg, "pe"))
     config.resolve(train_length)
     config.validate(int(d_model), int(n_heads))
+    return config
+
+
+def resolve_pe_config(cfg: Any, *, d_model: int, n_heads: int, train_length: int | None) -> dict:
+    """``pe_settings`` as a plain dict (what ``instantiate`` and summary.json take)."""
+    config = pe_settings(cfg, d_model=d_model, n_heads=n_heads, train_length=train_length)
     return OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
+
+
+def pe_variant(cfg: Any, variant: str) -> dict:
+    """The ``pe`` config (unresolved: ``train_length`` as given) of the encoding's named variant
+    (``PEConfig.variant``, e.g. a RoPE scaling type for eval.py's ``scaling_sweep``)."""
+    cfg = _as_config(cfg)
+    config: PEConfig = OmegaConf.to_object(typed(pe_schema(cfg), cfg, "pe"))
+    return OmegaConf.to_container(OmegaConf.structured(config.variant(variant)), resolve=True)
 
 
 def build_encoding(cfg: Any, d_model: int, n_heads: int, train_length: int | None = None,

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from pelab.encodings.base import PEConfig, PositionEncoding, PositionState, check
-from pelab.model.attention import future_mask
+from pelab.ops import future_mask
 
 
 def cope_positions(logits: Tensor, q0: int) -> Tensor:

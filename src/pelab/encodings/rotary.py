@@ -20,8 +20,9 @@ without it.
 
 from __future__ import annotations
 
+import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import torch
@@ -29,6 +30,8 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from pelab.encodings.base import PEConfig, PositionEncoding, PositionState, check, positions_as_float
+
+log = logging.getLogger(__name__)
 
 SCALING_TYPES = ("none", "linear", "ntk", "dynamic_ntk", "yarn")
 
@@ -191,6 +194,17 @@ class RoPEConfig(PEConfig):
 
     supports_scaling: ClassVar[bool] = True
     runtime_keys: ClassVar[tuple[str, ...]] = ("scaling",)  # frequencies are not in the state dict
+
+    @property
+    def extends_context(self) -> bool:
+        return self.scaling.type != "none"
+
+    def variant(self, name: str) -> RoPEConfig:
+        """The same settings under scaling type ``name`` (none, linear, ntk, dynamic_ntk, yarn)."""
+        check(name in SCALING_TYPES, "scaling.type", name, f"is unknown; choose one of {list(SCALING_TYPES)}")
+        if self.scaling.factor == 1.0 and name != "none":
+            log.warning("pe.scaling.factor=1: every scaling type equals no scaling; pass pe.scaling.factor=4, say.")
+        return replace(self, scaling=replace(self.scaling, type=name))
 
     def validate(self, d_model: int, n_heads: int) -> None:
         super().validate(d_model, n_heads)

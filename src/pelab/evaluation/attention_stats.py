@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from pelab.encodings import PositionOutOfRange
+
 STATS = ("entropy", "distance", "mass_past_L", "max_logit")
 
 
@@ -98,7 +100,7 @@ def attention_diagnostics(model: nn.Module, tokens: Tensor, lengths: Sequence[in
     """The statistics at each length on the first ``windows`` windows of ``tokens`` (each at positions
     0..n-1, like the extrapolation windows). Returns {"rows": [...], "seconds": wall time}; one row per
     (length, layer, head, bucket). A length the encoding cannot represent is skipped (no rows)."""
-    from pelab.evaluation.extrapolation import is_position_out_of_range, model_device
+    from pelab.evaluation.extrapolation import model_device
 
     t0 = time.perf_counter()
     device = model_device(model)
@@ -119,9 +121,7 @@ def attention_diagnostics(model: nn.Module, tokens: Tensor, lengths: Sequence[in
                     with observing(model, recs):
                         for i in range(w):  # one window per forward: (1, H, C, n) logits at a time
                             model(idx[i : i + 1])
-                except ValueError as exc:
-                    if not is_position_out_of_range(exc):
-                        raise
+                except PositionOutOfRange:
                     continue
                 rows += _rows(n, recs, bounds)
     finally:

@@ -14,7 +14,7 @@ softmax-then-log, which turns peaked logits into inf) and accumulated in float64
 
 Each window is an independent sequence at positions ``0..len-1`` (``model(idx)`` with ``start=0``).
 A model whose encoding cannot represent a length (learned absolute positions past their table)
-raises ``pelab.encodings.base.PositionOutOfRange``; that length is recorded as NaN with a note,
+raises ``pelab.encodings.PositionOutOfRange``; that length is recorded as NaN with a note,
 never a crash.
 """
 
@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pelab.encodings import PositionOutOfRange
 from pelab.summary import json_safe
 
 PROTOCOLS = ("nonoverlap", "sliding")
@@ -49,18 +50,6 @@ def safe_exp(x: float) -> float:
         return math.exp(x)
     except OverflowError:
         return float("inf")
-
-
-def is_position_out_of_range(exc: BaseException) -> bool:
-    """True for ``pelab.encodings.base.PositionOutOfRange`` (matched by class name too, so this works
-    even if the encodings package cannot be imported)."""
-    try:
-        from pelab.encodings.base import PositionOutOfRange  # lazy: avoid an import cycle
-    except ImportError:  # pragma: no cover - encodings not importable
-        PositionOutOfRange = None
-    if PositionOutOfRange is not None and isinstance(exc, PositionOutOfRange):
-        return True
-    return isinstance(exc, ValueError) and any(c.__name__ == "PositionOutOfRange" for c in type(exc).__mro__)
 
 
 def not_applicable_note(exc: BaseException) -> str:
@@ -433,9 +422,7 @@ def evaluate_extrapolation(
                             sums,
                             counts,
                         )
-                    except ValueError as exc:
-                        if not is_position_out_of_range(exc):
-                            raise
+                    except PositionOutOfRange as exc:
                         note = not_applicable_note(exc)
                         cell.nll_sum, cell.n_tokens, cell.note = 0.0, 0, note
                         continue

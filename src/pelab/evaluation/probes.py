@@ -40,9 +40,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pelab.data.recall import KINDS, RecallLengthError, RecallSample, as_id_list, make_probe_samples
+from pelab.encodings import PositionOutOfRange
 from pelab.evaluation import stats
 from pelab.evaluation.extrapolation import (
-    is_position_out_of_range,
     json_safe,
     model_device,
     not_applicable_note,
@@ -442,9 +442,7 @@ def _score_cells(
         return
     try:
         records = score_samples(model, flat, **score)
-    except ValueError as exc:
-        if not is_position_out_of_range(exc):
-            raise
+    except PositionOutOfRange as exc:
         for c, _ in batch:
             c.note = not_applicable_note(exc)
         return

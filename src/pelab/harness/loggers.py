@@ -237,3 +237,42 @@ def _new_run_id() -> str:
 
     alphabet = string.ascii_lowercase + string.digits
     return "".join(secrets.choice(alphabet) for _ in range(8))
+
+
+def single_lightning_log_handler() -> None:
+    """`import lightning` adds its own console handler; under Hydra the root logger already prints (and
+    writes the job's log file), so every Lightning message would appear twice."""
+    lightning_logger = logging.getLogger("lightning")
+    if logging.getLogger().handlers:
+        for handler in list(lightning_logger.handlers):
+            lightning_logger.removeHandler(handler)
+
+
+def log_run_start(run: Any | None, summary: dict, model: Any, datamodule: Any, train_length: int,
+                  output_dir: Path) -> None:
+    """What W&B learns before the first step: the data fingerprint, the model's size, PE diagnostics."""
+    if run is None:
+        return
+    guarded("config update", run.config.update,
+            {"data_fingerprint": datamodule.fingerprint, "model_info": summary["model"]}, allow_val_change=True)
+    guarded("PE diagnostics", log_pe_diagnostics, run, model, train_length, output_dir)
+
+
+def log_pe_diagnostics(run: Any, model: Any, train_length: int, output_dir: Path) -> None:
+    """Parameter count, neighbour similarity and the position-table heatmap, logged once at start."""
+    import wandb
+
+    from pelab.encodings.diagnostics import encoding_report
+
+    report = encoding_report(model.pe, n_positions=train_length, figures=True)
+    figs = report.pop("figures", {})
+    scalars = {f"pe/{k}": v for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    plot_dir = output_dir / "plots"
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    media = {}
+    for key, fig in figs.items():
+        path = plot_dir / f"pe_{key}.png"
+        fig.savefig(path, dpi=100, bbox_inches="tight")
+        media[f"pe/{key}"] = wandb.Image(str(path))
+    run.summary.update(scalars)
+    run.log({**scalars, **media})

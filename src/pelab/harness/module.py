@@ -3,7 +3,7 @@
 The module owns optimisation and metrics only; the model and the encoding are built by
 `pelab.model.build_model`, which is also what `eval.py` uses to rebuild a checkpoint.
 
-Reliability (see `pelab.harness.reliability`):
+Reliability (see also `pelab.harness.signals` and `pelab.harness.checkpoints`):
 - the torch RNG is re-seeded before every training step from (seed, step, rank), like the data stream, so
   dropout masks after a resume equal those of an uninterrupted run without saving any RNG state;
 - a non-finite loss or gradient (checked after backward, before the optimizer step) stops the run
@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import SumMetric
 
-from pelab.data.datamodule import inputs_and_targets, two_means
-from pelab.harness.reliability import NonFiniteError
+from pelab.data.datamodule import IGNORE_INDEX, inputs_and_targets
+from pelab.errors import NonFiniteError
 from pelab.model import GPT, build_model
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,19 @@ def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
         return (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def two_means(logits: torch.Tensor, targets: torch.Tensor, answers: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """recall_loss=two_means: the loss is the sum of (mean NLL over the scored text targets, mean NLL over the
+    answer targets), each over the whole batch, so the few answers weigh as much as all the text (both are
+    logged). A mean over no target is 0. (B, T, V), (B, T), (B, T) -> two scalars, fp32. No data-dependent branch:
+    no device sync."""
+    nll = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none").view_as(targets)
+    text = (targets != IGNORE_INDEX) & ~answers
+    answers = answers & (targets != IGNORE_INDEX)
+    mean = lambda m: (nll * m).sum() / m.sum().clamp_min(1)
+    return mean(text), mean(answers)
 
 
 def flops_per_token(model: GPT, seq_len: int) -> float:

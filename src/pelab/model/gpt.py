@@ -8,19 +8,17 @@ asks which encoding it holds. Per forward, ``pe.prepare(pos)`` does the position
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pelab.encodings import PositionEncoding, PositionState
+from pelab.errors import ConfigError, typed_group
 from pelab.model.attention import ATTN_BACKENDS, causal_attention, observed_attention
-
-if TYPE_CHECKING:  # the encodings import model.attention: no import at run time, no cycle
-    from pelab.encodings.base import PositionEncoding, PositionState
-
 
 INITS = ("gpt2", "kaiming")
 LOGIT_SCALES = ("none", "log_length")  # model.attn_logit_scale
@@ -28,10 +26,14 @@ LOGIT_SCALES = ("none", "log_length")  # model.attn_logit_scale
 
 @dataclass
 class GPTConfig:
+    """The model's config schema: the keys of conf/model/*.yaml (`name` is a label), plus `vocab_size` (from
+    the tokenizer) and `train_length` (data.seq_len), which the harness fills."""
+
     vocab_size: int
     n_layers: int
     n_heads: int
     d_model: int
+    name: str = "custom"
     d_ff: int | None = None  # None = 4 * d_model
     dropout: float = 0.0
     bias: bool = False  # biases in Linear and LayerNorm layers
@@ -49,6 +51,31 @@ class GPTConfig:
     # log_length: logits of the query with n > L keys times log(n)/log(L) (Chiang & Cholak 2022); L = train_length
     attn_logit_scale: str = "none"
     train_length: int | None = None  # data.seq_len, filled by build_model
+
+    # Keys that change neither the weights nor their meaning: a checkpoint may be resumed, extended or
+    # evaluated with other values (dropout, chunking, kernel choice, evaluation-time logit scaling).
+    RUNTIME_KEYS: ClassVar[tuple[str, ...]] = ("name", "dropout", "attn_chunk_size", "attn_backend",
+                                               "attn_logit_scale")
+    FILLED_KEYS: ClassVar[tuple[str, ...]] = ("vocab_size", "train_length")  # not in conf/model/*.yaml
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any], vocab_size: int = 1,
+                      train_length: int | None = None) -> GPTConfig:
+        """A `model` config group (conf/model/*.yaml) typed against this schema and range-checked: a wrong
+        type, an unknown or missing key, or a value out of range is a ConfigError naming model.<key>. The
+        vocabulary comes from the data: before it is built, a stand-in size."""
+        from omegaconf import OmegaConf
+
+        unset = sorted(k for k, v in settings.items() if v == "???")  # a merge would keep the default instead
+        if unset:
+            raise ConfigError(f"model.{unset[0]} has no value and this config needs one; set it "
+                              f"(model.{unset[0]}=...).")
+        filled = sorted(set(settings) & set(cls.FILLED_KEYS))
+        if filled:
+            raise ConfigError(f"model.{filled[0]} is not a model setting: the harness fills it (the tokenizer's "
+                              "vocabulary, data.seq_len).")
+        values = {**settings, "vocab_size": int(vocab_size), "train_length": train_length}
+        return OmegaConf.to_object(typed_group(cls, values, "model")).validate()
 
     def __post_init__(self) -> None:
         if self.d_ff is None:
@@ -83,7 +110,7 @@ class GPTConfig:
         ]
         for ok, message in checks:
             if not ok:
-                raise ValueError(message)
+                raise ConfigError(message)
         return self
 
 

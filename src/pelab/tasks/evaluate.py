@@ -1,9 +1,10 @@
 """`python eval.py ckpt_path=...`: rebuild a checkpoint's model and data from its own training config,
 apply the command line's pe.* / eval.* / probes.* overrides, and run the evaluation suite.
 
-Context extension at evaluation, for encodings whose schema `supports_scaling`: `pe.scaling.type=yarn
-pe.scaling.factor=4` on a model trained without scaling, or `scaling_sweep=[...]` for the "no scaling vs
-PI vs NTK vs YaRN" comparison as one table. Runs inside `pelab.tasks.task.run_task` like training.
+Context extension at evaluation, for encodings whose schema `supports_scaling`: their knobs as `pe.*`
+overrides (e.g. RoPE's scaling type and factor) on a model trained without them, or `scaling_sweep=[...]`
+for one table over the encoding's variants (`PEConfig.variant`: for RoPE no scaling vs PI vs NTK vs YaRN).
+Runs inside `pelab.tasks.task.run_task` like training.
 """
 
 from __future__ import annotations
@@ -18,16 +19,16 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from pelab import CONF_DIR
-from pelab.encodings import pe_schema, resolve_pe_config
+from pelab.encodings import pe_schema, pe_variant, resolve_pe_config
 from pelab.errors import ConfigError
-from pelab.model import build_model
+from pelab.model import GPTConfig, build_model
 from pelab.tasks.task import Task, cli_main, resolved_config, run_task
-from pelab.tasks.train import build_datamodule
 
 log = logging.getLogger(__name__)
 
-# Keys of the eval command line that replace the checkpoint's own settings.
-OVERRIDABLE = ("pe.", "eval.", "probes.", "model.attn_logit_scale", "model.attn_backend")  # the last two: no weights
+# Keys of the eval command line that replace the checkpoint's own settings: the encoding's knobs (checked by
+# its schema), the evaluation's, and the model keys that do not change the weights.
+OVERRIDABLE = ("pe.", "eval.", "probes.", *(f"model.{k}" for k in GPTConfig.RUNTIME_KEYS if k != "name"))
 # Keys of eval.yaml itself; any other key (model.*, data.*, tokenizer.*, ...) comes from the checkpoint.
 OWN_KEYS = ("ckpt_path", "scaling_sweep", "device", "tags", "notes", "name", "task", "logger", "paths", "hydra",
             "eval", "probes")
@@ -35,16 +36,9 @@ OWN_KEYS = ("ckpt_path", "scaling_sweep", "device", "tags", "notes", "name", "ta
 
 def load_checkpoint(path: str | Path) -> dict:
     """The checkpoint's training config and model weights, with a clear error for a bad file."""
-    from pelab.harness.reliability import read_checkpoint
+    from pelab.harness.checkpoints import load_run_checkpoint
 
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"ckpt_path={path} does not exist; pass a .ckpt from a run's checkpoints/ folder.")
-    ckpt = read_checkpoint(path)  # a truncated / corrupted file -> CheckpointError naming ckpt_path
-    hp = ckpt.get("hyper_parameters") or {}
-    if "cfg" not in hp or "state_dict" not in ckpt:
-        raise ConfigError(f"ckpt_path={path} was not written by pelab's train.py (no training config inside).")
-    return ckpt
+    return load_run_checkpoint(path, key="ckpt_path")
 
 
 def overridden_keys(cfg: DictConfig) -> list[str]:
@@ -61,7 +55,8 @@ def overridden_keys(cfg: DictConfig) -> list[str]:
         elif key.split(".")[0].split("@")[0] not in OWN_KEYS:
             raise ConfigError(
                 f"{key} cannot be changed by eval.py: the model, data and tokenizer come from the checkpoint "
-                "(only pe.*, eval.*, probes.*, model.attn_logit_scale and model.attn_backend can be overridden); evaluate a checkpoint trained with that setting."
+                f"(only {', '.join(k + '*' if k.endswith('.') else k for k in OVERRIDABLE)} can be "
+                "overridden); evaluate a checkpoint trained with that setting."
             )
     return keys
 
@@ -79,32 +74,33 @@ def merged_config(train_cfg: dict, cfg: DictConfig, keys: list[str]) -> DictConf
                 )
             continue
         value = OmegaConf.select(cfg, key)
-        if key.startswith("pe.scaling") and not pe_schema(merged.pe).supports_scaling:
-            raise ConfigError(f"{key}: this checkpoint's encoding (pe={merged.pe.name}) does not support "
-                              "context-extension scaling; drop the pe.scaling overrides.")
         OmegaConf.update(merged, key, OmegaConf.to_container(value, resolve=True)
                          if OmegaConf.is_config(value) else value, force_add=True)
     merged.paths = cfg.paths  # this job's folders
     merged.datamodule = cfg.datamodule  # its interpolations now read the checkpoint's data and tokenizer
+    try:  # the encoding's own schema checks the pe.* overrides (a knob this encoding lacks is named)
+        resolve_pe_config(merged.pe, d_model=merged.model.d_model, n_heads=merged.model.n_heads,
+                          train_length=int(merged.data.seq_len))
+    except ConfigError as err:
+        raise ConfigError(f"{err} (this checkpoint's encoding is pe={merged.pe.name}: eval.py sets only its own "
+                          "knobs; drop the override)") from None
     return merged
 
 
 def scaling_variants(merged: DictConfig, sweep: list[str] | None) -> list[str | None]:
-    """[None] = evaluate the (possibly overridden) config as is; else one variant per scaling type."""
+    """[None] = evaluate the (possibly overridden) config as is; else one variant per name
+    (`PEConfig.variant`: the encoding's own checks name a bad one)."""
     if not sweep:
         return [None]
     if not pe_schema(merged.pe).supports_scaling:
-        raise ConfigError(f"scaling_sweep: this checkpoint's encoding (pe={merged.pe.name}) does not support "
-                          "context-extension scaling; drop scaling_sweep.")
-    for variant in sweep:  # each is a pe.scaling.type: the encoding's own checks name a bad one
-        pe = OmegaConf.merge(merged.pe, {"scaling": {"type": variant}})
+        raise ConfigError(f"scaling_sweep: this checkpoint's encoding (pe={merged.pe.name}) has no "
+                          "context-extension variants; drop scaling_sweep.")
+    for variant in sweep:
         try:
-            resolve_pe_config(pe, d_model=merged.model.d_model, n_heads=merged.model.n_heads,
-                              train_length=int(merged.data.seq_len))
+            resolve_pe_config(pe_variant(merged.pe, variant), d_model=merged.model.d_model,
+                              n_heads=merged.model.n_heads, train_length=int(merged.data.seq_len))
         except ConfigError as err:
             raise ConfigError(f"scaling_sweep={list(sweep)}: {err}") from None
-    if float(merged.pe.scaling.factor) == 1.0:
-        log.warning("pe.scaling.factor=1: every scaling type equals no scaling; pass pe.scaling.factor=4, say.")
     return list(sweep)
 
 
@@ -112,7 +108,7 @@ def evaluate(cfg: DictConfig) -> dict:
     """One evaluation job; returns its summary (also written to `<output_dir>/summary.json`)."""
     if OmegaConf.is_missing(cfg, "ckpt_path") or cfg.ckpt_path in (None, ""):
         raise ConfigError("ckpt_path is required: python eval.py ckpt_path=outputs/runs/<...>/checkpoints/last.ckpt")
-    from pelab.harness.reliability import preemption_signals
+    from pelab.harness.signals import preemption_signals
 
     # SIGTERM / Ctrl-C stop at once (status preempted / interrupted): an evaluation is simply rerun.
     with run_task(Path(cfg.paths.output_dir), task="eval", signals=preemption_signals(),
@@ -135,6 +131,7 @@ def evaluate_variants(cfg: DictConfig, merged: DictConfig, ckpt: dict, variants:
                       task: Task) -> dict[str, float]:
     """Build the data once, then run the evaluation suite on the checkpoint's model under each variant."""
     from pelab.evaluation.suite import run_evaluation
+    from pelab.harness.build import build_datamodule
 
     vocab_size = int(ckpt["hyper_parameters"]["vocab_size"])
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available()
@@ -151,7 +148,7 @@ def evaluate_variants(cfg: DictConfig, merged: DictConfig, ckpt: dict, variants:
     for variant in variants:
         vcfg = merged.copy()
         if variant is not None:
-            vcfg.pe.scaling.type = variant
+            vcfg.pe = pe_variant(merged.pe, variant)
         model = load_model(vcfg, ckpt, vocab_size).to(device)
         metrics.update(run_evaluation(model, datamodule, vcfg, task.output_dir, task.run, task.summary,
                                       prefix=variant or ""))
@@ -168,10 +165,11 @@ def evaluate_variants(cfg: DictConfig, merged: DictConfig, ckpt: dict, variants:
 
 def load_model(cfg: DictConfig, ckpt: dict, vocab_size: int) -> torch.nn.Module:
     """Build the model of `cfg` (its pe settings may differ from training) and load the trained weights."""
+    from pelab.harness.checkpoints import model_state
+
     model = build_model(cfg.model, cfg.pe, vocab_size, int(cfg.data.seq_len))
-    state = {k[len("model."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     try:
-        model.load_state_dict(state)
+        model.load_state_dict(model_state(ckpt))
     except RuntimeError as err:
         raise ConfigError(f"the checkpoint's weights do not fit model={cfg.model.get('name')} / "
                           f"pe={cfg.pe.name}: {str(err).splitlines()[0]}") from err

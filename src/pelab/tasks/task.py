@@ -16,10 +16,8 @@ continue. A second Ctrl-C quits at once.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
-import re
 import signal
 import sys
 import time
@@ -34,8 +32,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from pelab.errors import ConfigError
+from pelab.errors import ConfigError, is_user_error
 from pelab.summary import command_line, result_table, versions, write_summary
+from pelab.tasks.names import in_multirun, sweep_group
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +62,7 @@ class Task:
     def start_wandb(self, wcfg: dict | None, *, name: str, config: dict, group: str | None = None,
                     tags: list[str] | None = None, notes: str | None = None) -> Any | None:
         """This job's W&B run (rank 0 only; None when `logger.wandb` is off or disabled)."""
-        from pelab.harness.loggers import init_info, init_wandb
+        from pelab.harness.loggers import init_info, init_wandb  # lazy: W&B and Lightning import slowly
 
         if not wcfg or self.rank != 0:
             return None
@@ -76,7 +75,7 @@ class Task:
     def save(self) -> None:
         """Write summary.json as it stands (rank 0): called whenever something new is known."""
         if self.rank == 0 and os.getpid() == self.pid:
-            from pelab.model.attention import attention_paths
+            from pelab.model import attention_paths
 
             self.summary["wall_seconds"] = round(time.time() - self.t0, 2)
             # which attention path each scheme took in this process (a FlexAttention failure included)
@@ -104,14 +103,13 @@ def run_task(output_dir: Path, *, rank: int = 0, signals: tuple[int, ...] = (), 
     the job's outcome and its W&B run is finished.
 
     `signals`: preemption signals and SIGINT, which raise `Preempted` in the body (see
-    `pelab.harness.reliability`); such a job ends normally with status "preempted" or "interrupted" (the
+    `pelab.harness.signals`); such a job ends normally with status "preempted" or "interrupted" (the
     caller exits with its EXIT_CODES), `hint` saying how to go on (default: relaunch with ckpt_path=auto).
     Any other exception is recorded and re-raised. Only rank 0 writes summary.json.
     """
     from pelab.harness.loggers import finish_wandb
-    from pelab.harness.reliability import RESUME_HINT, JobSignals, Preempted
-
-    from pelab.model.attention import reset_attention_paths
+    from pelab.harness.signals import RESUME_HINT, JobSignals, Preempted
+    from pelab.model import reset_attention_paths
 
     quiet_third_party()
     reset_attention_paths()  # this job's attention paths only (a multirun runs its jobs in one process)
@@ -179,8 +177,6 @@ def quiet_third_party() -> None:
 def report_user_error(err: BaseException) -> None:
     """Print a deliberate error as `Error: <message>` (one line) and exit 1; in a multirun re-raise it.
     Returns for any other exception (the caller re-raises it with its traceback)."""
-    from pelab.harness.reliability import is_user_error
-
     if not is_user_error(err):
         return
     line = " ".join(str(err).split())
@@ -189,64 +185,6 @@ def report_user_error(err: BaseException) -> None:
         raise err
     print(f"Error: {line}", file=sys.stderr, flush=True)
     sys.exit(1)
-
-
-def in_multirun() -> bool:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-
-
-def sweep_suffix(*, _root_: DictConfig) -> str:
-    """`${pelab.sweep_suffix:}` in a run name: in a multirun, `-key=value` for each override that varies
-    across its jobs and that the name does not show already (`-m model.n_heads=1,3,4` ->
-    `rope-micro-L128-s0-model.n_heads=3`; `pe=rope,alibi` adds nothing, the name has `${pe.name}`); "" in a
-    single run."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if not in_multirun():
-        return ""
-    hc = HydraConfig.get()
-    swept = swept_keys(str(hc.sweep.dir)) | set((hc.sweeper.get("params") or {}).keys())
-    raw = _root_._get_node("name")._value()  # the name's own interpolations: the keys it shows
-    shown = re.findall(r"\$\{([\w.]+)\}", raw) if isinstance(raw, str) else []
-    parts = []
-    for override in hc.overrides.task:
-        key, _, value = override.partition("=")
-        key = key.lstrip("+~")
-        if key in swept and not any(ref == key or ref.startswith(f"{key}.") for ref in shown):
-            parts.append(f"-{key}={value}".replace("/", "_"))
-    return "".join(parts)
-
-
-def swept_keys(sweep_dir: str) -> frozenset[str]:
-    """The keys a multirun sweeps on its command line, from the `multirun.yaml` Hydra's sweeper writes in the
-    sweep folder before any job starts (a job's own config holds only its single values)."""
-    path = Path(sweep_dir) / "multirun.yaml"
-    return _swept_keys(str(path), path.stat().st_mtime_ns) if path.is_file() else frozenset()
-
-
-@functools.lru_cache
-def _swept_keys(path: str, mtime_ns: int) -> frozenset[str]:  # the name is resolved often: parse once
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    overrides = OmegaConf.load(path).hydra.overrides.task
-    parsed = OverridesParser.create().parse_overrides(list(overrides))
-    return frozenset(o.key_or_group for o in parsed if o.is_sweep_override())
-
-
-OmegaConf.register_new_resolver("pelab.sweep_suffix", sweep_suffix, replace=True)
-
-
-def sweep_group() -> str | None:
-    """All jobs of one multirun share a W&B group: the sweep folder (date/time)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if not in_multirun():
-        return None
-    sweep_dir = Path(HydraConfig.get().sweep.dir)
-    return f"sweep-{sweep_dir.parent.name}-{sweep_dir.name}"
 
 
 def launcher_rank() -> int:

@@ -1,0 +1,93 @@
+"""The evaluation layer's config schema: `eval` (length extrapolation, attention diagnostics) and `probes`
+(retrieval by depth x length), typed and range-checked before any data or training cost. The values live
+in conf/eval/ and conf/probes/."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig
+
+from pelab.data.corpora import SPLITS
+from pelab.data.recall import KINDS
+from pelab.errors import ConfigError, need, show
+from pelab.evaluation.extrapolation import PROTOCOLS, resolve_lengths
+
+FILLERS = ("val", "sentence")  # probes.filler: real validation text or the classic repeated sentence
+
+
+@dataclass
+class DiagnosticsConfig:
+    enabled: bool
+    windows: int
+
+
+@dataclass
+class EvalConfig:
+    lengths: list[float]
+    tokens: int
+    stride: int | None
+    protocols: list[str]
+    split: str
+    batch_tokens: int
+    diagnostics: DiagnosticsConfig
+
+
+@dataclass
+class ProbesConfig:
+    enabled: bool
+    kinds: list[str]
+    depths: list[float]
+    lengths: list[float]
+    samples: int
+    seed: int
+    key_len: int
+    value_len: int
+    filler: str
+    pairs: int
+    prefix_multiples: list[int]
+
+
+def check_lengths(key: str, lengths: Any, train_length: int) -> None:
+    try:
+        resolve_lengths(list(lengths), train_length)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"{key}={show(lengths)}: {err}; use positive multiples of data.seq_len "
+                          "(<= 64) or token counts (> 64).") from err
+
+
+def check_eval(e: DictConfig, train_length: int) -> None:
+    check_lengths("eval.lengths", e.lengths, train_length)
+    need(e.tokens >= 1, "eval.tokens", e.tokens, "must be a positive number of tokens.")
+    need(e.stride is None or e.stride >= 1, "eval.stride", e.stride, "must be >= 1 or null (= data.seq_len).")
+    need(len(e.protocols) > 0 and set(e.protocols) <= set(PROTOCOLS), "eval.protocols", e.protocols,
+         f"must be a non-empty list of {show(PROTOCOLS)}.")
+    need(e.split in SPLITS, "eval.split", e.split, f"must be one of {show(SPLITS)}.")
+    need(e.batch_tokens >= 1, "eval.batch_tokens", e.batch_tokens, "must be >= 1.")
+    need(e.diagnostics.windows >= 1, "eval.diagnostics.windows", e.diagnostics.windows,
+         "must be >= 1 window per length.")
+
+
+def check_probes(p: DictConfig, train_length: int) -> None:
+    need(set(p.kinds) <= set(KINDS), "probes.kinds", p.kinds, f"must list kinds of {show(KINDS)} ([] = no probes).")
+    need(len(p.depths) > 0 and all(0.0 <= d <= 1.0 for d in p.depths), "probes.depths", p.depths,
+         "must be a non-empty list of depths in [0, 1] (0 = start of the context, 1 = its end).")
+    if p.enabled:
+        check_lengths("probes.lengths", p.lengths, train_length)
+    need(p.samples >= 1, "probes.samples", p.samples, "must be >= 1 sample per cell.")
+    for k in ("key_len", "value_len"):
+        need(p[k] >= 1, f"probes.{k}", p[k], "must be >= 1 hex chars.")
+    need(p.filler in FILLERS, "probes.filler", p.filler, f"must be one of {show(FILLERS)}.")
+    need(p.pairs >= 1, "probes.pairs", p.pairs, "must be >= 1 key-value pairs per mqar probe.")
+    need(len(p.prefix_multiples) > 0 and all(m >= 0 for m in p.prefix_multiples), "probes.prefix_multiples",
+         p.prefix_multiples, "must be a non-empty list of whole numbers >= 0 (filler before the window, in "
+         "multiples of data.seq_len).")
+    if p.enabled and {"mqar", "mqar_offset"} & set(p.kinds):
+        # an mqar probe holds N pairs, the query and the answer: 2N + 2 tokens
+        shortest = min(resolve_lengths(list(p.lengths), train_length)) if "mqar" in p.kinds else train_length
+        if "mqar_offset" in p.kinds:
+            shortest = min(shortest, train_length)
+        need(2 * p.pairs + 2 <= shortest, "probes.pairs", p.pairs,
+             f"does not fit: an mqar probe needs 2 x pairs + 2 tokens and the shortest probe length is {shortest}; "
+             "lower probes.pairs or drop the short probes.lengths.")

@@ -1,0 +1,200 @@
+"""Builders of a run's parts from its config: the DataModule, the LightningModule, the Trainer with its
+callbacks and loggers, and the resume point. Used by `pelab.tasks.train` and `pelab.tasks.evaluate`.
+
+The Trainer, its callbacks and loggers, and the DataModule are instantiated from their `_target_` configs
+(conf/trainer, conf/callbacks, conf/logger, conf/datamodule).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import IterableDataset
+
+from pelab.data.datamodule import LMDataModule
+from pelab.errors import CheckpointError, ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def trainer_settings(cfg: DictConfig) -> tuple[str, int]:
+    """The precision (`auto`: bf16-mixed on GPU, 32-true on CPU, where bf16 matmul is ~200x slower) and the
+    number of devices, checked against the batch size; on CUDA also sets `matmul_precision`."""
+    t = OmegaConf.to_container(cfg.trainer, resolve=True)
+    precision = t.get("precision")
+    if precision == "auto":
+        precision = "bf16-mixed" if on_cuda(t) else "32-true"
+    if on_cuda(t):
+        # TF32 for the fp32 matmuls left outside autocast (Lightning warns when this is unset on tensor cores)
+        torch.set_float32_matmul_precision(cfg.matmul_precision)
+    world = world_size_of(t)
+    if int(cfg.data.batch_size) % world:
+        raise ConfigError(
+            f"data.batch_size={cfg.data.batch_size} (global) is not divisible by the {world} devices; "
+            "change data.batch_size or trainer.devices."
+        )
+    if world > 1 and (cfg.get("debug") or {}).get("emulate_world_size"):
+        raise ConfigError("debug.emulate_world_size emulates several ranks in one process; "
+                          "use it with one device (trainer=cpu) or drop it.")
+    return precision, world
+
+
+def on_cuda(tcfg: dict) -> bool:
+    """Whether this trainer config trains on CUDA devices."""
+    return torch.cuda.is_available() and tcfg.get("accelerator") in ("auto", "gpu", "cuda")
+
+
+def world_size_of(tcfg: dict) -> int:
+    devices = tcfg.get("devices", 1)
+    if devices in (-1, "auto", "-1"):
+        devices = max(1, torch.cuda.device_count()) if tcfg.get("accelerator") != "cpu" else 1
+    n = len(devices) if isinstance(devices, (list, tuple)) else int(devices)
+    return n * int(tcfg.get("num_nodes", 1))
+
+
+def resume_point(cfg: DictConfig, output_dir: Path, summary: dict) -> tuple[str | None, int | None]:
+    """The checkpoint to resume from (`ckpt_path`) and its vocabulary size; another model's / tokenizer's
+    checkpoint is refused here, before any data is built."""
+    from pelab.harness.checkpoints import check_resume_checkpoint
+
+    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), output_dir)
+    if not ckpt_path:
+        return None, None
+    step, vocab_size = check_resume_checkpoint(ckpt_path, summary["config"])
+    summary["resumed_from"] = {"ckpt_path": ckpt_path, "step": step}
+    log.info("resuming from %s (step %d)", ckpt_path, step)
+    return ckpt_path, vocab_size
+
+
+def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> str | None:
+    """null: fresh run; "auto": this run folder's newest checkpoint (last.ckpt, or a SLURM requeue
+    checkpoint) if there is one, else a fresh run; or a path."""
+    from pelab.harness.checkpoints import newest_checkpoint
+
+    if ckpt_path in (None, "", "null"):
+        return None
+    if ckpt_path == "auto":
+        newest = newest_checkpoint(output_dir)
+        return str(newest) if newest else None
+    if not Path(ckpt_path).is_file():
+        raise ConfigError(f"ckpt_path={ckpt_path} does not exist; pass a .ckpt file, 'auto' or null.")
+    return ckpt_path
+
+
+def prepare_data(cfg: DictConfig, batch_size: int, summary: dict, ckpt_path: str | None = None,
+                 ckpt_vocab: int | None = None) -> Any:
+    """The DataModule with its token cache built (the first real cost of a run)."""
+    datamodule = build_datamodule(cfg, batch_size)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    summary["data"] = data_record(datamodule)
+    if ckpt_vocab is not None and int(ckpt_vocab) != datamodule.vocab_size:
+        raise CheckpointError(
+            f"ckpt_path={ckpt_path} has a vocabulary of {ckpt_vocab} ids but this run's tokenizer gives "
+            f"{datamodule.vocab_size}; resume with the checkpoint's tokenizer.* and data.* settings."
+        )
+    return datamodule
+
+
+def data_record(datamodule: Any) -> dict:
+    """summary.json's `data`: what a report needs to tell whether runs saw the same tokens."""
+    return {
+        "fingerprint": datamodule.fingerprint,
+        "vocab_size": datamodule.vocab_size,
+        "reserved": datamodule.reserved,  # the recall key / value id ranges [start, stop)
+        "bytes_per_token": datamodule.bytes_per_token,
+    }
+
+
+def build_datamodule(cfg: DictConfig, batch_size: int) -> Any:
+    """`cfg.datamodule` serving `batch_size` rows per step and device (also eval.py's)."""
+    # `data` and `tokenizer` are passed as they are (not walked): the data code names a value left unset
+    # (`???`) by its key, e.g. data.path.
+    kwargs: dict[str, Any] = {"batch_size": batch_size, "seed": int(cfg.get("seed", 0)),
+                              "cache_dir": cfg.paths.get("cache_dir"), "_recursive_": False}
+    emulate = int((cfg.get("debug") or {}).get("emulate_world_size") or 1)
+    if emulate > 1:  # one process draws the rows of `emulate` ranks per step (see EmulatedWorldDataModule)
+        target = f"{EmulatedWorldDataModule.__module__}.{EmulatedWorldDataModule.__qualname__}"
+        kwargs.update(_target_=target, world=emulate, batch_size=batch_size // emulate)
+    return instantiate(cfg.datamodule, **kwargs)
+
+
+def build_module(summary: dict, vocab_size: int) -> Any:
+    """The LightningModule of the run's config (saved in its checkpoints)."""
+    from pelab.harness.module import LMModule
+
+    module = LMModule(summary["config"], vocab_size=vocab_size)
+    summary["model"] = {
+        "params": module.model.num_params(exclude_embedding=False),
+        "params_non_embedding": module.model.num_params(exclude_embedding=True),
+        "pe_params": module.model.pe.num_learnable_params(),
+        "flops_per_token": module.flops_per_token,
+    }
+    return module
+
+
+def build_trainer(cfg: DictConfig, precision: str, task: Any, signals: tuple[int, ...]) -> tuple[Any, Any]:
+    """The Trainer of `cfg.trainer`, with the callbacks of `cfg.callbacks` and the loggers of `cfg.logger`
+    (the W&B logger wraps this job's run; the CSV log keeps the rows before the resumed step), plus the
+    preemption checkpoint, summary.json updates and atomic checkpoint writes."""
+    from lightning.pytorch.callbacks.progress import ProgressBar
+
+    from pelab.harness.callbacks import SummaryUpdates
+    from pelab.harness.checkpoints import AtomicCheckpointIO
+    from pelab.harness.signals import PreemptionCheckpoint
+
+    callbacks = instantiate_entries(cfg.get("callbacks"))
+    preemption = PreemptionCheckpoint(task.output_dir / "checkpoints" / "last.ckpt", signals, task.quit_now)
+    resumed_step = (task.summary.get("resumed_from") or {}).get("step")
+    # No W&B run (disabled, or not rank 0): no W&B logger.
+    loggers = instantiate_entries(cfg.get("logger"), skip=() if task.run else ("wandb",),
+                                  wandb={"experiment": task.run}, csv={"resume_step": resumed_step})
+    trainer = instantiate(
+        cfg.trainer,
+        precision=precision,
+        logger=loggers or False,
+        callbacks=[preemption, *callbacks, SummaryUpdates(task)],  # the stop first: nothing runs after it
+        plugins=[AtomicCheckpointIO()],
+        default_root_dir=str(task.output_dir),
+        enable_progress_bar=any(isinstance(c, ProgressBar) for c in callbacks),
+        _convert_="all",
+    )
+    return trainer, preemption
+
+
+def instantiate_entries(group: DictConfig | None, skip: tuple[str, ...] = (), **kwargs: dict) -> list:
+    """The objects of a config group made of `_target_` entries (callbacks, logger); an entry set to null or
+    false is switched off. `kwargs[name]`: extra arguments for entry `name`."""
+    return [instantiate(node, **kwargs.get(name, {})) for name, node in (group or {}).items()
+            if isinstance(node, DictConfig) and "_target_" in node and name not in skip]
+
+
+# -- one process drawing a DDP run's data (debug.emulate_world_size) ------------------------------------
+class RankUnion(IterableDataset):
+    """Batch `step` = rows of rank 0, then rank 1, ...: what a W-rank run trains on at that step."""
+
+    def __init__(self, parts: list[IterableDataset]):
+        self.parts = parts
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for rows in zip(*self.parts):  # each (B/W, T+1)
+            yield torch.cat(rows)  # (B, T+1)
+
+
+class EmulatedWorldDataModule(LMDataModule):
+    """`LMDataModule` whose training stream is the union of `world` ranks' streams; `batch_size` is per rank.
+    DDP averages the ranks' gradients, i.e. the gradient of the mean loss over these same B rows."""
+
+    def __init__(self, *args: Any, world: int = 1, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.world = int(world)
+
+    def train_dataset(self, start_step: int | None = None, rank: int | None = None) -> IterableDataset:
+        return RankUnion([super(EmulatedWorldDataModule, self).train_dataset(start_step, rank=r)
+                          for r in range(self.world)])

@@ -1,0 +1,120 @@
+"""The harness's config schema: `optim`, the `trainer` keys pelab relies on, and pelab's own `callbacks`
+entries, typed and range-checked before any data or training cost. The values live in conf/optim/,
+conf/trainer/ and conf/callbacks/."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, get_args
+
+from omegaconf import DictConfig, OmegaConf
+
+from pelab.errors import is_int, need, resolved_value, show, typed_group
+
+
+@dataclass
+class OptimConfig:
+    lr: float
+    weight_decay: float
+    betas: list[float]
+    eps: float
+    warmup_steps: int
+    min_lr_ratio: float
+    grad_clip: float
+    nonfinite: str
+    max_skips: int
+    fused: bool | None  # null = on CUDA only
+
+
+@dataclass
+class TrainerConfig:
+    """The Trainer keys pelab relies on; other Lightning Trainer keywords pass through untyped."""
+
+    max_steps: int
+    val_check_interval: Any  # an int number of steps (checked below)
+    log_every_n_steps: int
+    devices: Any  # n, -1 / "auto" (all), or a list of device ids
+    num_nodes: int
+    precision: Any  # a Lightning precision, or "auto"
+
+
+@dataclass
+class CheckpointConfig:
+    """callbacks.checkpoint (pelab.harness.callbacks.RunCheckpoint), in the keys checked here."""
+
+    mode: str
+    every_n_steps: int | None
+
+
+@dataclass
+class ThroughputConfig:
+    """callbacks.throughput (pelab.harness.callbacks.TokenThroughput)."""
+
+    available_flops: float | None
+
+
+# `callbacks` holds `_target_` entries (null or false = off; more may be added): pelab's own are typed.
+CALLBACKS = {"checkpoint": CheckpointConfig, "throughput": ThroughputConfig}
+
+
+def check_optim(o: DictConfig) -> None:
+    need(0 < o.lr < math.inf, "optim.lr", o.lr, "must be a finite number > 0.")
+    need(o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, "must be >= 0.")
+    need(len(o.betas) == 2 and all(0.0 <= b < 1.0 for b in o.betas), "optim.betas", o.betas,
+         "must be two numbers in [0, 1), e.g. [0.9, 0.95].")
+    need(o.eps > 0, "optim.eps", o.eps, "must be > 0.")
+    need(o.warmup_steps >= 0, "optim.warmup_steps", o.warmup_steps, "must be >= 0.")
+    need(0.0 <= o.min_lr_ratio <= 1.0, "optim.min_lr_ratio", o.min_lr_ratio, "must be in [0, 1].")
+    need(o.grad_clip >= 0, "optim.grad_clip", o.grad_clip, "must be >= 0 (0 = no clipping).")
+    need(o.nonfinite in ("stop", "skip"), "optim.nonfinite", o.nonfinite, "must be 'stop' or 'skip'.")
+    need(o.max_skips >= 0, "optim.max_skips", o.max_skips, "must be >= 0.")
+
+
+def lightning_precisions() -> tuple:
+    """Every precision the installed Lightning accepts (its own Literal types), plus our "auto"."""
+    from lightning.fabric.connector import _PRECISION_INPUT
+
+    def flat(t: Any) -> tuple:
+        args = get_args(t)
+        return tuple(a for x in args for a in flat(x)) if args else (t,)
+
+    return (*flat(_PRECISION_INPUT), "auto")
+
+
+def check_trainer(t: DictConfig) -> None:
+    need(t.max_steps >= 1, "trainer.max_steps", t.max_steps,
+         "must be a positive number of steps (the batch stream is endless: -1 would never stop).")
+    need(is_int(t.val_check_interval) and t.val_check_interval >= 1, "trainer.val_check_interval",
+         t.val_check_interval, "must be a positive whole number of steps (the batch stream has no epochs).")
+    need(t.log_every_n_steps >= 1, "trainer.log_every_n_steps", t.log_every_n_steps, "must be >= 1.")
+    devices = t.devices
+    ok = (devices in (-1, "-1", "auto") or (is_int(devices) and devices >= 1)
+          or (OmegaConf.is_list(devices) and len(devices) > 0 and all(is_int(i) and i >= 0 for i in devices)))
+    need(ok, "trainer.devices", devices, "must be a number of devices >= 1, -1 or auto (all), or a list of ids.")
+    need(t.num_nodes >= 1, "trainer.num_nodes", t.num_nodes, "must be >= 1.")
+    known = lightning_precisions()
+    need(t.precision in known, "trainer.precision", t.precision, f"must be one of {show(known)}.")
+
+
+def typed_callbacks(cfg: DictConfig) -> dict[str, DictConfig]:
+    """pelab's callback entries that are on, typed in the keys checked here (only those are resolved)."""
+    group = cfg.get("callbacks") or {}
+    out = {}
+    for name, schema in CALLBACKS.items():
+        if OmegaConf.is_dict(group.get(name)):
+            entry = group[name]
+            out[name] = typed_group(schema, {f.name: resolved_value(entry, f.name) for f in fields(schema)},
+                                    f"callbacks.{name}")
+    return out
+
+
+def check_callbacks(c: dict[str, DictConfig]) -> None:
+    if "checkpoint" in c:
+        ck = c["checkpoint"]
+        need(ck.mode in ("min", "max"), "callbacks.checkpoint.mode", ck.mode, "must be 'min' or 'max'.")
+        need(ck.every_n_steps is None or ck.every_n_steps >= 1, "callbacks.checkpoint.every_n_steps",
+             ck.every_n_steps, "must be a positive number of steps or null.")
+    if "throughput" in c:
+        flops = c["throughput"].available_flops
+        need(flops is None or flops > 0, "callbacks.throughput.available_flops", flops, "must be > 0 or null.")

@@ -1,0 +1,118 @@
+"""The one validation pass of a train config, run before any data, model or training cost.
+
+Each layer owns its schema (types) and range checks: `pe` its encoding (`pelab.encodings`), `model`
+`GPTConfig`, `data` / `tokenizer` `pelab.data.config`, `eval` / `probes` `pelab.evaluation.config`, `optim` /
+`trainer` / `callbacks` `pelab.harness.config`; this module adds the top-level keys of conf/train.yaml and
+composes them. Every failure is one `ConfigError` line naming the key. The values (defaults) live in the YAML
+files under conf/; the schemas hold types only (a field without a default is required, `???` to OmegaConf).
+`data`, `trainer` and `tokenizer` are typed only in the keys pelab reads: a corpus has its own keys (path,
+name, ...) and the Trainer takes any Lightning keyword.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+import pelab.tasks.names  # noqa: F401  registers the resolver the run name uses (${pelab.sweep_suffix:})
+from pelab.data.config import LoaderConfig, TokenizerConfig, check_loader, check_reserved, check_tokenizer
+from pelab.encodings import resolve_pe_config
+from pelab.errors import ConfigError, is_int, need, resolved_value, show, typed_group
+from pelab.evaluation.config import EvalConfig, ProbesConfig, check_eval, check_probes
+from pelab.harness.config import (
+    OptimConfig,
+    TrainerConfig,
+    check_callbacks,
+    check_optim,
+    check_trainer,
+    typed_callbacks,
+)
+from pelab.model import GPTConfig
+
+
+@dataclass
+class DebugConfig:
+    inject_nan_at_step: Any  # null, a step, or a list of steps
+    emulate_world_size: int | None
+
+
+@dataclass
+class RunConfig:
+    """The top-level keys of conf/train.yaml (the groups are typed by their own schemas)."""
+
+    seed: int
+    name: str
+    tags: list[str]
+    notes: str | None
+    optimized_metric: str
+    ckpt_path: str | None
+    compile: bool
+    matmul_precision: str
+    evaluate_after_fit: bool
+    debug: DebugConfig
+
+
+# Groups typed in the listed keys only (the others are free).
+OPEN_GROUPS = ("data", "trainer", "tokenizer")
+SCHEMAS = {"data": LoaderConfig, "tokenizer": TokenizerConfig, "optim": OptimConfig, "trainer": TrainerConfig,
+           "eval": EvalConfig, "probes": ProbesConfig}
+MATMUL_PRECISIONS = ("highest", "high", "medium")
+EXTEND_KEYS = ("from", "eval_before", "parent")  # `from` is a Python keyword: no dataclass field
+
+
+def check_run(r: DictConfig, batch_size: int) -> None:
+    # numpy's SeedSequence and Lightning's seed_everything take 0 .. 2**32-1 (Lightning silently uses 0 outside).
+    need(0 <= r.seed < 2**32, "seed", r.seed, "must be in [0, 2**32).")
+    need(bool(r.optimized_metric), "optimized_metric", r.optimized_metric, "must name a metric, e.g. val/ppl.")
+    need(r.matmul_precision in MATMUL_PRECISIONS, "matmul_precision", r.matmul_precision,
+         f"must be one of {', '.join(MATMUL_PRECISIONS)} (torch.set_float32_matmul_precision).")
+    nan_at = r.debug.inject_nan_at_step
+    steps = list(nan_at) if OmegaConf.is_list(nan_at) else ([] if nan_at is None else [nan_at])
+    need(all(is_int(s) and s >= 0 for s in steps), "debug.inject_nan_at_step", nan_at,
+         "must be null, a step or a list of steps.")
+    emulate = r.debug.emulate_world_size
+    need(emulate is None or (emulate >= 1 and batch_size % emulate == 0), "debug.emulate_world_size", emulate,
+         f"must be a positive divisor of data.batch_size={batch_size}.")
+
+
+def check_extend(cfg: DictConfig) -> None:
+    """`extend` (conf/train.yaml): null, or {from: a path or null, eval_before: bool, parent: filled by train.py}."""
+    e = resolved_value(cfg, "extend") if "extend" in cfg else None
+    if e in (None, "???"):
+        return
+    need(isinstance(e, dict), "extend", e, "must be a group of settings (extend.from=<run folder or .ckpt>).")
+    unknown = sorted(set(e) - set(EXTEND_KEYS))
+    if unknown:
+        raise ConfigError(f"extend.{unknown[0]} is not a setting of extend; known: {show(list(EXTEND_KEYS))}.")
+    need(e.get("from") is None or isinstance(e["from"], str), "extend.from", e.get("from"),
+         "must be a .ckpt file or a run folder (or null).")
+    need(isinstance(e.get("eval_before", False), bool), "extend.eval_before", e.get("eval_before"),
+         "must be true or false.")
+
+
+def validate(cfg: DictConfig) -> dict[str, Any]:
+    """Type and range-check every group of a train config; return the typed groups ("run" = the top-level
+    keys, "model" the GPTConfig, "pe" the resolved encoding config). Cheap: no data, no model."""
+    model = resolved_value(cfg, "model")
+    if not isinstance(model, dict):
+        typed_group(GPTConfig, model, "model")  # the one-line error for a missing / non-group model
+    t: dict[str, Any] = {"model": GPTConfig.from_settings(model)}  # the vocabulary: a stand-in until the data
+    t |= {g: typed_group(s, resolved_value(cfg, g), g, open_keys=g in OPEN_GROUPS) for g, s in SCHEMAS.items()}
+    run_keys = {f.name: resolved_value(cfg, f.name) for f in fields(RunConfig) if f.name in cfg}
+    t["run"] = typed_group(RunConfig, run_keys, "")
+    t["callbacks"] = typed_callbacks(cfg)
+    check_loader(t["data"])
+    check_tokenizer(t["tokenizer"])
+    check_optim(t["optim"])
+    check_trainer(t["trainer"])
+    check_callbacks(t["callbacks"])
+    check_eval(t["eval"], t["data"].seq_len)
+    check_probes(t["probes"], t["data"].seq_len)
+    check_reserved(t["tokenizer"], t["data"], t["probes"])
+    check_run(t["run"], t["data"].batch_size)
+    check_extend(cfg)
+    t["pe"] = resolve_pe_config(cfg.pe, d_model=t["model"].d_model, n_heads=t["model"].n_heads,
+                                train_length=t["data"].seq_len)
+    return t
