@@ -18,7 +18,7 @@ import torch
 torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parents[1]
-CONF_DIR = str(ROOT / "src" / "pelab" / "conf")
+CONF_DIR = str(ROOT / "conf")  # the configs of this checkout (pelab.CONF_DIR in an editable install)
 
 # Small, fast settings for end-to-end runs: micro model, byte tokenizer, a capped stdlib corpus.
 FAST = [

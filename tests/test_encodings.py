@@ -28,7 +28,7 @@ from pelab.encodings.diagnostics import (
 from pelab.encodings.rotary import rope_attention_factor, rope_inv_freq
 from pelab.errors import ConfigError
 
-CONF_PE = Path(__file__).resolve().parents[1] / "src" / "pelab" / "conf" / "pe"
+CONF_PE = Path(__file__).resolve().parents[1] / "conf" / "pe"
 D, H = 32, 4
 
 

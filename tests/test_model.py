@@ -16,7 +16,7 @@ from pelab.encodings import PositionOutOfRange, build_encoding, resolve_pe_confi
 from pelab.encodings.rotary import RoPE
 from pelab.model import GPT, GPTConfig, build_model
 
-CONF = Path(__file__).resolve().parents[1] / "src" / "pelab" / "conf"
+CONF = Path(__file__).resolve().parents[1] / "conf"
 V = 50
 SCHEMES = {
     "nope": {"name": "nope"},

@@ -21,6 +21,7 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "src" / "pelab"
+CONF = ROOT / "conf"  # shipped as the package pelab.conf ([tool.setuptools] package-dir in pyproject.toml)
 
 SCRIPTS = {
     "pelab-train": "pelab.tasks.train:main",
@@ -39,7 +40,8 @@ def wheel(tmp_path_factory) -> zipfile.ZipFile:
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "src", src / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("src", "conf"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     cmd = [
         sys.executable,
         "-m",
@@ -65,9 +67,11 @@ def _dist_info(wheel: zipfile.ZipFile, name: str) -> str:
 
 def test_wheel_holds_every_config_and_module(wheel):
     names = set(wheel.namelist())
-    configs = {f"pelab/{p.relative_to(PKG).as_posix()}" for p in (PKG / "conf").rglob("*.yaml")}
+    configs = {f"pelab/conf/{p.relative_to(CONF).as_posix()}" for p in CONF.rglob("*.yaml")}
     assert "pelab/conf/hydra/launcher/slurm.yaml" in configs  # nested groups too, not just conf/*/*.yaml
+    assert "pelab/conf/pe/rope.yaml" in configs
     assert configs - names == set()
+    assert "pelab/conf/__init__.py" in names
     # a subpackage whose folder lost its __init__.py would silently drop out of the wheel
     modules = {f"pelab/{p.relative_to(PKG).as_posix()}" for p in PKG.rglob("*.py")}
     assert modules - names == set()
@@ -107,3 +111,31 @@ def test_every_module_level_third_party_import_is_a_declared_dependency(wheel):
                 if not {canonicalize_name(d) for d in dists.get(top, [top])} & declared:
                     missing.setdefault(top, path.relative_to(PKG).as_posix())
     assert not missing, f"imported at module level but not in [project] dependencies: {missing}"
+
+
+def test_pyproject_lists_every_package():
+    """[tool.setuptools] packages is an explicit list (pelab.conf comes from conf/, outside src/, which
+    [packages.find] cannot map): every folder of src/pelab with an __init__.py must be in it, or the wheel
+    silently lacks that subpackage (test_wheel_holds_every_config_and_module would fail too, more slowly)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    setuptools_cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = {".".join(p.parent.relative_to(ROOT / "src").parts) for p in PKG.rglob("__init__.py")}
+    assert set(setuptools_cfg["packages"]) == found | {"pelab.conf"}
+    assert setuptools_cfg["package-dir"] == {"": "src", "pelab.conf": "conf"}
+    assert (CONF / "__init__.py").is_file()
+
+
+def test_conf_dir_is_the_checkouts_conf(tmp_path):
+    """In this checkout (editable install, or src/ on sys.path without installing), pelab.CONF_DIR is the
+    top-level conf/, so an edit to conf/pe/rope.yaml applies with no reinstall. Both checked from another
+    folder; the second with -S (no site-packages, so no editable finder: the fallback next to src/)."""
+    import pelab
+
+    if Path(pelab.__file__).resolve().parent != PKG.resolve():
+        pytest.skip(f"pelab is imported from {pelab.__file__}, not from this checkout (no editable install)")
+    assert Path(pelab.CONF_DIR) == CONF.resolve()
+    code = "import pelab; print(pelab.CONF_DIR)"
+    uninstalled = f"import sys; sys.path.insert(0, {str(ROOT / 'src')!r}); " + code
+    for cmd in ([sys.executable, "-c", code], [sys.executable, "-S", "-c", uninstalled]):
+        out = subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True, text=True, timeout=60)
+        assert Path(out.stdout.strip()) == CONF.resolve(), cmd

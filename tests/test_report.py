@@ -273,7 +273,7 @@ def test_report_labels_variants_and_fills_knobs_older_runs_lack(tmp_path):
         ]
     ).rows
     assert [r.label for r in rows] == ["rope L=128", "rope L=128 pe.frequency_fraction=0.75", "rope L=256"]
-    # the defaults are the encoding's config (src/pelab/conf/pe/xpos.yaml), not a list in the report
+    # the defaults are the encoding's config (conf/pe/xpos.yaml), not a list in the report
     assert report.pe_defaults("xpos")["pe.frequency_fraction"] == 1.0
     assert report.pe_defaults("xpos")["pe.scale_base"] == 512.0
     assert report.pe_defaults("no_such_encoding") == {}

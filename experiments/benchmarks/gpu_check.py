@@ -222,7 +222,7 @@ def cmd_attention(a) -> dict:
 def model_config(name: str, chunk: int | None = None, backend: str = "auto") -> dict:
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "src" / "pelab" / "conf" / "model" / f"{name}.yaml"))
+    cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{name}.yaml"))
     cfg["attn_backend"] = backend
     if chunk:
         cfg["attn_chunk_size"] = chunk

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> dict:
     kinds = a.kinds or [k for k in recall.KINDS if k != probes.OFFSET_KIND]
     tok = ByteTokenizer()
     torch.manual_seed(0)
-    model_cfg = OmegaConf.load(ROOT / "src" / "pelab" / "conf" / "model" / f"{a.model}.yaml")
+    model_cfg = OmegaConf.load(ROOT / "conf" / "model" / f"{a.model}.yaml")
     model = build_model(model_cfg, default_pe_config(a.pe), tok.vocab_size, a.train_len or a.length)
     model = model.to(a.device).eval()
     cuda = torch.device(a.device).type == "cuda"
