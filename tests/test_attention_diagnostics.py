@@ -15,16 +15,16 @@ from pelab.model.attention import log_length_scale, observed_attention
 NEG = float("-inf")
 
 
-def micro(pe: str, train_len: int = 16, logit_scale: str = "none"):
+def micro(pe: str, train_length: int = 16, logit_scale: str = "none"):
     torch.manual_seed(0)
     model_cfg = {"n_layers": 2, "n_heads": 2, "d_model": 32, "d_ff": None, "dropout": 0.0, "bias": False,
                  "attn_chunk_size": 16, "init": "gpt2", "tie_embeddings": True, "attn_logit_scale": logit_scale}
-    return build_model(model_cfg, {"name": pe}, 50, train_len).eval()
+    return build_model(model_cfg, {"name": pe}, 50, train_length).eval()
 
 
 def test_uniform_attention_over_n_keys_has_entropy_log_n():
     scores = torch.zeros(1, 1, 8, 8).masked_fill(torch.ones(8, 8, dtype=torch.bool).triu(1), NEG)  # causal
-    st = query_stats(scores, 0, train_len=4)
+    st = query_stats(scores, 0, train_length=4)
     assert torch.allclose(st["entropy"][0, 0], torch.log(torch.arange(1.0, 9.0)), atol=1e-6)
     # uniform over keys 0..i: mean distance i/2; mass at distances >= 4: (i - 3) / (i + 1) for i >= 4
     i = torch.arange(8.0)
@@ -37,12 +37,12 @@ def test_distance_and_mass_past_the_training_length_at_hand_computed_patterns():
     scores = torch.full((2, 7), NEG)
     scores[0, [0, 4]] = 0.0  # query 5: half on distance 5, half on distance 1
     scores[1, 2] = 3.0  # query 6: all on key 2, distance 4, logit 3
-    st = query_stats(scores, q0=5, train_len=4)
+    st = query_stats(scores, q0=5, train_length=4)
     assert st["distance"].tolist() == pytest.approx([3.0, 4.0])
     assert st["mass_past_L"].tolist() == pytest.approx([0.5, 1.0])  # distances >= 4 were never trained on
     assert st["entropy"].tolist() == pytest.approx([math.log(2), 0.0], abs=1e-6)
     assert st["max_logit"].tolist() == [0.0, 3.0]
-    assert query_stats(scores, q0=5, train_len=5)["mass_past_L"].tolist() == pytest.approx([0.5, 0.0])
+    assert query_stats(scores, q0=5, train_length=5)["mass_past_L"].tolist() == pytest.approx([0.5, 0.0])
 
 
 def test_buckets_double_past_the_training_length():
@@ -57,7 +57,7 @@ def test_diagnostics_leave_the_forward_bit_identical_and_see_its_logits(pe):
     idx = torch.randint(0, 50, (2, 48))
     with torch.no_grad():
         before = model(idx)
-        res = attention_diagnostics(model, idx.flatten(), [16, 48], train_len=16, windows=2)
+        res = attention_diagnostics(model, idx.flatten(), [16, 48], train_length=16, windows=2)
         assert torch.equal(model(idx), before)  # observers removed: the normal kernels, bit for bit
         # the diagnostics path computes the same attention as the fused one (it softmaxes the same logits)
         for block in model.blocks:

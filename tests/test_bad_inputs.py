@@ -1,4 +1,5 @@
-"""Bad input is one line naming the key, before any data, model or training cost (README "Bad inputs").
+"""Bad input is one line naming the key, before any data, model or training cost (README "Bad inputs"): the
+one table of bad settings (bad checkpoints, signals and faults: tests/test_reliability.py).
 
 Most cases run in-process through `validate_config` on real Hydra compositions (an import of torch per CLI
 subprocess costs seconds); a few representative ones run the real `python train.py` and check that nothing
@@ -11,11 +12,12 @@ import json
 from pathlib import Path
 
 import pytest
+from hydra.errors import MissingConfigException
 
 from conftest import CONF_DIR, FAST, compose, run_cli
 from pelab.data.config import LOADER_KEYS
-from pelab.errors import ConfigError
-from pelab.tasks.train import validate_config
+from pelab.errors import ConfigError, is_user_error
+from pelab.tasks.train import train, validate_config
 
 BAD = [
     # (overrides, the key the one-line message must name) -- issue 15 / 16 cases first
@@ -49,7 +51,6 @@ BAD = [
     (["trainer.devices=0"], "trainer.devices"),
     (["seed=-1"], "seed"),
     (["eval.split=dev"], "eval.split"),
-    # optim.nonfinite, callbacks.checkpoint.every_n_steps, debug.emulate_world_size: tests/test_reliability.py
     # pe: each encoding's own schema (pelab.encodings.resolve_pe_config)
     (["pe=kerple", "pe.variant=bogus"], "pe.variant"),
     (["pe=rope", "pe.frequency_fraction=2"], "pe.frequency_fraction"),
@@ -80,6 +81,87 @@ def test_the_message_says_what_the_value_must_be():
     assert "converted to Integer" in _fails_naming(["trainer.max_steps=abc"], "trainer.max_steps")
     assert "[0, 1]" in _fails_naming(["probes.depths=[0.5,1.5]"], "probes.depths")
     assert "[kv, passkey, mqar," in _fails_naming(["probes.kinds=[kv,bogus]"], "probes.kinds")
+
+
+# -- recall settings, on the default config (the fast settings above turn the recall mix off) ------------
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["probes.kinds=[mqar,bogus]"], "probes.kinds"),
+    (["data.recall_kinds=[mqar_offset]"], "data.recall_kinds"),  # a probe, not a training kind
+    (["data.recall_kinds=[mqar]", "data.recall_pairs=40"], "data.recall_pairs"),  # 4 x 40 > seq_len + 1
+    (["probes.kinds=[mqar]", "probes.pairs=70", "tokenizer.reserved_keys=100", "tokenizer.reserved_values=100"],
+     "probes.pairs"),  # 2 x 70 + 2 > the shortest probe length
+    (["probes.kinds=[mqar]", "tokenizer.reserved_keys=4"], "tokenizer.reserved_keys"),  # fewer keys than pairs
+    (["probes.kinds=[passkey_single]", "tokenizer.reserved_values=0"], "tokenizer.reserved_values"),
+    (["tokenizer.reserved_values=100000"], "tokenizer.reserved_values"),  # larger than allowed
+    (["tokenizer.reserved_keys=-1"], "tokenizer.reserved_keys"),
+    (["data.recall_curriculum=[0,32]"], "data.recall_curriculum"),  # not a list of [step, span]
+    (["data.recall_curriculum=[[10,32],[5,64]]"], "data.recall_curriculum"),  # steps out of order
+    (["data.recall_curriculum=[[0,32,1.5]]"], "data.recall_curriculum"),  # a share outside [0, 1]
+    (["data.recall_kinds=[mqar]", "data.recall_curriculum=[[0,16]]"], "data.recall_curriculum"),  # < 4 x pairs
+    (["data.recall_loss=two_mean"], "data.recall_loss"),
+    (["probes.prefix_multiples=[0,-1]"], "probes.prefix_multiples"),
+])
+def test_bad_recall_settings_fail_in_one_line_naming_them(overrides, key):
+    with pytest.raises(ConfigError) as err:
+        validate_config(compose(overrides))
+    message = str(err.value)
+    assert message.startswith(key) and "\n" not in message, message
+
+
+def test_every_recall_setting_together_is_valid():
+    validate_config(compose(["data.recall_loss=two_means", "data.recall_kinds=[mqar,kv_single,passkey_single,kv,passkey]",
+                      "data.recall_curriculum=[[0,32],[200,64],[400,128]]",
+                      "probes.kinds=[mqar,mqar_offset,kv_single,passkey_single,kv,passkey]"]))
+
+
+# -- unknown config options, and settings whose check needs the run (files, devices, checkpoints) ------
+@pytest.mark.parametrize("group, known", [("pe", ["rope", "alibi", "learned"]), ("model", ["micro", "tiny"]),
+                                          ("data", ["stdlib", "text_dir"])])
+def test_unknown_option_lists_the_available_ones(group, known, tmp_path):
+    with pytest.raises(MissingConfigException) as err:
+        compose([*FAST, f"{group}=bogus"], tmp_path)
+    assert "bogus" in str(err.value) and all(name in str(err.value) for name in known)
+
+
+BAD_INPUTS = [
+    # (overrides, the setting the message must name)
+    (["model.n_heads=3"], "model.n_heads"),
+    (["model.attn_backend=fast"], "model.attn_backend"),
+    (["pe=rope", "pe.randomized.max_position=16"], "pe.randomized.max_position"),
+    (["data.seq_len=0"], "data.seq_len"),
+    (["data.seq_len=-8"], "data.seq_len"),
+    (["data.batch_size=0"], "data.batch_size"),
+    (["trainer.max_steps=0"], "trainer.max_steps"),
+    (["eval.lengths=[0,1]"], "eval.lengths"),
+    (["probes.lengths=[-1]"], "probes.lengths"),
+    (["trainer=ddp_sim", "data.batch_size=7"], "data.batch_size"),
+    (["pe=learned", "pe.max_position=16"], "pe.max_position"),
+    (["optim.nonfinite=maybe"], "optim.nonfinite"),
+    (["callbacks.checkpoint.every_n_steps=0"], "callbacks.checkpoint.every_n_steps"),
+    (["callbacks.throughput.available_flops=-1"], "callbacks.throughput.available_flops"),
+    (["debug.emulate_world_size=3"], "debug.emulate_world_size"),
+    (["ckpt_path={tmp}/nothing.ckpt"], "ckpt_path"),
+    (["data=text_dir"], "data.path"),
+    (["data=text_dir", "data.path={tmp}/missing"], "data.path"),
+    (["data=text_dir", "data.path={tmp}/empty"], "data.glob"),
+]
+
+
+@pytest.mark.parametrize("overrides, setting", BAD_INPUTS, ids=[" ".join(o) for o, _ in BAD_INPUTS])
+def test_bad_input_is_a_one_line_error_naming_the_setting_before_training(overrides, setting, tmp_path):
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "run"
+    cfg = compose([*FAST, "logger=csv", *[o.format(tmp=tmp_path) for o in overrides]], out)
+    with pytest.raises(Exception) as err:
+        train(cfg)
+    assert is_user_error(err.value), repr(err.value)  # printed as `Error: ...`, no traceback
+    message = str(err.value)
+    assert setting in message and "\n" not in message
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "failed" and setting in summary["error"]
+    assert "model" not in summary and not (out / "checkpoints").exists()  # failed before any training
 
 
 # -- through the real command line: exit 1, one `Error:` line, nothing built --------------------------

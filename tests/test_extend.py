@@ -35,7 +35,7 @@ def test_extended_run_starts_from_the_parents_weights_and_records_it(parent, tmp
     assert m["extrap/ppl@32"] != pm["extrap/ppl@32"]  # and two steps of training changed them
     # lengths also on the parent's axis
     assert m["extrap/ppl@parent_x4"] == m["extrap/ppl@128"]
-    assert child["evaluation"]["extrapolation"]["parent_train_len"] == 32
+    assert child["evaluation"]["extrapolation"]["parent_train_length"] == 32
     link = child["extended_from"]
     assert link["path"].endswith("checkpoints/last.ckpt") and link["path"].startswith(parent["output_dir"])
     assert (link["train_length"], link["seq_len"], link["step"], link["name"]) == (32, 32, 10, parent["name"])

@@ -243,7 +243,7 @@ def test_lim_gap_sign_on_constructed_grids():
 
 def test_probe_result_metrics_on_a_u_shaped_grid():
     """4 paired instances: at 64 tokens all retrieved at the edges, fewer in the middle; at 128 one in 4."""
-    res = ProbeResult(kinds=["kv"], depths=DEPTHS, lengths=[64, 128], train_len=64)
+    res = ProbeResult(kinds=["kv"], depths=DEPTHS, lengths=[64, 128], train_length=64)
     for d, bits in zip(DEPTHS, ["1111", "1100", "1000", "1100", "1111"]):
         a = bits.count("1") / 4
         res.cells[("kv", d, 64)] = ProbeCell("kv", d, 64, acc=a, logprob=-a, n=4, outcomes=bits)
@@ -261,7 +261,7 @@ def test_probe_result_metrics_on_a_u_shaped_grid():
     assert m["probe/kv/effective_length"] == 0.0  # no length at >= 0.9
     assert m["probe/kv/auc"] == pytest.approx((0.65 + 0.25) / 2)  # log2 lengths 0 and 1
     # every cell n/a (e.g. a kind too long for every length): not measured, not "zero retrieval"
-    empty = ProbeResult(kinds=["kv"], depths=DEPTHS, lengths=[64], train_len=64)
+    empty = ProbeResult(kinds=["kv"], depths=DEPTHS, lengths=[64], train_length=64)
     empty.cells.update({("kv", d, 64): ProbeCell("kv", d, 64, note="n/a") for d in DEPTHS})
     assert all(math.isnan(v) for v in empty.metrics().values())
 
@@ -278,7 +278,7 @@ def test_run_probes_with_the_oracle_fills_every_cell():
         lengths=[128, 192],
         samples_per_cell=2,
         seed=0,
-        train_len=128,
+        train_length=128,
     )
     assert len(res.cells) == 2 * 5 * 2
     m = res.metrics()
@@ -339,7 +339,7 @@ def test_heatmap_and_depth_curve_figures_save_non_empty_pngs(tmp_path):
     from matplotlib.figure import Figure
 
     grid = [[1.0, 0.5, float("nan")], [0.2, 0.0, float("nan")]]
-    fig = plot_probe_heatmap(grid, [0.0, 1.0], [64, 128, 256], title="kv", train_len=64)
+    fig = plot_probe_heatmap(grid, [0.0, 1.0], [64, 128, 256], title="kv", train_length=64)
     assert isinstance(fig, Figure)
     ax = fig.axes[0]
     assert ax.images[0].get_cmap().name.startswith("RdYlGn") and ax.images[0].get_clim() == (0.0, 1.0)
@@ -369,7 +369,7 @@ def test_depth_curves_have_interval_bands_and_both_baselines(tmp_path):
 
 def test_probe_figures_of_a_run(tmp_path):
     res = run_probes(NextTokenOracle(), TOK, kinds=("kv", "passkey"), depths=DEPTHS, lengths=[128, 256],
-                     samples_per_cell=3, seed=0, train_len=128)
+                     samples_per_cell=3, seed=0, train_length=128)
     figs = probe_figures(res, "oracle")
     assert set(figs) == {f"probe_{k}_{f}" for k in ("kv", "passkey") for f in ("heatmap", "depth", "length")}
     depth_ax = figs["probe_kv_depth"].axes[0]

@@ -332,7 +332,7 @@ def test_the_result_table_says_when_retrieval_was_not_learned():
             "in-window accuracy 0.922)") in result_table(capped)
     # no criterion (the main job): a kind whose in-window interval does not clear the copy baseline is named
     plain = {"metrics": {"probe/kv/acc_hi@128": 0.12, "probe/passkey/acc_hi@128": 0.9},
-             "evaluation": {"probes": {"train_len": 128, "copy": {"kv": 0.125, "passkey": 0.2}}}}
+             "evaluation": {"probes": {"train_length": 128, "copy": {"kv": 0.125, "passkey": 0.2}}}}
     table = result_table(plain)
     assert "kv: in-window accuracy is not above copying" in table and "passkey:" not in table
 
@@ -366,42 +366,3 @@ def test_harness_trains_on_two_means(tmp_path):
     reserved = {"keys": [257, 321], "values": [321, 385]}
     assert summary["data"]["reserved"] == summary["data"]["fingerprint"]["reserved"] == reserved and v == 385
     assert abs(first["answers"] - math.log(v)) < 0.5 and abs(first["two_means"] - 2 * math.log(v)) < 1.0, first
-
-
-# --------------------------------------------------------------------------------------------------
-# bad recall settings: one line naming the setting, from the config alone (before any data)
-
-
-@pytest.mark.parametrize("overrides, key", [
-    (["probes.kinds=[mqar,bogus]"], "probes.kinds"),
-    (["data.recall_kinds=[mqar_offset]"], "data.recall_kinds"),  # a probe, not a training kind
-    (["data.recall_kinds=[mqar]", "data.recall_pairs=40"], "data.recall_pairs"),  # 4 x 40 > seq_len + 1
-    (["probes.kinds=[mqar]", "probes.pairs=70", "tokenizer.reserved_keys=100", "tokenizer.reserved_values=100"],
-     "probes.pairs"),  # 2 x 70 + 2 > the shortest probe length
-    (["probes.kinds=[mqar]", "tokenizer.reserved_keys=4"], "tokenizer.reserved_keys"),  # fewer keys than pairs
-    (["probes.kinds=[passkey_single]", "tokenizer.reserved_values=0"], "tokenizer.reserved_values"),
-    (["tokenizer.reserved_values=100000"], "tokenizer.reserved_values"),  # larger than allowed
-    (["tokenizer.reserved_keys=-1"], "tokenizer.reserved_keys"),
-    (["data.recall_curriculum=[0,32]"], "data.recall_curriculum"),  # not a list of [step, span]
-    (["data.recall_curriculum=[[10,32],[5,64]]"], "data.recall_curriculum"),  # steps out of order
-    (["data.recall_curriculum=[[0,32,1.5]]"], "data.recall_curriculum"),  # a share outside [0, 1]
-    (["data.recall_kinds=[mqar]", "data.recall_curriculum=[[0,16]]"], "data.recall_curriculum"),  # < 4 x pairs
-    (["data.recall_loss=two_mean"], "data.recall_loss"),
-    (["probes.prefix_multiples=[0,-1]"], "probes.prefix_multiples"),
-])
-def test_bad_recall_settings_fail_in_one_line_naming_them(overrides, key):
-    from pelab.errors import ConfigError
-    from pelab.tasks.config import validate
-
-    with pytest.raises(ConfigError) as err:
-        validate(compose(overrides))
-    message = str(err.value)
-    assert message.startswith(key) and "\n" not in message, message
-
-
-def test_every_recall_setting_together_is_valid():
-    from pelab.tasks.config import validate
-
-    validate(compose(["data.recall_loss=two_means", "data.recall_kinds=[mqar,kv_single,passkey_single,kv,passkey]",
-                      "data.recall_curriculum=[[0,32],[200,64],[400,128]]",
-                      "probes.kinds=[mqar,mqar_offset,kv_single,passkey_single,kv,passkey]"]))

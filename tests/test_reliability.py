@@ -21,11 +21,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra.errors import MissingConfigException
 from lightning.pytorch.callbacks import Callback
 
 from conftest import FAST, ROOT, compose, offline_runs, run_cli, wandb_records, wandb_summary
-from pelab.errors import CheckpointError, NonFiniteError, is_user_error
+from pelab.errors import CheckpointError, NonFiniteError
 from pelab.tasks.task import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
 from pelab.tasks.train import train
 
@@ -476,54 +475,7 @@ def test_wandb_disabled_runs_without_wandb(tmp_path):
     assert not (tmp_path / "wandb").exists() and (tmp_path / "csv" / "metrics.csv").exists()
 
 
-# -- 8. bad inputs ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("group, known", [("pe", ["rope", "alibi", "learned"]), ("model", ["micro", "tiny"]),
-                                          ("data", ["stdlib", "text_dir"])])
-def test_unknown_option_lists_the_available_ones(group, known, tmp_path):
-    with pytest.raises(MissingConfigException) as err:
-        compose([*FAST, f"{group}=bogus"], tmp_path)
-    assert "bogus" in str(err.value) and all(name in str(err.value) for name in known)
-
-
-BAD_INPUTS = [
-    # (overrides, the setting the message must name)
-    (["model.n_heads=3"], "model.n_heads"),
-    (["model.attn_backend=fast"], "model.attn_backend"),
-    (["pe=rope", "pe.randomized.max_position=16"], "pe.randomized.max_position"),
-    (["data.seq_len=0"], "data.seq_len"),
-    (["data.seq_len=-8"], "data.seq_len"),
-    (["data.batch_size=0"], "data.batch_size"),
-    (["trainer.max_steps=0"], "trainer.max_steps"),
-    (["eval.lengths=[0,1]"], "eval.lengths"),
-    (["probes.lengths=[-1]"], "probes.lengths"),
-    (["trainer=ddp_sim", "data.batch_size=7"], "data.batch_size"),
-    (["pe=learned", "pe.max_position=16"], "pe.max_position"),
-    (["optim.nonfinite=maybe"], "optim.nonfinite"),
-    (["callbacks.checkpoint.every_n_steps=0"], "callbacks.checkpoint.every_n_steps"),
-    (["callbacks.throughput.available_flops=-1"], "callbacks.throughput.available_flops"),
-    (["debug.emulate_world_size=3"], "debug.emulate_world_size"),
-    (["ckpt_path={tmp}/nothing.ckpt"], "ckpt_path"),
-    (["data=text_dir"], "data.path"),
-    (["data=text_dir", "data.path={tmp}/missing"], "data.path"),
-    (["data=text_dir", "data.path={tmp}/empty"], "data.glob"),
-]
-
-
-@pytest.mark.parametrize("overrides, setting", BAD_INPUTS, ids=[" ".join(o) for o, _ in BAD_INPUTS])
-def test_bad_input_is_a_one_line_error_naming_the_setting_before_training(overrides, setting, tmp_path):
-    (tmp_path / "empty").mkdir()
-    out = tmp_path / "run"
-    cfg = compose([*FAST, "logger=csv", *[o.format(tmp=tmp_path) for o in overrides]], out)
-    with pytest.raises(Exception) as err:
-        train(cfg)
-    assert is_user_error(err.value), repr(err.value)  # printed as `Error: ...`, no traceback
-    message = str(err.value)
-    assert setting in message and "\n" not in message
-    summary = summary_of(out)
-    assert summary["status"] == "failed" and setting in summary["error"]
-    assert "model" not in summary and not (out / "checkpoints").exists()  # failed before any training
-
-
+# -- 8. bad checkpoints (the other bad inputs: tests/test_bad_inputs.py) ------------------------------------
 @pytest.mark.parametrize("overrides, setting", [
     (["model.d_model=64"], "model.d_model=32 in the checkpoint but 64 now"),
     (["tokenizer=bpe"], "tokenizer.kind='byte' in the checkpoint but 'bpe' now"),

@@ -18,7 +18,7 @@ DEPTHS = [0.0, 0.5, 1.0]
 
 def _result(bits: dict[int, str], offset: dict[int, str] | None = None) -> ProbeResult:
     """mqar cells with the same outcome bits at every depth of each length (bits[L]), train length 128."""
-    res = ProbeResult(kinds=["mqar"], depths=DEPTHS, lengths=sorted(bits), train_len=128)
+    res = ProbeResult(kinds=["mqar"], depths=DEPTHS, lengths=sorted(bits), train_length=128)
     for L, b in bits.items():
         for d in DEPTHS:
             c = res.cells[("mqar", d, L)] = ProbeCell("mqar", d, L, chance=1 / 64, chance_copy=1 / 8)

@@ -68,7 +68,7 @@ def run_case(a: argparse.Namespace) -> dict:
     model_cfg = {"n_layers": a.layers, "n_heads": a.heads, "d_model": a.d, "attn_chunk_size": a.chunk}
     torch.manual_seed(0)
     device = torch.device(a.device)
-    model = build_model(model_cfg, pe, a.vocab, a.train_len).eval().to(device)
+    model = build_model(model_cfg, pe, a.vocab, a.train_length).eval().to(device)
     tokens = torch.randint(0, a.vocab, (length + 1,)).to(device)
     sums, counts = (torch.zeros(length, dtype=torch.float64, device=device) for _ in range(2))
     rss_before = (status_kib("VmRSS") or 0) * 1024
@@ -113,7 +113,7 @@ def measure(scheme: str, length: int, a: argparse.Namespace) -> dict:
         str(length),
         *sizes.split(),
         "--train-len",
-        str(a.train_len),
+        str(a.train_length),
         "--device",
         a.device,
         "--dtype",

@@ -32,7 +32,6 @@ GROUP_BY = "pe.name"  # config key the runs are grouped by
 TRAINING_METRICS = ["train/loss", "val/ppl", "train/tokens_per_sec", "train/mfu", "train/lr"]
 # Logged only where the device's peak FLOP/s is known (GPUs), never on CPU.
 DEVICE_DEPENDENT = {"train/mfu"}
-DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 class DashboardError(ValueError):
@@ -46,7 +45,7 @@ class DashboardError(ValueError):
 def metric_keys(
     lengths: Sequence[int],
     kinds: Sequence[str],
-    depths: Sequence[float] = DEFAULT_DEPTHS,
+    depths: Sequence[float] | None = None,  # None: pelab.evaluation.probes.DEFAULT_DEPTHS
     probe_lengths: Sequence[int] | None = None,
     protocols: Sequence[str] = ("nonoverlap", "sliding"),
     bpb: bool = True,
@@ -55,11 +54,12 @@ def metric_keys(
     token counts, the training length among them) and probed with `kinds` at `probe_lengths` (default:
     `lengths`), from the result classes' own `.metrics()`."""
     from pelab.evaluation.extrapolation import ExtrapolationCell, ExtrapolationResult
-    from pelab.evaluation.probes import ProbeCell, ProbeResult
+    from pelab.evaluation.probes import DEFAULT_DEPTHS, ProbeCell, ProbeResult
 
+    depths = DEFAULT_DEPTHS if depths is None else depths
     lengths = sorted({int(L) for L in lengths})
     ex = ExtrapolationResult(
-        train_len=lengths[0],
+        train_length=lengths[0],
         lengths=lengths,
         protocols=tuple(protocols),
         stride=lengths[0],
@@ -125,7 +125,7 @@ def dashboard_spec(
     kinds: Sequence[str],
     group: str | None = None,
     name: str | None = None,
-    depths: Sequence[float] = DEFAULT_DEPTHS,
+    depths: Sequence[float] | None = None,  # None: pelab.evaluation.probes.DEFAULT_DEPTHS
     group_by: str = GROUP_BY,
     probe_lengths: Sequence[int] | None = None,
 ) -> dict:
@@ -275,7 +275,7 @@ def from_runs(folders: Sequence[str | Path]) -> dict[str, list]:
     return {
         "lengths": sorted(lengths),
         "kinds": list(kinds),
-        "depths": sorted(depths) or list(DEFAULT_DEPTHS),
+        "depths": sorted(depths) or None,  # None: metric_keys' default
         "probe_lengths": sorted(p_lengths),
     }
 
@@ -290,14 +290,14 @@ def from_config(overrides: Sequence[str] = ()) -> dict[str, list]:
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(config_name="train", overrides=list(overrides))
-    train_len = int(cfg.data.seq_len)
-    lengths = sorted(set(resolve_lengths(list(cfg.eval.lengths), train_len)) | {train_len})
+    train_length = int(cfg.data.seq_len)
+    lengths = sorted(set(resolve_lengths(list(cfg.eval.lengths), train_length)) | {train_length})
     probes_on = bool(cfg.probes.get("enabled", True))
     return {
         "lengths": lengths,
         "kinds": list(cfg.probes.kinds or []) if probes_on else [],
         "depths": [float(d) for d in cfg.probes.depths],
-        "probe_lengths": resolve_lengths(list(cfg.probes.lengths), train_len),
+        "probe_lengths": resolve_lengths(list(cfg.probes.lengths), train_length),
     }
 
 

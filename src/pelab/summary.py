@@ -120,7 +120,7 @@ def _retrieval_lines(summary: dict, m: dict) -> list[str]:
         return [(f"  retrieval NOT acquired: the in-window criterion ({threshold}) was not reached by the cap "
                  f"(step {cap}; last in-window accuracy {acc:.3f})")]
     probes = (summary.get("evaluation") or {}).get("probes") or {}
-    L, out = probes.get("train_len"), []
+    L, out = probes.get("train_length"), []
     for kind, copy in (probes.get("copy") or {}).items():
         hi = m.get(f"probe/{kind}/acc_hi@{L}")
         if hi is not None and math.isfinite(as_float(copy)) and as_float(hi) <= as_float(copy):

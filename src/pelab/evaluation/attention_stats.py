@@ -29,11 +29,12 @@ import torch
 from torch import Tensor, nn
 
 from pelab.encodings import PositionOutOfRange
+from pelab.evaluation.common import evaluating, model_device
 
 STATS = ("entropy", "distance", "mass_past_L", "max_logit")
 
 
-def query_stats(scores: Tensor, q0: int, train_len: int) -> dict[str, Tensor]:
+def query_stats(scores: Tensor, q0: int, train_length: int) -> dict[str, Tensor]:
     """Per-query statistics of pre-softmax logits ``scores`` (..., C, K) of queries q0..q0+C-1 against keys
     0..K-1, -inf on masked keys: each (..., C) fp32 (see the module doc)."""
     scores = scores.float()
@@ -45,14 +46,14 @@ def query_stats(scores: Tensor, q0: int, train_len: int) -> dict[str, Tensor]:
     return {
         "entropy": -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1),
         "distance": (p * dist.clamp_min(0)).sum(-1),
-        "mass_past_L": (p * (dist >= train_len)).sum(-1),
+        "mass_past_L": (p * (dist >= train_length)).sum(-1),
         "max_logit": scores.amax(-1),
     }
 
 
-def buckets(length: int, train_len: int) -> list[tuple[int, int]]:
+def buckets(length: int, train_length: int) -> list[tuple[int, int]]:
     """Query-position buckets [0, L), [L, 2L), [2L, 4L), ... cut at ``length``."""
-    edges, hi = [0], train_len
+    edges, hi = [0], train_length
     while hi < length:
         edges.append(hi)
         hi *= 2
@@ -63,14 +64,14 @@ def buckets(length: int, train_len: int) -> list[tuple[int, int]]:
 class Recorder:
     """Sums the per-query statistics of one layer into (head, bucket) cells; an ``observer`` of the model."""
 
-    def __init__(self, n_heads: int, bounds: list[tuple[int, int]], train_len: int):
-        self.bounds, self.train_len = bounds, train_len
+    def __init__(self, n_heads: int, bounds: list[tuple[int, int]], train_length: int):
+        self.bounds, self.train_length = bounds, train_length
         self.sums = torch.zeros(len(STATS), n_heads, len(bounds), dtype=torch.float64)
         self.peak = torch.full((n_heads, len(bounds)), -math.inf, dtype=torch.float64)
         self.count = torch.zeros(len(bounds), dtype=torch.float64)  # queries per bucket (times windows)
 
     def __call__(self, scores: Tensor, q0: int) -> None:  # scores (B, H, C, K)
-        st = query_stats(scores, q0, self.train_len)
+        st = query_stats(scores, q0, self.train_length)
         C = scores.shape[-2]
         for b, (lo, hi) in enumerate(self.bounds):
             a, z = max(lo, q0) - q0, min(hi, q0 + C) - q0
@@ -95,38 +96,31 @@ def observing(model: nn.Module, recorders: Sequence[Recorder]) -> Iterator[None]
             attn.observer = None
 
 
-def attention_diagnostics(model: nn.Module, tokens: Tensor, lengths: Sequence[int], train_len: int,
+def attention_diagnostics(model: nn.Module, tokens: Tensor, lengths: Sequence[int], train_length: int,
                           windows: int = 2) -> dict[str, Any]:
     """The statistics at each length on the first ``windows`` windows of ``tokens`` (each at positions
     0..n-1, like the extrapolation windows). Returns {"rows": [...], "seconds": wall time}; one row per
     (length, layer, head, bucket). A length the encoding cannot represent is skipped (no rows)."""
-    from pelab.evaluation.extrapolation import model_device
-
     t0 = time.perf_counter()
     device = model_device(model)
     n_heads = model.config.n_heads
     rows: list[dict[str, Any]] = []
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for n in sorted({int(x) for x in lengths}):
-                w = max(1, min(int(windows), (tokens.numel() - 1) // n))
-                if tokens.numel() < n:
-                    continue
-                idx = tokens[: w * n].view(w, n).to(device)  # (W, n)
-                bounds = buckets(n, train_len)
-                recs = [Recorder(n_heads, bounds, train_len) for _ in model.blocks]
-                try:
-                    with observing(model, recs):
-                        for i in range(w):  # one window per forward: (1, H, C, n) logits at a time
-                            model(idx[i : i + 1])
-                except PositionOutOfRange:
-                    continue
-                rows += _rows(n, recs, bounds)
-    finally:
-        model.train(was_training)
-    return {"rows": rows, "seconds": time.perf_counter() - t0, "windows": int(windows), "train_len": train_len}
+    with evaluating(model):
+        for n in sorted({int(x) for x in lengths}):
+            w = max(1, min(int(windows), (tokens.numel() - 1) // n))
+            if tokens.numel() < n:
+                continue
+            idx = tokens[: w * n].view(w, n).to(device)  # (W, n)
+            bounds = buckets(n, train_length)
+            recs = [Recorder(n_heads, bounds, train_length) for _ in model.blocks]
+            try:
+                with observing(model, recs):
+                    for i in range(w):  # one window per forward: (1, H, C, n) logits at a time
+                        model(idx[i : i + 1])
+            except PositionOutOfRange:
+                continue
+            rows += _rows(n, recs, bounds)
+    return {"rows": rows, "seconds": time.perf_counter() - t0, "windows": int(windows), "train_length": train_length}
 
 
 def _rows(n: int, recs: list[Recorder], bounds: list[tuple[int, int]]) -> list[dict[str, Any]]:

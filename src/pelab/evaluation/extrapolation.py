@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pelab.encodings import PositionOutOfRange
+from pelab.evaluation.common import evaluating, model_device, not_applicable_note, safe_exp, windows_per_batch
 from pelab.summary import json_safe
 
 PROTOCOLS = ("nonoverlap", "sliding")
@@ -39,58 +40,25 @@ MAX_LENGTH_MULTIPLE = 64
 
 
 # ---------------------------------------------------------------------------------------------
-# small helpers shared with probes.py
-
-
-def safe_exp(x: float) -> float:
-    """exp(x) that returns inf on overflow (a broken model must not crash the evaluation)."""
-    if math.isnan(x):
-        return float("nan")
-    try:
-        return math.exp(x)
-    except OverflowError:
-        return float("inf")
-
-
-def not_applicable_note(exc: BaseException) -> str:
-    """Short table note for a length the encoding cannot represent, from the exception message:
-    "n/a — learned positions end at 255 (pe.max_position=256)"."""
-    msg = str(exc).strip().split(";")[0].strip() or type(exc).__name__
-    return f"n/a — {msg}"
-
-
-def model_device(model: nn.Module) -> torch.device:
-    p = next(model.parameters(), None)
-    return p.device if p is not None else torch.device("cpu")
-
-
-def windows_per_batch(length: int, batch_size: int, batch_tokens: int | None) -> int:
-    """Windows per forward batch: shrinks with the length so that 16x lengths fit in memory."""
-    if batch_tokens is None:
-        return max(1, batch_size)
-    return max(1, min(batch_size, batch_tokens // max(1, length)))
-
-
-# ---------------------------------------------------------------------------------------------
 # lengths, token budget, window plans
 
 
-def resolve_lengths(lengths: Sequence[int | float], train_len: int) -> list[int]:
+def resolve_lengths(lengths: Sequence[int | float], train_length: int) -> list[int]:
     """Evaluation lengths in tokens, sorted and unique.
 
-    Rule: a value ``v <= 64`` is a multiple of the training length (``round(v * train_len)``; fractions
+    Rule: a value ``v <= 64`` is a multiple of the training length (``round(v * train_length)``; fractions
     such as 0.5 are allowed); a value ``> 64`` is an absolute token count (must be an integer).
-    So ``[1, 2, 4, 8, 16]`` at ``train_len=128`` gives ``[128, 256, 512, 1024, 2048]``.
+    So ``[1, 2, 4, 8, 16]`` at ``train_length=128`` gives ``[128, 256, 512, 1024, 2048]``.
     """
-    if train_len <= 0:
-        raise ValueError(f"train_len must be positive (data.seq_len), got {train_len}")
+    if train_length <= 0:
+        raise ValueError(f"train_length must be positive (data.seq_len), got {train_length}")
     out: set[int] = set()
     for v in lengths:
         v = float(v)
         if not math.isfinite(v) or v <= 0:
             raise ValueError(f"eval.lengths entries must be positive, got {v}")
         if v <= MAX_LENGTH_MULTIPLE:
-            n = round(v * train_len)
+            n = round(v * train_length)
         else:
             if v != int(v):
                 raise ValueError(
@@ -99,7 +67,7 @@ def resolve_lengths(lengths: Sequence[int | float], train_len: int) -> list[int]
                 )
             n = int(v)
         if n < 1:
-            raise ValueError(f"eval.lengths entry {v} resolves to {n} tokens at train_len={train_len}")
+            raise ValueError(f"eval.lengths entry {v} resolves to {n} tokens at train_length={train_length}")
         out.add(n)
     if not out:
         raise ValueError("eval.lengths is empty")
@@ -198,7 +166,7 @@ class ExtrapolationCell:
 
 @dataclass
 class ExtrapolationResult:
-    train_len: int
+    train_length: int
     lengths: list[int]
     protocols: tuple[str, ...]
     stride: int  # requested sliding stride (per length it is min(stride, L))
@@ -210,11 +178,11 @@ class ExtrapolationResult:
     loss_by_position: list[float] = field(default_factory=list)
     loss_by_position_length: int | None = None
     # An extended run (train.py extend.from=...): its parent's training length, the second axis the lengths
-    # are given on (x_parent = length / parent_train_len), so parent and child curves share one axis.
-    parent_train_len: int | None = None
+    # are given on (x_parent = length / parent_train_length), so parent and child curves share one axis.
+    parent_train_length: int | None = None
 
     def x_parent(self, length: int) -> float | None:
-        return length / self.parent_train_len if self.parent_train_len else None
+        return length / self.parent_train_length if self.parent_train_length else None
 
     def cell(self, length: int, protocol: str = "nonoverlap") -> ExtrapolationCell:
         return self.cells[(length, protocol)]
@@ -224,8 +192,8 @@ class ExtrapolationResult:
         return c.ppl if c is not None else float("nan")
 
     def ppl_ratio(self, length: int) -> float:
-        """ppl@L / ppl@train_len, both nonoverlap (NaN if either is missing)."""
-        base = self.ppl(self.train_len, "nonoverlap")
+        """ppl@L / ppl@train_length, both nonoverlap (NaN if either is missing)."""
+        base = self.ppl(self.train_length, "nonoverlap")
         val = self.ppl(length, "nonoverlap")
         if math.isnan(base) or math.isnan(val):
             return float("nan")
@@ -251,7 +219,7 @@ class ExtrapolationResult:
                 m[f"extrap/ppl_ratio@{L}"] = self.ppl_ratio(L)
             if (L, "sliding") in self.cells:
                 m[f"extrap/ppl_sliding@{L}"] = self.cells[(L, "sliding")].ppl
-            if self.parent_train_len and (L, "nonoverlap") in self.cells:  # e.g. extrap/ppl@parent_x4
+            if self.parent_train_length and (L, "nonoverlap") in self.cells:  # e.g. extrap/ppl@parent_x4
                 m[f"extrap/ppl@parent_x{self.x_parent(L):g}"] = self.cells[(L, "nonoverlap")].ppl
         return m
 
@@ -267,7 +235,7 @@ class ExtrapolationResult:
                 out.append(
                     {
                         "length": L,
-                        **({"x_parent": self.x_parent(L)} if self.parent_train_len else {}),
+                        **({"x_parent": self.x_parent(L)} if self.parent_train_length else {}),
                         "protocol": p,
                         "ppl": c.ppl,
                         "bpb": c.bpb(self.bytes_per_token),
@@ -282,8 +250,8 @@ class ExtrapolationResult:
         """JSON-serialisable summary; non-finite floats are the strings "nan" / "inf" (see json_safe)."""
         return json_safe(
             {
-                "train_len": self.train_len,
-                "parent_train_len": self.parent_train_len,
+                "train_length": self.train_length,
+                "parent_train_length": self.parent_train_length,
                 "lengths": list(self.lengths),
                 "protocols": list(self.protocols),
                 "stride": self.stride,
@@ -352,7 +320,7 @@ def evaluate_extrapolation(
     model: nn.Module,
     tokens: torch.Tensor,
     lengths: Sequence[int],
-    train_len: int,
+    train_length: int,
     stride: int | None = None,
     batch_size: int = 64,
     device: torch.device | str | None = None,
@@ -366,8 +334,7 @@ def evaluate_extrapolation(
     length is always evaluated too (``ppl_ratio`` needs it). ``stride``: sliding stride, default the
     training length (clamped to L for L < stride, which makes sliding = nonoverlap there).
     ``batch_size`` windows per forward at most, and at most ``batch_tokens // L`` (memory bound).
-    Runs under ``torch.no_grad()`` (not inference_mode: encodings may cache tables that training reuses)
-    with ``model.eval()``, restoring the previous train/eval mode afterwards.
+    Runs under ``evaluating(model)`` (eval mode, no grad; the previous mode restored).
     """
     protocols = tuple(protocols)
     for p in protocols:
@@ -377,17 +344,17 @@ def evaluate_extrapolation(
     n = tokens.numel() - 1
     if n < 1:
         raise ValueError("evaluate_extrapolation needs at least 2 tokens (N + 1)")
-    stride = int(stride) if stride is not None else int(train_len)
+    stride = int(stride) if stride is not None else int(train_length)
     if stride < 1:
         raise ValueError(f"eval.stride must be >= 1, got {stride}")
-    lens = sorted({int(L) for L in lengths} | {int(train_len)})
+    lens = sorted({int(L) for L in lengths} | {int(train_length)})
     if lens[0] < 1:
         raise ValueError(f"eval lengths must be >= 1, got {lens}")
 
     device = torch.device(device) if device is not None else model_device(model)
     tokens = tokens.to(device)
     result = ExtrapolationResult(
-        train_len=int(train_len),
+        train_length=int(train_length),
         lengths=lens,
         protocols=protocols,
         stride=stride,
@@ -395,46 +362,41 @@ def evaluate_extrapolation(
         bytes_per_token=bytes_per_token,
     )
 
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for L in lens:
-                per_batch = windows_per_batch(L, batch_size, batch_tokens)
-                note = ""
-                for p in protocols:
-                    s = min(stride, L) if p == "sliding" else L
-                    cell = ExtrapolationCell(length=L, protocol=p, stride=s)
-                    result.cells[(L, p)] = cell
-                    if note:  # this length already failed for another protocol
-                        cell.note = note
-                        continue
-                    # the longest length's nonoverlap windows also give the loss by position
-                    track = p == "nonoverlap"
-                    sums = torch.zeros(L, dtype=torch.float64, device=device) if track else None
-                    counts = torch.zeros(L, dtype=torch.float64, device=device) if track else None
-                    try:
-                        cell.nll_sum, cell.n_tokens = score_windows(
-                            model,
-                            tokens,
-                            window_plan(n, L, None if p == "nonoverlap" else s),
-                            per_batch,
-                            sums,
-                            counts,
-                        )
-                    except PositionOutOfRange as exc:
-                        note = not_applicable_note(exc)
-                        cell.nll_sum, cell.n_tokens, cell.note = 0.0, 0, note
-                        continue
-                    if track and (
-                        result.loss_by_position_length is None or L > result.loss_by_position_length
-                    ):
-                        result.loss_by_position = (
-                            (sums / counts.clamp_min(1))
-                            .where(counts > 0, torch.full_like(sums, float("nan")))
-                            .tolist()
-                        )
-                        result.loss_by_position_length = L
-    finally:
-        model.train(was_training)
+    with evaluating(model):
+        for L in lens:
+            per_batch = windows_per_batch(L, batch_size, batch_tokens)
+            note = ""
+            for p in protocols:
+                s = min(stride, L) if p == "sliding" else L
+                cell = ExtrapolationCell(length=L, protocol=p, stride=s)
+                result.cells[(L, p)] = cell
+                if note:  # this length already failed for another protocol
+                    cell.note = note
+                    continue
+                # the longest length's nonoverlap windows also give the loss by position
+                track = p == "nonoverlap"
+                sums = torch.zeros(L, dtype=torch.float64, device=device) if track else None
+                counts = torch.zeros(L, dtype=torch.float64, device=device) if track else None
+                try:
+                    cell.nll_sum, cell.n_tokens = score_windows(
+                        model,
+                        tokens,
+                        window_plan(n, L, None if p == "nonoverlap" else s),
+                        per_batch,
+                        sums,
+                        counts,
+                    )
+                except PositionOutOfRange as exc:
+                    note = not_applicable_note(exc)
+                    cell.nll_sum, cell.n_tokens, cell.note = 0.0, 0, note
+                    continue
+                if track and (
+                    result.loss_by_position_length is None or L > result.loss_by_position_length
+                ):
+                    result.loss_by_position = (
+                        (sums / counts.clamp_min(1))
+                        .where(counts > 0, torch.full_like(sums, float("nan")))
+                        .tolist()
+                    )
+                    result.loss_by_position_length = L
     return result

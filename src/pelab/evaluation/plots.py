@@ -65,7 +65,7 @@ def _finite(x: float | None) -> bool:
 
 def plot_ppl_vs_length(
     results: Mapping[str, Mapping[int, float]],
-    train_len: int,
+    train_length: int,
     title: str = "Perplexity vs evaluation length",
     ylabel: str = "perplexity (log scale)",
     yscale: str = "log",
@@ -83,10 +83,10 @@ def plot_ppl_vs_length(
         xs, ys = zip(*pts)
         all_x.update(xs)
         ax.plot(xs, ys, label=str(label), **style)
-    ax.axvline(train_len, color="grey", linestyle="--", linewidth=1, label=f"train length {train_len}")
+    ax.axvline(train_length, color="grey", linestyle="--", linewidth=1, label=f"train length {train_length}")
     ax.set_xscale("log", base=2)
     ax.set_yscale(yscale)
-    ticks = sorted(all_x | {int(train_len)})
+    ticks = sorted(all_x | {int(train_length)})
     ax.set_xticks(ticks)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{round(v)}"))
     ax.xaxis.set_minor_formatter(NullFormatter())
@@ -133,7 +133,7 @@ def _moving_average(ys: Sequence[float], k: int) -> list[float]:
 
 def plot_loss_by_position(
     curves: Mapping[str, Sequence[float]],
-    train_len: int,
+    train_length: int,
     smooth: int | None = None,
     title: str = "Loss by token position",
 ) -> Figure:
@@ -153,7 +153,7 @@ def plot_loss_by_position(
         (line,) = ax.plot(xs, _moving_average(ys, k), label=str(label), linewidth=1.5, **style)
         if k > 1 and len(curves) <= 6:  # the raw curves of many lines would hide the smoothed ones
             ax.plot(xs, ys, color=line.get_color(), alpha=0.2, linewidth=0.7)
-    ax.axvline(train_len, color="grey", linestyle="--", linewidth=1, label=f"train length {train_len}")
+    ax.axvline(train_length, color="grey", linestyle="--", linewidth=1, label=f"train length {train_length}")
     ax.set_xlabel("token position in window")
     ax.set_ylabel("mean NLL (nats)" + (f", smoothed over {k}" if k > 1 else ""))
     ax.set_title(title)
@@ -174,7 +174,7 @@ def _heatmap_array(grid: Sequence[Sequence[float]], depths: Sequence[float], len
     return data
 
 
-def _draw_heatmap(ax, data, depths: Sequence[float], lengths: Sequence[int], train_len: int | None,
+def _draw_heatmap(ax, data, depths: Sequence[float], lengths: Sequence[int], train_length: int | None,
                   annotate: bool, fontsize: float = 8):
     """Draw one depth x length accuracy heatmap into ``ax``; returns the image (for a colorbar)."""
     import numpy as np
@@ -182,7 +182,7 @@ def _draw_heatmap(ax, data, depths: Sequence[float], lengths: Sequence[int], tra
     cmap = colormaps["RdYlGn"].with_extremes(bad="lightgrey")  # NaN cells grey
     im = ax.imshow(np.ma.masked_invalid(data), cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
     ax.set_xticks(range(len(lengths)))
-    ax.set_xticklabels([f"{L}" + ("*" if train_len is not None and L == train_len else "") for L in lengths])
+    ax.set_xticklabels([f"{L}" + ("*" if train_length is not None and L == train_length else "") for L in lengths])
     ax.set_yticks(range(len(depths)))
     ax.set_yticklabels([f"{100 * d:.0f}%" for d in depths])
     if annotate:
@@ -201,7 +201,7 @@ def plot_probe_heatmap(
     depths: Sequence[float],
     lengths: Sequence[int],
     title: str = "",
-    train_len: int | None = None,
+    train_length: int | None = None,
     annotate: bool = True,
 ) -> Figure:
     """Needle-in-a-haystack heatmap: rows = depths (0 at the top), columns = lengths, 'RdYlGn' colours
@@ -209,8 +209,8 @@ def plot_probe_heatmap(
     data = _heatmap_array(grid, depths, lengths)
     fig = _figure(1.2 + 0.9 * len(lengths), 1.0 + 0.55 * len(depths))
     ax = fig.add_subplot()
-    im = _draw_heatmap(ax, data, depths, lengths, train_len, annotate)
-    ax.set_xlabel("context length (tokens)" + (" — * = train length" if train_len in lengths else ""))
+    im = _draw_heatmap(ax, data, depths, lengths, train_length, annotate)
+    ax.set_xlabel("context length (tokens)" + (" — * = train length" if train_length in lengths else ""))
     ax.set_ylabel("depth of the answer")
     fig.colorbar(im, ax=ax, label="accuracy")
     ax.set_title(title)
@@ -226,7 +226,7 @@ def plot_probe_heatmap_grid(
     probe kind (named on top).
 
     ``panels[label][kind]`` is a mapping with ``grid`` (rows = depths, columns = lengths), ``depths``,
-    ``lengths`` and optionally ``train_len`` (marked with *). A missing (label, kind) cell stays blank.
+    ``lengths`` and optionally ``train_length`` (marked with *). A missing (label, kind) cell stays blank.
     One shared 0..1 colour bar."""
     labels = list(panels)
     kinds = list(dict.fromkeys(k for row in panels.values() for k in row))
@@ -245,7 +245,7 @@ def plot_probe_heatmap_grid(
                 ax.set_axis_off()
                 continue
             data = _heatmap_array(p["grid"], p["depths"], p["lengths"])
-            im = _draw_heatmap(ax, data, p["depths"], p["lengths"], p.get("train_len"), annotate, fontsize=7)
+            im = _draw_heatmap(ax, data, p["depths"], p["lengths"], p.get("train_length"), annotate, fontsize=7)
             if i == 0:
                 ax.set_title(kind)
             if i == len(labels) - 1:
@@ -314,7 +314,7 @@ def plot_depth_curve(
 
 def plot_accuracy_vs_length(
     curves: Mapping[str, Mapping[int, float]],
-    train_len: int | None = None,
+    train_length: int | None = None,
     bands: Mapping[str, Mapping[int, tuple[float, float]]] | None = None,
     chance: float | None = None,
     copy: float | None = None,
@@ -333,9 +333,9 @@ def plot_accuracy_vs_length(
         b = bands.get(label)
         band = ([b[L][0] for L in xs], [b[L][1] for L in xs]) if b and all(L in b for L in xs) else None
         _curve(ax, xs, [curve[L] for L in xs], str(label), band, **style)
-    if train_len:
-        ax.axvline(train_len, color="grey", linestyle="--", linewidth=1, label=f"train length {train_len}")
-        all_x.add(int(train_len))
+    if train_length:
+        ax.axvline(train_length, color="grey", linestyle="--", linewidth=1, label=f"train length {train_length}")
+        all_x.add(int(train_length))
     _baselines(ax, chance, copy)
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted(all_x))
@@ -355,13 +355,13 @@ def probe_figures(probes, label: str) -> dict[str, Figure]:
     every length (one line per length, Wilson bands), accuracy vs length (mean over depths, paired-bootstrap
     band); and mqar_offset's accuracy vs total length at a fixed distance. Chance and copy marked."""
     figs: dict[str, Figure] = {}
-    train_len = probes.train_len
+    train_length = probes.train_length
     for kind in probes.kinds:
         figs[f"probe_{kind}_heatmap"] = plot_probe_heatmap(
             probes.grid(kind, "acc"), probes.depths, probes.lengths,
-            title=f"{kind} retrieval accuracy — {label}", train_len=train_len,
+            title=f"{kind} retrieval accuracy — {label}", train_length=train_length,
         )
-        names = {L: f"{L} tokens" + (" (train)" if L == train_len else "") for L in probes.lengths}
+        names = {L: f"{L} tokens" + (" (train)" if L == train_length else "") for L in probes.lengths}
         figs[f"probe_{kind}_depth"] = plot_depth_curve(
             {names[L]: probes.depth_curve(kind, L) for L in probes.lengths}, probes.depths,
             bands={names[L]: (probes.depth_curve(kind, L, "lo"), probes.depth_curve(kind, L, "hi"))
@@ -371,7 +371,7 @@ def probe_figures(probes, label: str) -> dict[str, Figure]:
         )
         summaries = {L: probes.summary(kind, L) for L in probes.lengths}
         figs[f"probe_{kind}_length"] = plot_accuracy_vs_length(
-            {label: {L: s["acc"] for L, s in summaries.items()}}, train_len,
+            {label: {L: s["acc"] for L, s in summaries.items()}}, train_length,
             bands={label: {L: (s["acc_lo"], s["acc_hi"]) for L, s in summaries.items()}},
             chance=probes.chance(kind), copy=probes.copy(kind),
             title=f"{kind}: accuracy (mean over depths) vs length",
@@ -379,7 +379,7 @@ def probe_figures(probes, label: str) -> dict[str, Figure]:
     if probes.offset:
         cells = sorted(probes.offset.values(), key=lambda c: c.length)
         figs["probe_mqar_offset"] = plot_accuracy_vs_length(
-            {label: {c.length: c.acc for c in cells}}, train_len,
+            {label: {c.length: c.acc for c in cells}}, train_length,
             bands={label: {c.length: (c.lo, c.hi) for c in cells}},
             chance=_mean_finite([c.chance for c in cells]), copy=_mean_finite([c.chance_copy for c in cells]),
             title="mqar_offset: gold pair at a fixed distance after a prefix of m × train length",

@@ -42,12 +42,8 @@ from torch import Tensor, nn
 from pelab.data.recall import KINDS, RecallLengthError, RecallSample, as_id_list, make_probe_samples
 from pelab.encodings import PositionOutOfRange
 from pelab.evaluation import stats
-from pelab.evaluation.extrapolation import (
-    json_safe,
-    model_device,
-    not_applicable_note,
-    windows_per_batch,
-)
+from pelab.evaluation.common import evaluating, model_device, not_applicable_note, windows_per_batch
+from pelab.summary import json_safe
 
 log = logging.getLogger(__name__)
 
@@ -155,26 +151,21 @@ def score_samples(
             raise ValueError(f"sample {i} has no answer tokens")
         by_len.setdefault(len(s.input_ids) + len(s.answer_ids), []).append(i)
 
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for T, idxs in by_len.items():
-                per_batch = windows_per_batch(T, batch_size, batch_tokens)
-                for b0 in range(0, len(idxs), per_batch):
-                    chunk = [samples[i] for i in idxs[b0 : b0 + per_batch]]
-                    x = _batch(chunk, T)
-                    # logits at p0 + j predict answer token j (p0 = the last prompt position)
-                    rows = [r for r, s in enumerate(chunk) for _ in s.answer_ids]
-                    cols = [len(s.input_ids) - 1 + j for s in chunk for j in range(len(s.answer_ids))]
-                    gold = torch.tensor([t for s in chunk for t in s.answer_ids], dtype=torch.long)
-                    rows_t, cols_t = torch.tensor(rows, device=device), torch.tensor(cols, device=device)
-                    logits = answer_logits(model, x.to(device), rows_t, cols_t)  # (N, V)
-                    records = _records(chunk, logits, gold.to(logits.device))
-                    for i, r in zip(idxs[b0 : b0 + per_batch], records):
-                        out[i] = r
-    finally:
-        model.train(was_training)
+    with evaluating(model):
+        for T, idxs in by_len.items():
+            per_batch = windows_per_batch(T, batch_size, batch_tokens)
+            for b0 in range(0, len(idxs), per_batch):
+                chunk = [samples[i] for i in idxs[b0 : b0 + per_batch]]
+                x = _batch(chunk, T)
+                # logits at p0 + j predict answer token j (p0 = the last prompt position)
+                rows = [r for r, s in enumerate(chunk) for _ in s.answer_ids]
+                cols = [len(s.input_ids) - 1 + j for s in chunk for j in range(len(s.answer_ids))]
+                gold = torch.tensor([t for s in chunk for t in s.answer_ids], dtype=torch.long)
+                rows_t, cols_t = torch.tensor(rows, device=device), torch.tensor(cols, device=device)
+                logits = answer_logits(model, x.to(device), rows_t, cols_t)  # (N, V)
+                records = _records(chunk, logits, gold.to(logits.device))
+                for i, r in zip(idxs[b0 : b0 + per_batch], records):
+                    out[i] = r
     return out  # type: ignore[return-value]
 
 
@@ -249,7 +240,7 @@ class ProbeResult:
     kinds: list[str]
     depths: list[float]
     lengths: list[int]
-    train_len: int | None = None
+    train_length: int | None = None
     cells: dict[tuple[str, float, int], ProbeCell] = field(default_factory=dict)
     offset: dict[int, ProbeCell] = field(default_factory=dict)  # mqar_offset cells by prefix multiple
 
@@ -297,12 +288,12 @@ class ProbeResult:
         return stats.effective_length(self.lengths, self.length_curve(kind))
 
     def auc(self, kind: str) -> float:
-        """Area under mean accuracy vs log2(length / train_len), normalised to [0, 1]; NaN when no length
+        """Area under mean accuracy vs log2(length / train_length), normalised to [0, 1]; NaN when no length
         was measured."""
         if not self.measured(kind):
             return NAN
-        train_len = self.train_len or min(self.lengths)
-        return stats.auc_log_length(self.lengths, self.length_curve(kind), train_len)
+        train_length = self.train_length or min(self.lengths)
+        return stats.auc_log_length(self.lengths, self.length_curve(kind), train_length)
 
     def metrics(self) -> dict[str, float]:
         """Per kind and length ``probe/{kind}/{name}@{L}``: acc (mean over depths), acc_lo / acc_hi,
@@ -348,7 +339,7 @@ class ProbeResult:
                 "kinds": list(self.kinds),
                 "depths": list(self.depths),
                 "lengths": list(self.lengths),
-                "train_len": self.train_len,
+                "train_length": self.train_length,
                 "metrics": self.metrics(),
                 "chance": {k: self.chance(k) for k in self.kinds},
                 "copy": {k: self.copy(k) for k in self.kinds},
@@ -378,7 +369,7 @@ def run_probes(
     device: torch.device | str | None = None,
     batch_size: int = 16,
     batch_tokens: int | None = 16384,
-    train_len: int | None = None,
+    train_length: int | None = None,
     prefix_multiples: Sequence[int] = (0, 1, 3, 7),
     **sample_options: Any,
 ) -> ProbeResult:
@@ -386,7 +377,7 @@ def run_probes(
     such as key_len / value_len go to it), every kind and depth of one length scored in the same batches.
 
     ``lengths`` are absolute token counts (``extrapolation.resolve_lengths`` converts multiples).
-    mqar_offset (in ``kinds``) is probed once per prefix multiple m at (m + 1) * ``train_len`` tokens.
+    mqar_offset (in ``kinds``) is probed once per prefix multiple m at (m + 1) * ``train_length`` tokens.
     A length the model cannot represent (``PositionOutOfRange``) or that is too short for a kind gives
     NaN cells with a note; nothing raises for those.
     """
@@ -397,7 +388,7 @@ def run_probes(
     depths_f = sorted({float(d) for d in depths})
     lens = sorted({int(L) for L in lengths})
     grid_kinds = [k for k in kinds if k != OFFSET_KIND]
-    res = ProbeResult(kinds=grid_kinds, depths=depths_f, lengths=lens, train_len=train_len)
+    res = ProbeResult(kinds=grid_kinds, depths=depths_f, lengths=lens, train_length=train_length)
     n = int(samples_per_cell)
     lo, hi = stats.wilson(n // 2, n)
     log.info("probes: n=%d instances per cell (95%% interval at accuracy 0.5: %.2f-%.2f)", n, lo, hi)
@@ -419,14 +410,14 @@ def run_probes(
                     c.note = f"n/a — {exc}"
         _score_cells(batch, **score)
     if OFFSET_KIND in kinds:
-        if train_len is None:
-            raise ValueError(f"probes.kinds contains {OFFSET_KIND}: run_probes needs train_len")
+        if train_length is None:
+            raise ValueError(f"probes.kinds contains {OFFSET_KIND}: run_probes needs train_length")
         for m in sorted({int(m) for m in prefix_multiples}):
-            c = res.offset[m] = ProbeCell(kind=OFFSET_KIND, depth=NAN, length=(m + 1) * train_len, prefix=m)
+            c = res.offset[m] = ProbeCell(kind=OFFSET_KIND, depth=NAN, length=(m + 1) * train_length, prefix=m)
             try:
                 # a training-length window (the gold pair at a fixed distance from the query) after
-                # m * train_len filler tokens: (m + 1) * train_len tokens in all
-                _score_cells([(c, make(OFFSET_KIND, train_len, 0.0, prefix_multiple=m))], **score)
+                # m * train_length filler tokens: (m + 1) * train_length tokens in all
+                _score_cells([(c, make(OFFSET_KIND, train_length, 0.0, prefix_multiple=m))], **score)
             except RecallLengthError as exc:
                 c.note = f"n/a — {exc}"
     return res

@@ -98,12 +98,12 @@ def effective_length(lengths: Sequence[int], accs: Sequence[float], threshold: f
     return max(ok) if ok else None
 
 
-def auc_log_length(lengths: Sequence[int], accs: Sequence[float], train_len: int) -> float:
-    """Area under accuracy vs x = log2(length / train_len), divided by the x range: in [0, 1], 1 = perfect
+def auc_log_length(lengths: Sequence[int], accs: Sequence[float], train_length: int) -> float:
+    """Area under accuracy vs x = log2(length / train_length), divided by the x range: in [0, 1], 1 = perfect
     at every length. Trapezoids between the measured lengths. A NaN accuracy (a length the model cannot
     represent, e.g. learned positions past their table) counts as 0: it retrieves nothing there. One
     length: its accuracy. NaN when there are no lengths."""
-    pts = sorted((math.log2(int(L) / train_len), float(a) if math.isfinite(float(a)) else 0.0)
+    pts = sorted((math.log2(int(L) / train_length), float(a) if math.isfinite(float(a)) else 0.0)
                  for L, a in zip(lengths, accs))
     if not pts:
         return float("nan")

@@ -55,39 +55,39 @@ def run_evaluation(
     `prefix` namespaces a variant (e.g. a RoPE scaling type in eval.py): metrics become
     `extrap/{prefix}/ppl@L` style keys and files `plots/{prefix}_*.png`.
     """
-    train_len = int(cfg.data.seq_len)
+    train_length = int(cfg.data.seq_len)
     ecfg, pcfg = cfg.eval, cfg.probes
-    lengths = resolve_lengths(list(ecfg.lengths), train_len)
+    lengths = resolve_lengths(list(ecfg.lengths), train_length)
     tokens = eval_span(datamodule, ecfg, lengths)
     device = next(model.parameters()).device
     log.info("extrapolation: lengths %s on %d tokens", lengths, tokens.numel() - 1)
     t0 = time.perf_counter()
     extrap = evaluate_extrapolation(
-        model, tokens, lengths, train_len,
+        model, tokens, lengths, train_length,
         stride=ecfg.get("stride"), device=device, bytes_per_token=datamodule.bytes_per_token,
         protocols=list(ecfg.protocols), batch_tokens=int(ecfg.batch_tokens),
     )
     seconds = {"extrapolation": time.perf_counter() - t0}
-    extrap.parent_train_len = parent_train_length(cfg)
+    extrap.parent_train_length = parent_train_length(cfg)
     metrics = extrap.metrics()
     attention = None
     dcfg = ecfg.get("diagnostics") or {}
     if dcfg.get("enabled"):
-        attention = attention_diagnostics(model, tokens, lengths, train_len, int(dcfg.get("windows", 2)))
+        attention = attention_diagnostics(model, tokens, lengths, train_length, int(dcfg.get("windows", 2)))
         seconds["attention"] = attention["seconds"]
         log.info("attention diagnostics: %.2f s (extrapolation: %.2f s)", attention["seconds"],
                  seconds["extrapolation"])
         metrics.update(attention_metrics(attention["rows"]))
     probes = None
     if pcfg.get("enabled", True) and pcfg.get("kinds"):
-        p_lengths = resolve_lengths(list(pcfg.lengths), train_len)
+        p_lengths = resolve_lengths(list(pcfg.lengths), train_length)
         filler = datamodule.eval_tokens(ecfg.split, min(datamodule.n_tokens(ecfg.split), 4 * max(p_lengths)))
         log.info("probes: %s at depths %s, lengths %s", list(pcfg.kinds), list(pcfg.depths), p_lengths)
         probes = run_probes(
             model, datamodule.tokenizer, kinds=list(pcfg.kinds), depths=list(pcfg.depths), lengths=p_lengths,
             samples_per_cell=int(pcfg.samples), seed=int(pcfg.seed),
             filler_ids=filler if pcfg.get("filler", "val") == "val" else None,
-            device=device, train_len=train_len, batch_tokens=int(ecfg.batch_tokens),
+            device=device, train_length=train_length, batch_tokens=int(ecfg.batch_tokens),
             prefix_multiples=list(pcfg.get("prefix_multiples", [0, 1, 3, 7])),
             **{k: int(pcfg[k]) for k in ("key_len", "value_len", "pairs") if k in pcfg},
         )
@@ -96,9 +96,9 @@ def run_evaluation(
         metrics = {_prefixed(k, prefix): v for k, v in metrics.items()}
 
     label = cfg.pe.name if not prefix else f"{cfg.pe.name} ({prefix})"
-    figures = make_figures(extrap, probes, label, train_len)
+    figures = make_figures(extrap, probes, label, train_length)
     if attention is not None:
-        figures.update(attention_figures(attention["rows"], label, train_len))
+        figures.update(attention_figures(attention["rows"], label, train_length))
     paths = save_figures(figures, output_dir / "plots", prefix)
     if summary is not None:
         key = f"evaluation/{prefix}" if prefix else "evaluation"
@@ -121,13 +121,13 @@ def parent_train_length(cfg: DictConfig) -> int | None:
     return int(parent["train_length"]) if parent.get("train_length") else None
 
 
-def attention_figures(rows: list[dict], label: str, train_len: int) -> dict[str, Any]:
+def attention_figures(rows: list[dict], label: str, train_length: int) -> dict[str, Any]:
     """One figure per statistic: its value vs evaluation length, one line per layer (mean over heads, at
     the queries of each length's last position bucket; pelab.evaluation.attention_stats.by_length)."""
     figs = {}
     for stat in STATS:
         series = {f"layer {layer}": curve for layer, curve in by_length(rows, stat).items()}
-        figs[f"attn_{stat}"] = plot_ppl_vs_length(series, train_len, title=f"{label}: attention {stat} vs length",
+        figs[f"attn_{stat}"] = plot_ppl_vs_length(series, train_length, title=f"{label}: attention {stat} vs length",
                                                   ylabel=STAT_LABELS[stat], yscale="linear")
     return figs
 
@@ -160,16 +160,16 @@ def _prefixed(key: str, prefix: str) -> str:
     return f"{group}/{prefix}/{rest}"
 
 
-def make_figures(extrap: Any, probes: Any | None, label: str, train_len: int) -> dict[str, Any]:
+def make_figures(extrap: Any, probes: Any | None, label: str, train_length: int) -> dict[str, Any]:
     figs = {
         "ppl_vs_length": plot_ppl_vs_length(
             {f"{label} nonoverlap": extrap.ppl_by_length("nonoverlap"),
              **({f"{label} sliding": extrap.ppl_by_length("sliding")} if "sliding" in extrap.protocols else {})},
-            train_len,
+            train_length,
         ),
     }
     if extrap.loss_by_position:
-        figs["loss_by_position"] = plot_loss_by_position({label: extrap.loss_by_position}, train_len)
+        figs["loss_by_position"] = plot_loss_by_position({label: extrap.loss_by_position}, train_length)
     if probes is not None:
         figs.update(probe_figures(probes, label))
     return figs
@@ -188,7 +188,7 @@ def log_to_wandb(run: Any, metrics: dict, extrap: Any, probes: Any | None, paths
     ns = f"{prefix}/" if prefix else ""
     data: dict[str, Any] = dict(metrics)
     rows = extrap.rows()
-    cols = ["length", *(["x_parent"] if extrap.parent_train_len else []), "protocol", "ppl", "bpb", "nll",
+    cols = ["length", *(["x_parent"] if extrap.parent_train_length else []), "protocol", "ppl", "bpb", "nll",
             "n_tokens", "note"]
     table = wandb.Table(columns=cols, data=[[r[c] for c in cols] for r in rows])
     data[f"extrap/{ns}table"] = table
@@ -196,7 +196,7 @@ def log_to_wandb(run: Any, metrics: dict, extrap: Any, probes: Any | None, paths
                           data=[[r["length"], r["ppl"]] for r in rows if r["protocol"] == "nonoverlap"])
     data[f"extrap/{ns}ppl_vs_length"] = wandb.plot.line(nonover, "length", "ppl",
                                                         title="Perplexity vs evaluation length")
-    if extrap.parent_train_len:  # an extended run: the same curve on the parent's axis
+    if extrap.parent_train_length:  # an extended run: the same curve on the parent's axis
         by_parent = wandb.Table(columns=["x_parent", "ppl"], data=[[r["x_parent"], r["ppl"]] for r in rows
                                                                    if r["protocol"] == "nonoverlap"])
         data[f"extrap/{ns}ppl_vs_parent_x"] = wandb.plot.line(

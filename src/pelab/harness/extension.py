@@ -46,16 +46,16 @@ def extension_parent(cfg: DictConfig) -> dict | None:
         more = f" (+{len(diffs) - 3} more)" if len(diffs) > 3 else ""
         raise ConfigError(f"extend.from={source} cannot initialise this run: {'; '.join(diffs[:3])}{more}; "
                           "extend with the parent's model.*, pe= and tokenizer.* settings.")
-    p_len = int(pcfg["data"]["seq_len"])
-    p_pe_len = int((pcfg.get("pe") or {}).get("train_length") or p_len)
+    parent_seq_len = int(pcfg["data"]["seq_len"])
+    parent_train_length = int((pcfg.get("pe") or {}).get("train_length") or parent_seq_len)
     if cfg.pe.get("train_length") is None and pe_extends_context(cfg):
-        cfg.pe.train_length = p_pe_len
-        resolve_pe_config(cfg.pe, d_model=cfg.model.d_model, n_heads=cfg.model.n_heads, train_length=p_pe_len)
+        cfg.pe.train_length = parent_train_length
+        resolve_pe_config(cfg.pe, d_model=cfg.model.d_model, n_heads=cfg.model.n_heads, train_length=parent_train_length)
     weights_fit(cfg, ckpt["state_dict"], int(hp["vocab_size"]), source)
     run_dir = path.parent.parent  # <run>/checkpoints/<file>.ckpt
     wandb_info = (read_summary(run_dir).get("wandb") or {}) if (run_dir / "summary.json").is_file() else {}
     parent = {"path": str(path.resolve()), "name": pcfg.get("name"), "step": int(ckpt.get("global_step", 0)),
-              "wandb_run_id": wandb_info.get("id"), "train_length": p_pe_len, "seq_len": p_len,
+              "wandb_run_id": wandb_info.get("id"), "train_length": parent_train_length, "seq_len": parent_seq_len,
               "vocab_size": hp.get("vocab_size")}
     log.info("extending %s (step %d, trained at L=%d)", path, parent["step"], parent["train_length"])
     return parent

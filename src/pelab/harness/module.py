@@ -56,11 +56,11 @@ def two_means(logits: torch.Tensor, targets: torch.Tensor, answers: torch.Tensor
     return mean(text), mean(answers)
 
 
-def flops_per_token(model: GPT, seq_len: int) -> float:
+def flops_per_token(model: GPT, train_length: int) -> float:
     """PaLM/nanoGPT estimate: 6*N (N = params without the input embedding, LM head counted) + 12*l*d*T."""
     c = model.config
     # num_params(exclude_embedding=True) keeps the tied token embedding once: it is the LM head's matmul.
-    return 6.0 * model.num_params(exclude_embedding=True) + 12.0 * c.n_layers * c.d_model * seq_len
+    return 6.0 * model.num_params(exclude_embedding=True) + 12.0 * c.n_layers * c.d_model * train_length
 
 
 class LMModule(L.LightningModule):
@@ -70,9 +70,9 @@ class LMModule(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.cfg = cfg
-        self.seq_len = int(cfg["data"]["seq_len"])
-        self.model = build_model(cfg["model"], cfg["pe"], vocab_size, self.seq_len)
-        self.flops_per_token = flops_per_token(self.model, self.seq_len)  # read by the throughput callback
+        self.train_length = int(cfg["data"]["seq_len"])
+        self.model = build_model(cfg["model"], cfg["pe"], vocab_size, self.train_length)
+        self.flops_per_token = flops_per_token(self.model, self.train_length)  # read by the throughput callback
         # DDP-safe perplexity: sum fp32 NLL and token counts, reduce, then exp (no softmax-then-log).
         self.val_nll = SumMetric()
         self.val_tokens = SumMetric()

@@ -117,7 +117,7 @@ class Row:
     """One table row: the jobs (seeds) of one setting."""
 
     label: str
-    train_len: int | None
+    train_length: int | None
     jobs: list[Job]
 
     @property
@@ -145,9 +145,9 @@ def group_rows(jobs: Sequence[Job]) -> Grouping:
         f = frame.iloc[positions[0]].to_dict()
         label = _label(f, shown)
         plain = label == _label(f, [k for k in shown if k == "pe.name" or not k.startswith("pe.")])
-        rows.append(Row(label, jobs[positions[0]].train_len, [jobs[i] for i in positions]))
+        rows.append(Row(label, jobs[positions[0]].train_length, [jobs[i] for i in positions]))
         # model, training length, the encoding where it first appears, its plain scheme first, its knobs
-        first = (str(f["model.name"]), rows[-1].train_len or 0, first_seen[f["pe.name"]], not plain)
+        first = (str(f["model.name"]), rows[-1].train_length or 0, first_seen[f["pe.name"]], not plain)
         order.append((*first, *(_sortable(f[k]) for k in extra)))
     rows = [rows[i] for i in sorted(range(len(rows)), key=order.__getitem__)]
     return Grouping(rows, shown, [k for k in extra if k not in shown])
@@ -260,7 +260,7 @@ def acquired_rows(rows: Sequence[Row]) -> tuple[list[Row], list[str]]:
         jobs = [j for j in r.jobs if acquired(j) is not False]
         left_out += [f"{r.label} (seed {j.setting('seed')})" for j in r.jobs if acquired(j) is False]
         if jobs:
-            kept.append(Row(r.label, r.train_len, jobs))
+            kept.append(Row(r.label, r.train_length, jobs))
     return kept, left_out
 
 
@@ -273,7 +273,7 @@ def probe_kinds(rows: Sequence[Row]) -> list[str]:
 
 
 def probe_panel(row: Row, kind: str) -> dict | None:
-    """{grid, depths, lengths, train_len, chance, copy, n} for one row and kind (mean over its seeds; the
+    """{grid, depths, lengths, train_length, chance, copy, n} for one row and kind (mean over its seeds; the
     seeds probed on the first one's depth x length grid)."""
     ps = [j.probes for j in row.jobs if kind in (j.probes.get("grids") or {})]
     if not ps:
@@ -285,7 +285,7 @@ def probe_panel(row: Row, kind: str) -> dict | None:
         "grid": seed_mean(grids).tolist(),
         "depths": [float(d) for d in shape[0]],
         "lengths": [int(L) for L in shape[1]],
-        "train_len": row.train_len,
+        "train_length": row.train_length,
         "chance": float(seed_mean([as_float((p.get("chance") or {}).get(kind)) for p in ps])),
         "copy": float(seed_mean([as_float((p.get("copy") or {}).get(kind)) for p in ps])),
         "n": len(ps),

@@ -51,7 +51,7 @@ class Job:
         return {k: as_float(v) for k, v in (self.summary.get("metrics") or {}).items() if _numeric(v)}
 
     @property
-    def train_len(self) -> int | None:
+    def train_length(self) -> int | None:
         value = self.setting("data.seq_len")
         return int(value) if value is not None else None
 

@@ -35,10 +35,10 @@ def make_figures(rows: Sequence[Row], out: Path) -> dict[str, Path]:
     )
 
     paths: dict[str, Path] = {}
-    train_lens = sorted({r.train_len for r in rows if r.train_len})
-    for train_len in train_lens:
-        sub = [r for r in rows if r.train_len == train_len]
-        suffix = f"_L{train_len}" if len(train_lens) > 1 else ""
+    train_lengths = sorted({r.train_length for r in rows if r.train_length})
+    for train_length in train_lengths:
+        sub = [r for r in rows if r.train_length == train_length]
+        suffix = f"_L{train_length}" if len(train_lengths) > 1 else ""
         ppl = by_length(sub, "extrap/ppl@{L}", seed_mean)
         if np.isfinite(ppl.to_numpy(dtype=float)).any():
             curves = {
@@ -46,7 +46,7 @@ def make_figures(rows: Sequence[Row], out: Path) -> dict[str, Path]:
                 for r, (_, line) in zip(sub, ppl.iterrows())
             }
             fig = plot_ppl_vs_length(
-                curves, train_len, title=f"Perplexity vs evaluation length (train {train_len})"
+                curves, train_length, title=f"Perplexity vs evaluation length (train {train_length})"
             )
             paths[f"ppl_vs_length{suffix}"] = save_figure(fig, out / f"ppl_vs_length{suffix}.png")
         losses = {
@@ -55,12 +55,12 @@ def make_figures(rows: Sequence[Row], out: Path) -> dict[str, Path]:
         losses = {k: v for k, v in losses.items() if v}
         if losses:
             fig = plot_loss_by_position(
-                losses, train_len, title=f"Loss by token position (train {train_len})"
+                losses, train_length, title=f"Loss by token position (train {train_length})"
             )
             paths[f"loss_by_position{suffix}"] = save_figure(fig, out / f"loss_by_position{suffix}.png")
         val = {r.label: c.mean(axis=1).dropna().to_dict() for r in sub if not (c := val_curves(r)).empty}
         if val:
-            fig = plot_metric_vs_step(val, title=f"Validation perplexity during training (train {train_len}; "
+            fig = plot_metric_vs_step(val, title=f"Validation perplexity during training (train {train_length}; "
                                                  "mean over seeds)")
             paths[f"val_curve{suffix}"] = save_figure(fig, out / f"val_curve{suffix}.png")
         for stat in ("entropy", "distance", "mass_past_L", "max_logit"):  # eval.diagnostics runs only
@@ -68,7 +68,7 @@ def make_figures(rows: Sequence[Row], out: Path) -> dict[str, Path]:
             if values.columns.empty or not np.isfinite(values.to_numpy(dtype=float)).any():
                 continue
             curves = {r.label: {int(L): float(v) for L, v in line.items()} for r, (_, line) in zip(sub, values.iterrows())}
-            fig = plot_ppl_vs_length(curves, train_len, title=f"Attention {stat} vs length (train {train_len})",
+            fig = plot_ppl_vs_length(curves, train_length, title=f"Attention {stat} vs length (train {train_length})",
                                      ylabel=stat, yscale="linear")
             paths[f"attn_{stat}_vs_length{suffix}"] = save_figure(fig, out / f"attn_{stat}_vs_length{suffix}.png")
         sub = acquired_rows(sub)[0]  # runs that did not acquire retrieval in-window: no probe curves
@@ -84,10 +84,10 @@ def make_figures(rows: Sequence[Row], out: Path) -> dict[str, Path]:
                 bands[r.label] = {int(L): (float(lo.iloc[i][L]), float(hi.iloc[i][L])) for L in acc.columns}
             panels = [p for r in sub if (p := probe_panel(r, kind))]
             fig = plot_accuracy_vs_length(
-                curves, train_len, bands=bands,
+                curves, train_length, bands=bands,
                 chance=_nanmean([p["chance"] for p in panels]),
                 copy=_nanmean([p["copy"] for p in panels]),
-                title=f"{kind}: accuracy (mean over depths) vs length (train {train_len})",
+                title=f"{kind}: accuracy (mean over depths) vs length (train {train_length})",
             )
             name = f"probe_{kind}_vs_length{suffix}"
             paths[name] = save_figure(fig, out / f"{name}.png")

@@ -66,7 +66,7 @@ def metric_table(
     table = Table(title, ["encoding", seeds] + [str(L) for L in lengths], [], caption)
     for r, (_, line) in zip(rows, cells.fillna("—").iterrows()):
         marked = [
-            f"**{c}**" if L == r.train_len and c not in ("—", "n/a") else c for L, c in zip(lengths, line)
+            f"**{c}**" if L == r.train_length and c not in ("—", "n/a") else c for L, c in zip(lengths, line)
         ]
         table.rows.append([r.label, ",".join(map(str, r.seeds))] + marked)
         if protocol:
@@ -125,7 +125,7 @@ def interval_table(rows: Sequence[Row], name: str, title: str, caption: str = ""
     for r in rows:
         cells = [interval_cell(r, f"{name}@{L}") for L in lengths]
         marked = [
-            f"**{c}**" if L == r.train_len and c not in ("—", "n/a") else c for L, c in zip(lengths, cells)
+            f"**{c}**" if L == r.train_length and c not in ("—", "n/a") else c for L, c in zip(lengths, cells)
         ]
         table.rows.append([r.label, ",".join(map(str, r.seeds))] + marked)
     return table
@@ -134,7 +134,7 @@ def interval_table(rows: Sequence[Row], name: str, title: str, caption: str = ""
 def _in_window(row: Row, kind: str) -> int | None:
     """The training length when probed there, else the shortest probed length."""
     lengths = _lengths([row], f"probe/{kind}/acc")
-    return row.train_len if row.train_len in lengths else (lengths[0] if lengths else None)
+    return row.train_length if row.train_length in lengths else (lengths[0] if lengths else None)
 
 
 def _seed_values(row: Row, metric: str, fmt: Callable[[float], str]) -> str:
@@ -245,7 +245,7 @@ def paired_table(rows: Sequence[Row], kind: str) -> Table | None:
     results = []
     for i, a in enumerate(rows):
         for b in rows[i + 1 :]:
-            if a.train_len != b.train_len:
+            if a.train_length != b.train_length:
                 continue
             by_len = {L: mcnemar(xa, xb) for L, (xa, xb) in paired_outcomes(a, b, kind).items() if xa}
             if by_len:
@@ -254,9 +254,9 @@ def paired_table(rows: Sequence[Row], kind: str) -> Table | None:
     if not results:
         return None
     cols = sorted(lengths)
-    train_len = results[0][0].train_len
-    if kind == OFFSET_KIND and train_len:  # its lengths are (m + 1) x the training length
-        names = [f"prefix {L // train_len - 1}×L" for L in cols]
+    train_length = results[0][0].train_length
+    if kind == OFFSET_KIND and train_length:  # its lengths are (m + 1) x the training length
+        names = [f"prefix {L // train_length - 1}×L" for L in cols]
     else:
         names = [str(L) for L in cols]
     t = Table(f"{kind}: paired comparisons on the same instances", ["pair"] + names, [],
@@ -325,7 +325,7 @@ def probe_tables(rows: Sequence[Row], kind: str) -> list[Table]:
             continue
         t = Table(
             f"{kind} — {r.label}: accuracy by depth × length (mean over {p['n']} seed(s))",
-            ["depth"] + [f"{L}" + ("*" if L == r.train_len else "") for L in p["lengths"]],
+            ["depth"] + [f"{L}" + ("*" if L == r.train_length else "") for L in p["lengths"]],
             [],
             collapsed=True,
         )
@@ -373,7 +373,7 @@ def metadata_table(jobs: Sequence[Job]) -> Table:
                 f"`{j.folder.name}`",
                 str(j.setting("pe.name")),
                 str(j.setting("seed")),
-                str(j.train_len),
+                str(j.train_length),
                 _fmt_int(j.summary.get("global_step")),
                 _fmt_int(model.get("params")),
                 _fmt_int(model.get("pe_params")),
