@@ -15,7 +15,7 @@ from pelab.tasks.train import train
 # One document per split; validation uses every window of the val split, and an over-large eval.tokens
 # shrinks to the same whole windows, so the extrapolation span at the training length is exactly the
 # validation set.
-SAME_TOKENS = ["data.max_bytes=1", "data.val_windows=null", "eval.tokens=100000000"]
+SAME_TOKENS = ["data.max_bytes=1", "data.val_windows=null", "eval.tokens=null", "eval.split=val"]
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Length-extrapolation evaluation: protocols, token sets, n/a lengths, overflow, metrics (issue 5)."""
+"""Length-extrapolation evaluation: protocols, token sets, spread blocks and their intervals, n/a lengths,
+overflow, metrics."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from torch import nn
 from pelab.encodings import build_encoding
 from pelab.evaluation.extrapolation import (
     ExtrapolationResult,
-    eval_token_budget,
+    blocks_for_budget,
     evaluate_extrapolation,
     resolve_lengths,
+    spread_blocks,
     window_plan,
 )
 from pelab.model.gpt import GPT, GPTConfig
@@ -62,10 +64,28 @@ def test_resolve_lengths_multiples_and_absolute():
         resolve_lengths([0], 128)
 
 
-def test_token_budget_is_a_multiple_of_the_longest_length():
-    assert eval_token_budget(1000, [128, 256, 512]) == 1024
-    assert eval_token_budget(1024, [128, 256, 512]) == 1024
-    assert eval_token_budget(10, [128, 512]) == 512  # at least one window of the longest length
+def test_token_budget_is_whole_blocks_of_the_longest_length():
+    assert blocks_for_budget(1000, 512) == 2 and blocks_for_budget(1024, 512) == 2
+    assert blocks_for_budget(10, 512) == 1  # at least one block
+    assert blocks_for_budget(None, 512) is None  # the whole split
+
+
+def test_spread_blocks_are_disjoint_seeded_and_cover_the_split_when_asked():
+    stream = torch.arange(1000)
+    blocks, starts = spread_blocks(stream, 9, 20, seed=3)  # slots of 9 tokens: 111 of them
+    assert blocks.shape == (20, 10) and (starts % 9 == 0).all() and (starts[1:] > starts[:-1]).all()
+    assert torch.equal(blocks[:, 0], torch.as_tensor(starts)) and torch.equal(blocks[:, 9] - blocks[:, 0],
+                                                                              torch.full((20,), 9))
+    assert starts.max() > 500 and starts.min() < 500  # spread, not the first 200 tokens
+    again, _ = spread_blocks(stream, 9, 20, seed=3)
+    other, _ = spread_blocks(stream, 9, 20, seed=4)
+    assert torch.equal(again, blocks) and not torch.equal(other, blocks)  # the seed fixes them
+    whole, starts = spread_blocks(stream, 9, None, seed=3)  # the whole split: one contiguous stream
+    assert whole.shape == (111, 10) and torch.equal(whole[:, :-1].flatten(), stream[:999])
+    assert torch.equal(whole[:-1, -1], whole[1:, 0])  # a block's last target is the next one's first input
+    assert spread_blocks(stream, 9, 10**6, seed=0)[0].shape == (111, 10)
+    with pytest.raises(ValueError, match="fewer than one block"):
+        spread_blocks(torch.arange(5), 9, 1, seed=0)
 
 
 @pytest.mark.parametrize(
@@ -146,7 +166,7 @@ def test_sliding_stride_one_matches_per_token_reference():
 def test_same_token_count_at_every_length_and_protocol_and_batching_invariance():
     model = micro_gpt("t5_bias")
     lengths = resolve_lengths([1, 2, 4], TRAIN_LEN)
-    n = eval_token_budget(100, lengths)
+    n = blocks_for_budget(100, max(lengths)) * max(lengths)
     tokens = span(n)
     a = evaluate_extrapolation(model, tokens, lengths, TRAIN_LEN, batch_size=64)
     b = evaluate_extrapolation(model, tokens, lengths, TRAIN_LEN, batch_size=64, batch_tokens=TRAIN_LEN)
@@ -209,14 +229,16 @@ def test_metrics_names_bpb_and_restored_train_mode():
     assert model.training  # mode restored
     assert isinstance(res, ExtrapolationResult)
     m = res.metrics()
-    assert set(m) == {f"extrap/{k}@{L}" for k in ("ppl", "ppl_sliding", "bpb", "ppl_ratio") for L in (16, 32)}
+    names = ("ppl", "ppl_lo", "ppl_hi", "ppl_sliding", "ppl_sliding_lo", "ppl_sliding_hi", "bpb", "ppl_ratio",
+             "ppl_ratio_lo", "ppl_ratio_hi")
+    assert set(m) == {f"extrap/{k}@{L}" for k in names for L in (16, 32)}
     cell = res.cell(32)
     assert m["extrap/bpb@32"] == pytest.approx(cell.nll / math.log(2) / 3.5)
     assert m["extrap/ppl_ratio@32"] == pytest.approx(m["extrap/ppl@32"] / m["extrap/ppl@16"])
     # no bytes_per_token: no bpb metric
     res2 = evaluate_extrapolation(model, span(64), [16], TRAIN_LEN)
     assert not any(k.startswith("extrap/bpb") for k in res2.metrics())
-    assert set(res.rows()[0]) == {"length", "protocol", "ppl", "bpb", "nll", "n_tokens", "note"}
+    assert set(res.rows()[0]) == {"length", "protocol", "ppl", "ppl_lo", "ppl_hi", "se", "bpb", "nll", "n_tokens", "note"}
 
 
 def test_train_length_is_always_evaluated_for_the_ratio():
@@ -257,3 +279,62 @@ def test_ppl_and_loss_by_position_figures(tmp_path):
     )
     assert isinstance(fig2, Figure)
     assert save_figure(fig2, tmp_path / "pos.png").stat().st_size > 2000
+
+
+# ---- spread blocks: the estimate and its interval ------------------------------------------------------
+
+
+class CopyPrevious(nn.Module):
+    """Predicts that each token repeats the one before it (logit 5): cheap text where tokens repeat, costly
+    where they do not -- documents of different difficulty for a test."""
+
+    def __init__(self):
+        super().__init__()
+        self.dummy = nn.Parameter(torch.zeros(()))
+
+    def forward(self, idx, pos=None, start=0):
+        return F.one_hot(idx, V).float() * 5.0
+
+
+def two_halves(n: int = 160_000, seed: int = 0) -> torch.Tensor:
+    """A split whose first half repeats each token four times (easy for CopyPrevious) and whose second half is
+    random (hard)."""
+    g = torch.Generator().manual_seed(seed)
+    easy = torch.randint(0, V, (n // 8,), generator=g).repeat_interleave(4)
+    return torch.cat([easy, torch.randint(0, V, (n // 2,), generator=g)])
+
+
+def test_spread_estimate_matches_the_whole_split_where_the_first_tokens_do_not():
+    """The first 8 blocks all come from the easy documents; 8 blocks spread over the split do not, and the whole
+    split's perplexity lies inside the spread estimate's interval. Intervals shrink as the budget grows."""
+    model, stream, block = CopyPrevious(), two_halves(), 256
+    whole = evaluate_extrapolation(model, spread_blocks(stream, block, None, 0)[0], [block], block,
+                                   protocols=("nonoverlap",)).ppl(block)
+    first = evaluate_extrapolation(model, stream[: 8 * block + 1], [block], block, protocols=("nonoverlap",))
+    assert first.ppl(block) < 0.6 * whole  # the first tokens are the easy document
+    widths = []
+    for k in (8, 64, 512):
+        res = evaluate_extrapolation(model, spread_blocks(stream, block, k, 0)[0], [block], block,
+                                     protocols=("nonoverlap",))
+        lo, hi = res.cell(block).interval()
+        assert res.blocks == k and lo <= whole <= hi, (k, lo, whole, hi)
+        widths.append(math.log(hi / lo))
+    assert widths[0] > widths[1] > widths[2]
+    assert widths[1] / widths[2] == pytest.approx(math.sqrt(8), rel=0.3)  # ~ 1 / sqrt(blocks)
+
+
+def test_blocks_are_scored_like_single_spans_and_paired_across_lengths():
+    model = micro_gpt("alibi")
+    blocks, _ = spread_blocks(span(4000, seed=2), 64, 6, seed=1)
+    res = evaluate_extrapolation(model, blocks, [16, 32, 64], TRAIN_LEN, batch_size=5, protocols=("nonoverlap",))
+    for L in (16, 32, 64):
+        one = [evaluate_extrapolation(model, b, [L], TRAIN_LEN, protocols=("nonoverlap",)).cell(L).nll_sum
+               for b in blocks]
+        assert res.cell(L).block_nll == pytest.approx(one, rel=1e-5) and res.cell(L).n_tokens == 6 * 64
+    m = res.metrics()
+    for L in (16, 32, 64):
+        assert m[f"extrap/ppl_lo@{L}"] < m[f"extrap/ppl@{L}"] < m[f"extrap/ppl_hi@{L}"]
+    assert m[f"extrap/ppl_ratio@{TRAIN_LEN}"] == 1.0 and math.isnan(m[f"extrap/ppl_ratio_lo@{TRAIN_LEN}"])
+    assert m["extrap/ppl_ratio_lo@64"] < m["extrap/ppl_ratio@64"] < m["extrap/ppl_ratio_hi@64"]
+    one_block = evaluate_extrapolation(model, blocks[0], [TRAIN_LEN], TRAIN_LEN).metrics()
+    assert math.isnan(one_block[f"extrap/ppl_lo@{TRAIN_LEN}"])  # one block: no interval, never a point

@@ -16,6 +16,7 @@ from pelab.data.recall import RecallSample, make_probe_samples
 from pelab.data.tokenizer import ByteTokenizer
 from pelab.encodings import available_encodings, build_encoding
 from pelab.evaluation import stats
+from pelab.evaluation.stats import wilson
 from pelab.evaluation.plots import plot_depth_curve, plot_probe_heatmap, probe_figures, save_figure
 from pelab.evaluation.probes import ProbeCell, ProbeRecord, ProbeResult, lim_gap, run_probes, score_samples
 from pelab.model.gpt import GPT, GPTConfig
@@ -254,7 +255,8 @@ def test_probe_result_metrics_on_a_u_shaped_grid():
     assert m["probe/kv/lim_gap_lo@64"] < gap < m["probe/kv/lim_gap_hi@64"] <= 1.0
     assert m["probe/kv/lim_gap_lo@64"] >= 0.0  # no instance has a negative gap
     assert m["probe/kv/lim_gap@128"] == pytest.approx(0.0)
-    assert m["probe/kv/lim_gap_lo@128"] == m["probe/kv/lim_gap_hi@128"] == 0.0  # every instance: gap 0
+    # every instance has gap 0: the interval is bounded by the instances that could differ, not a point
+    assert m["probe/kv/lim_gap_lo@128"] == -m["probe/kv/lim_gap_hi@128"] == pytest.approx(-wilson(0, 4)[1])
     assert m["probe/kv/acc@64"] == pytest.approx(0.65) and m["probe/kv/logprob@128"] == pytest.approx(-2.0)
     assert m["probe/kv/acc_lo@64"] < 0.65 < m["probe/kv/acc_hi@64"]
     assert res.grid("kv")[2] == [0.25, 0.25] and res.depth_curve("kv", 64) == [1.0, 0.5, 0.25, 0.5, 1.0]

@@ -17,7 +17,7 @@ from pelab.tasks.evaluate import OVERRIDABLE, OWN_KEYS
 from pelab.tasks.train import validate_config
 
 README = (ROOT / "README.md").read_text()
-FENCE = re.compile(r"```[a-z]*\n(.*?)```", re.DOTALL)
+FENCE = re.compile(r"```(?!text)[a-z]*\n(.*?)```", re.DOTALL)  # ```text blocks are not commands
 
 
 def shell_commands() -> list[str]:

@@ -1,5 +1,6 @@
-"""Probe statistics at hand-computed points: Wilson intervals, the paired lim_gap interval, effective length,
-AUC over log-length, McNemar's exact test (issue 16)."""
+"""The statistics (scipy.stats underneath) at hand-computed points: Wilson intervals, the bootstrap interval of a
+mean, the paired lim_gap interval, effective length, AUC over log-length, McNemar's exact test. The Wilson and
+McNemar points are the values the hand-written formulas gave before scipy replaced them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from pelab.evaluation import stats
 
-Z2 = stats.Z95**2  # 3.8415
+Z2 = 1.959963984540054**2  # the 0.975 normal quantile, squared: 3.8415
 
 
 def test_wilson_at_hand_computed_points():
@@ -54,6 +55,32 @@ def test_depth_summary_gap_is_the_mean_of_per_instance_gaps_with_a_paired_interv
     two = stats.depth_summary([0.0, 1.0], [[True, False], [True, True]])
     assert math.isnan(two["lim_gap"]) and two["acc"] == 0.75
     assert math.isnan(stats.depth_summary(depths, [[True], [True, False], [True]])["acc"])  # unpaired
+
+
+def test_bootstrap_interval_of_a_mean_at_a_hand_computed_case():
+    """400 values, half 0 and half 1: mean 0.5, standard error 0.5 / sqrt(400) = 0.025, so the 95% percentile
+    interval is 0.5 +- 1.96 x 0.025 = [0.451, 0.549] up to resampling noise; reproducible by its seed."""
+    x = [0.0, 1.0] * 200
+    lo, hi = stats.mean_interval(x)
+    assert lo == pytest.approx(0.451, abs=0.006) and hi == pytest.approx(0.549, abs=0.006)
+    assert stats.mean_interval(x) == (lo, hi)
+    # 4x the values: half the width
+    lo4, hi4 = stats.mean_interval(x * 4)
+    assert (hi - lo) / (hi4 - lo4) == pytest.approx(2.0, rel=0.1)
+    assert all(math.isnan(v) for v in stats.mean_interval([1.0]))  # one value: no interval
+    assert all(math.isnan(v) for v in stats.mean_interval([1.0, float("nan")]))
+
+
+def test_lim_gap_interval_never_collapses_to_a_point():
+    """Every instance with the same gap (here 0: retrieved at every depth) gives no bootstrap spread; the
+    interval is bounded by the instances that could differ (Wilson's 0 of n), not [0, 0]."""
+    depths = [0.0, 0.5, 1.0]
+    s = stats.depth_summary(depths, [[True] * 20] * 3)
+    w = stats.wilson(0, 20)[1]
+    assert s["lim_gap"] == 0.0 and (s["lim_gap_lo"], s["lim_gap_hi"]) == (pytest.approx(-w), pytest.approx(w))
+    edge_only = stats.depth_summary(depths, [[True] * 20, [False] * 20, [True] * 20])  # gap 1 everywhere
+    assert edge_only["lim_gap"] == 1.0 and edge_only["lim_gap_lo"] == pytest.approx(1 - 2 * w)
+    assert edge_only["lim_gap_hi"] == 1.0
 
 
 def test_depth_summary_interval_at_all_wrong_or_all_right_is_wilson_over_instances():

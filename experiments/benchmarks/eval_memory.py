@@ -68,7 +68,7 @@ def run_case(a: argparse.Namespace) -> dict:
     model_cfg = {"n_layers": a.layers, "n_heads": a.heads, "d_model": a.d, "attn_chunk_size": a.chunk}
     torch.manual_seed(0)
     device = torch.device(a.device)
-    model = build_model(model_cfg, pe, a.vocab, a.train_length).eval().to(device)
+    model = build_model(model_cfg, pe, a.vocab, a.train_len).eval().to(device)
     tokens = torch.randint(0, a.vocab, (length + 1,)).to(device)
     sums, counts = (torch.zeros(length, dtype=torch.float64, device=device) for _ in range(2))
     rss_before = (status_kib("VmRSS") or 0) * 1024
@@ -79,7 +79,7 @@ def run_case(a: argparse.Namespace) -> dict:
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.dtype == "bf16")
     t0 = time.perf_counter()
     with torch.no_grad(), autocast:
-        nll, n = score_windows(model, tokens, [Window(0, length, 0)], 1, sums, counts)
+        (nll,), n = score_windows(model, tokens[None], [Window(0, length, 0)], 1, sums, counts)  # one block
     if cuda:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
@@ -113,7 +113,7 @@ def measure(scheme: str, length: int, a: argparse.Namespace) -> dict:
         str(length),
         *sizes.split(),
         "--train-len",
-        str(a.train_length),
+        str(a.train_len),
         "--device",
         a.device,
         "--dtype",

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 GROUP_BY = "pe.name"  # config key the runs are grouped by
-TRAINING_METRICS = ["train/loss", "val/ppl", "train/tokens_per_sec", "train/mfu", "train/lr"]
+TRAINING_METRICS = ["train/loss", "val/ppl", "val/ppl_lo", "val/ppl_hi", "train/tokens_per_sec", "train/mfu", "train/lr"]
 # Logged only where the device's peak FLOP/s is known (GPUs), never on CPU.
 DEVICE_DEPENDENT = {"train/mfu"}
 
@@ -142,13 +142,13 @@ def dashboard_spec(
     extrap = {
         "name": "Extrapolation",
         "panels": [
-            _bars(
-                "Perplexity by evaluation length (non-overlapping windows)",
-                select(keys, "extrap/ppl"),
-                group_by,
-            ),
-            _bars("ppl@L / ppl@training length", select(keys, "extrap/ppl_ratio"), group_by),
-            _bars("Perplexity, sliding windows", select(keys, "extrap/ppl_sliding"), group_by),
+            _bars("Perplexity by evaluation length (non-overlapping windows) with its 95% interval",
+                  interleave(keys, ["extrap/ppl_lo", "extrap/ppl", "extrap/ppl_hi"]), group_by),
+            _bars("ppl@L / ppl@training length with its 95% interval",
+                  interleave(keys, ["extrap/ppl_ratio_lo", "extrap/ppl_ratio", "extrap/ppl_ratio_hi"]), group_by),
+            _bars("Perplexity, sliding windows, with its 95% interval",
+                  interleave(keys, ["extrap/ppl_sliding_lo", "extrap/ppl_sliding", "extrap/ppl_sliding_hi"]),
+                  group_by),
             _bars("Bits per byte", select(keys, "extrap/bpb"), group_by),
             _media("ppl vs length (per run)", ["plots/ppl_vs_length"]),
             _media("Loss by position (per run)", ["plots/loss_by_position"]),

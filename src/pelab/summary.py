@@ -76,7 +76,7 @@ def command_line() -> str:
 
 
 # -- the result table printed at the end of a run -----------------------------------------------------
-_EXTRAP = re.compile(r"^extrap/(?:(?P<variant>[^/]+)/)?(?P<stat>ppl|ppl_ratio|ppl_sliding)@(?P<length>\d+)$")
+_EXTRAP = re.compile(r"^extrap/(?:(?P<variant>[^/]+)/)?(?P<stat>ppl(?:_ratio|_sliding)?(?:_lo|_hi)?)@(?P<length>\d+)$")
 _PROBE = re.compile(r"^probe/(?:(?P<variant>[^/]+)/)?(?P<kind>[^/]+)/(?P<stat>acc|acc_lo|acc_hi|n)@(?P<length>\d+)$")
 
 
@@ -129,6 +129,13 @@ def _retrieval_lines(summary: dict, m: dict) -> list[str]:
     return out
 
 
+def _interval(values: dict, lo: str, hi: str, width: int = 0) -> str:
+    """`[lo, hi]` of two entries of `values` ('' when either is missing or not a number)."""
+    a, b = _num(values.get(lo)), _num(values.get(hi))
+    text = "" if "n/a" in (a, b) else f"[{a}, {b}]"
+    return f"{text:<{width}}" if width else text
+
+
 def result_table(summary: dict) -> str:
     """The few lines a run ends with: val ppl; ppl, ratio (and sliding ppl) at each evaluated length; probe
     accuracy per kind and length with its interval and n where the metrics have them; the run folder and
@@ -141,8 +148,9 @@ def result_table(summary: dict) -> str:
         lines.append(f"  extended from {parent.get('name')} (step {parent.get('step')}, trained at "
                      f"L={parent.get('train_length')}): {parent.get('path')}")
     if "val/ppl" in m:
-        lines.append(f"  val/ppl {_num(m['val/ppl'])}" + (f"  (val/loss {_num(m['val/loss'], '.4f')})"
-                                                          if "val/loss" in m else ""))
+        lines.append(f"  val/ppl {_num(m['val/ppl'])}" + (f" {_interval(m, 'val/ppl_lo', 'val/ppl_hi')}"
+                                                          if "val/ppl_lo" in m else "")
+                     + (f"  (val/loss {_num(m['val/loss'], '.4f')})" if "val/loss" in m else ""))
     extrap: dict[tuple[str, int], dict[str, Any]] = {}
     probes: dict[tuple[str, str, int], dict[str, Any]] = {}
     for key, value in m.items():
@@ -152,10 +160,17 @@ def result_table(summary: dict) -> str:
             probes.setdefault((p["variant"] or "", p["kind"], int(p["length"])), {})[p["stat"]] = value
     if extrap:
         named = any(v for v, _ in extrap)
-        lines.append("  " + ("scaling      " if named else "") + "length       ppl   ratio   sliding")
+        ex = (summary.get("evaluation") or {}).get("extrapolation") or {}
+        if ex.get("blocks"):
+            lines.append(f"  {ex.get('split')} split: {ex['blocks']} blocks of {max(ex.get('lengths') or [0])} "
+                         "tokens; [95% interval], bootstrap over blocks")
+        lines.append("  " + ("scaling      " if named else "") + "length       ppl [95% interval]        ratio"
+                     " [95% interval]   sliding")
         for (variant, length), s in sorted(extrap.items()):
-            lines.append("  " + (f"{variant or '-':<12} " if named else "") + f"{length:>6} {_num(s.get('ppl')):>9}"
-                         f" {_num(s.get('ppl_ratio')):>7} {_num(s.get('ppl_sliding')):>9}")
+            ppl = f"{_num(s.get('ppl')):>9} {_interval(s, 'ppl_lo', 'ppl_hi', 18)}"
+            ratio = f"{_num(s.get('ppl_ratio')):>6} {_interval(s, 'ppl_ratio_lo', 'ppl_ratio_hi', 14)}"
+            lines.append("  " + (f"{variant or '-':<12} " if named else "") + f"{length:>6} {ppl} {ratio}"
+                         f" {_num(s.get('ppl_sliding')):>9}")
     if probes:
         named = any(v for v, _, _ in probes)
         counts = {v: _probe_counts(summary, v) for v, _, _ in probes}

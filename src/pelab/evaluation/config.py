@@ -26,7 +26,8 @@ class DiagnosticsConfig:
 @dataclass
 class EvalConfig:
     lengths: list[float]
-    tokens: int
+    tokens: int | None  # null = the whole split
+    seed: int  # draws the evaluation blocks (independent of the training seed)
     stride: int | None
     protocols: list[str]
     split: str
@@ -59,7 +60,9 @@ def check_lengths(key: str, lengths: Any, train_length: int) -> None:
 
 def check_eval(e: DictConfig, train_length: int) -> None:
     check_lengths("eval.lengths", e.lengths, train_length)
-    need(e.tokens >= 1, "eval.tokens", e.tokens, "must be a positive number of tokens.")
+    need(e.tokens is None or e.tokens >= 1, "eval.tokens", e.tokens,
+         "must be a positive number of tokens, or null (the whole split).")
+    need(e.seed >= 0, "eval.seed", e.seed, "must be >= 0.")
     need(e.stride is None or e.stride >= 1, "eval.stride", e.stride, "must be >= 1 or null (= data.seq_len).")
     need(len(e.protocols) > 0 and set(e.protocols) <= set(PROTOCOLS), "eval.protocols", e.protocols,
          f"must be a non-empty list of {show(PROTOCOLS)}.")

@@ -1,6 +1,9 @@
 """Length extrapolation: perplexity beyond the training window (ALiBi-paper protocols).
 
-Two protocols over one fixed evaluation span of N tokens (N + 1 with the last target):
+The evaluation text is K blocks of N tokens (N + 1 with the last target), N the longest evaluated length:
+``spread_blocks`` draws them at random places of the whole split (a fixed ``eval.seed``, so every run of a
+study scores the same blocks; disjoint; a block may cross a document boundary, as the training windows do).
+Two protocols over each block:
 
 * ``nonoverlap`` -- the span is cut into independent windows of L tokens; every token is scored
   once and sees context back to its window start only (the "early token curse").
@@ -8,9 +11,11 @@ Two protocols over one fixed evaluation span of N tokens (N + 1 with the last ta
   window re-encodes L - S tokens of context and scores only its last S tokens. S = L is exactly
   ``nonoverlap``; S = 1 is the strictest (and slowest) setting.
 
-Every length and protocol scores the *same* N target tokens (``tokens[1:N+1]``), so the curves are
-comparable across lengths and across runs. NLL is summed in fp32 from ``F.cross_entropy`` (never
-softmax-then-log, which turns peaked logits into inf) and accumulated in float64.
+Every length and protocol scores the *same* K x N target tokens, so the curves are comparable across lengths
+and across runs, and lengths are paired block by block. NLL is summed in fp32 from ``F.cross_entropy`` (never
+softmax-then-log, which turns peaked logits into inf) per block, in float64. The 95% interval of a perplexity
+is a bootstrap over the blocks (the independent unit: tokens of one block are correlated), that of a ratio
+ppl@L / ppl@train_length a paired bootstrap of the blocks' differences (``pelab.evaluation.stats``).
 
 Each window is an independent sequence at positions ``0..len-1`` (``model(idx)`` with ``start=0``).
 A model whose encoding cannot represent a length (learned absolute positions past their table)
@@ -25,11 +30,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from pelab.encodings import PositionOutOfRange
+from pelab.evaluation import stats
 from pelab.evaluation.common import evaluating, model_device, not_applicable_note, safe_exp, windows_per_batch
 from pelab.summary import json_safe
 
@@ -74,18 +81,29 @@ def resolve_lengths(lengths: Sequence[int | float], train_length: int) -> list[i
     return sorted(out)
 
 
-def eval_token_budget(eval_tokens: int, lengths: Sequence[int]) -> int:
-    """Number N of scored tokens: ``eval_tokens`` rounded up to a multiple of the longest length, and at
-    least one window of it. Fetch N + 1 tokens (the extra one is the last target).
+def blocks_for_budget(eval_tokens: int | None, block_length: int) -> int | None:
+    """Blocks of ``block_length`` scored tokens for a budget of ``eval_tokens`` (rounded up, at least one);
+    None = the whole split."""
+    if eval_tokens is None:
+        return None
+    return max(1, -(-int(eval_tokens) // int(block_length)))
 
-    Lengths that do not divide N get a shorter last window in ``nonoverlap`` (see ``window_plan``);
-    every token is still scored exactly once.
-    """
-    if not lengths:
-        raise ValueError("eval_token_budget needs at least one length")
-    l_max = max(int(x) for x in lengths)
-    n = max(int(eval_tokens), 1)
-    return max(-(-n // l_max) * l_max, l_max)
+
+def spread_blocks(tokens: Any, block_length: int, n_blocks: int | None, seed: int) -> tuple[torch.Tensor, np.ndarray]:
+    """K blocks of ``block_length + 1`` tokens drawn at random places of ``tokens`` (a split's stream), in stream
+    order: (K, block_length + 1) int64 and their start offsets (K,). The split is cut into slots of
+    ``block_length`` tokens (a block's last target is the next slot's first input, so the blocks' scored tokens
+    never overlap) and ``n_blocks`` slots are drawn without replacement by ``seed``; None, or more than there
+    are: every slot, i.e. the whole split scored as one contiguous stream."""
+    n = len(tokens)
+    slots = (n - 1) // block_length
+    if slots < 1:
+        raise ValueError(f"the evaluation split has {n} tokens, fewer than one block of {block_length + 1}")
+    k = slots if n_blocks is None else min(int(n_blocks), slots)
+    chosen = np.arange(slots) if k == slots else np.sort(np.random.default_rng(seed).choice(slots, k, replace=False))
+    starts = chosen * block_length
+    idx = starts[:, None] + np.arange(block_length + 1)  # (K, N + 1)
+    return torch.from_numpy(np.asarray(tokens[idx.ravel()], dtype=np.int64).reshape(idx.shape)), starts
 
 
 @dataclass(frozen=True)
@@ -139,7 +157,7 @@ def window_plan(n_tokens: int, length: int, stride: int | None = None) -> list[W
 
 @dataclass
 class ExtrapolationCell:
-    """Summed NLL over the scored tokens at one (length, protocol)."""
+    """Summed NLL over the scored tokens at one (length, protocol), in total and per block."""
 
     length: int
     protocol: str
@@ -147,6 +165,7 @@ class ExtrapolationCell:
     nll_sum: float = 0.0
     n_tokens: int = 0
     note: str = ""
+    block_nll: list[float] = field(default_factory=list)  # summed NLL of each block (each scores the same count)
 
     @property
     def nll(self) -> float:
@@ -156,6 +175,21 @@ class ExtrapolationCell:
     @property
     def ppl(self) -> float:
         return safe_exp(self.nll)
+
+    def block_means(self) -> np.ndarray:
+        """Mean NLL of each block (nats per token)."""
+        k = len(self.block_nll)
+        return np.asarray(self.block_nll, dtype=float) / (self.n_tokens / k) if k and self.n_tokens else np.array([])
+
+    def interval(self) -> tuple[float, float]:
+        """95% bootstrap interval of the perplexity over the blocks (NaN with fewer than two blocks)."""
+        lo, hi = stats.mean_interval(self.block_means())
+        return safe_exp(lo), safe_exp(hi)
+
+    def relative_se(self) -> float:
+        """Standard error of the perplexity relative to it (= that of the mean NLL, delta method), over blocks."""
+        m = self.block_means()
+        return float(m.std(ddof=1) / math.sqrt(m.size)) if m.size > 1 else float("nan")
 
     def bpb(self, bytes_per_token: float | None) -> float:
         """Bits per byte = mean NLL / ln 2 / (bytes per token)."""
@@ -170,8 +204,11 @@ class ExtrapolationResult:
     lengths: list[int]
     protocols: tuple[str, ...]
     stride: int  # requested sliding stride (per length it is min(stride, L))
-    n_tokens: int  # N, scored tokens per (length, protocol)
+    n_tokens: int  # scored tokens per (length, protocol): blocks x block length
     bytes_per_token: float | None = None
+    blocks: int = 1  # K, the bootstrap's unit
+    split: str | None = None  # where the blocks come from (eval.split)
+    seed: int | None = None  # eval.seed, which drew them
     cells: dict[tuple[int, str], ExtrapolationCell] = field(default_factory=dict)
     # Mean NLL by token position 0..L-1 over the nonoverlap windows at `loss_by_position_length`
     # (the longest length that could be evaluated; None if none could).
@@ -201,31 +238,48 @@ class ExtrapolationResult:
             return float("nan") if math.isinf(val) else 0.0
         return val / base if base > 0 else float("nan")
 
+    def ratio_interval(self, length: int) -> tuple[float, float]:
+        """95% interval of ppl@L / ppl@train_length: a bootstrap of the blocks' paired NLL differences (none at
+        the training length itself, where the ratio is 1 by definition)."""
+        if length == self.train_length:
+            return float("nan"), float("nan")
+        a, b = self.cells.get((length, "nonoverlap")), self.cells.get((self.train_length, "nonoverlap"))
+        if a is None or b is None or not a.n_tokens or not b.n_tokens:
+            return float("nan"), float("nan")
+        lo, hi = stats.mean_interval(a.block_means() - b.block_means())
+        return safe_exp(lo), safe_exp(hi)
+
     def ppl_by_length(self, protocol: str = "nonoverlap") -> dict[int, float]:
         """{length: ppl} for plots (``plots.plot_ppl_vs_length``)."""
         return {L: self.ppl(L, protocol) for L in self.lengths if (L, protocol) in self.cells}
 
     def metrics(self) -> dict[str, float]:
-        """Dashboard scalars: ``extrap/ppl@{L}`` (nonoverlap), ``extrap/ppl_sliding@{L}``,
-        ``extrap/bpb@{L}`` (nonoverlap; only when bytes_per_token is known), ``extrap/ppl_ratio@{L}``.
-        Not-applicable lengths give NaN; a diverged model gives inf."""
+        """Dashboard scalars: ``extrap/ppl@{L}`` (nonoverlap) with ``extrap/ppl_lo@{L}`` / ``_hi`` (its 95%
+        interval), ``extrap/ppl_sliding@{L}`` (+ ``_lo`` / ``_hi``), ``extrap/bpb@{L}`` (nonoverlap; only when
+        bytes_per_token is known), ``extrap/ppl_ratio@{L}`` (+ ``_lo`` / ``_hi``). Not-applicable lengths
+        give NaN; a diverged model gives inf."""
         m: dict[str, float] = {}
         for L in self.lengths:
             if (L, "nonoverlap") in self.cells:
                 c = self.cells[(L, "nonoverlap")]
                 m[f"extrap/ppl@{L}"] = c.ppl
+                m[f"extrap/ppl_lo@{L}"], m[f"extrap/ppl_hi@{L}"] = c.interval()
                 if self.bytes_per_token:
                     m[f"extrap/bpb@{L}"] = c.bpb(self.bytes_per_token)
                 m[f"extrap/ppl_ratio@{L}"] = self.ppl_ratio(L)
+                m[f"extrap/ppl_ratio_lo@{L}"], m[f"extrap/ppl_ratio_hi@{L}"] = self.ratio_interval(L)
             if (L, "sliding") in self.cells:
-                m[f"extrap/ppl_sliding@{L}"] = self.cells[(L, "sliding")].ppl
+                c = self.cells[(L, "sliding")]
+                m[f"extrap/ppl_sliding@{L}"] = c.ppl
+                m[f"extrap/ppl_sliding_lo@{L}"], m[f"extrap/ppl_sliding_hi@{L}"] = c.interval()
             if self.parent_train_length and (L, "nonoverlap") in self.cells:  # e.g. extrap/ppl@parent_x4
                 m[f"extrap/ppl@parent_x{self.x_parent(L):g}"] = self.cells[(L, "nonoverlap")].ppl
         return m
 
     def rows(self) -> list[dict[str, Any]]:
-        """One row per (length, protocol) for a W&B table: length, protocol, ppl, bpb, nll, n_tokens,
-        note (NaN floats where not applicable)."""
+        """One row per (length, protocol) for a W&B table: length, protocol, ppl with its 95% interval
+        (ppl_lo, ppl_hi) and relative standard error (se), bpb, nll, n_tokens, note (NaN where not
+        applicable)."""
         out = []
         for L in self.lengths:
             for p in self.protocols:
@@ -238,6 +292,9 @@ class ExtrapolationResult:
                         **({"x_parent": self.x_parent(L)} if self.parent_train_length else {}),
                         "protocol": p,
                         "ppl": c.ppl,
+                        "ppl_lo": c.interval()[0],
+                        "ppl_hi": c.interval()[1],
+                        "se": c.relative_se(),  # standard error relative to ppl
                         "bpb": c.bpb(self.bytes_per_token),
                         "nll": c.nll,
                         "n_tokens": c.n_tokens,
@@ -256,9 +313,15 @@ class ExtrapolationResult:
                 "protocols": list(self.protocols),
                 "stride": self.stride,
                 "n_tokens": self.n_tokens,
+                "blocks": self.blocks,
+                "split": self.split,
+                "seed": self.seed,
+                "interval": "95% percentile bootstrap over blocks",
                 "bytes_per_token": self.bytes_per_token,
                 "metrics": self.metrics(),
                 "rows": self.rows(),
+                # per-block NLL sums of every cell: runs evaluated on the same blocks (eval.seed) pair block by block
+                "block_nll": {f"{p}@{L}": c.block_nll for (L, p), c in self.cells.items() if c.block_nll},
                 "loss_by_position_length": self.loss_by_position_length,
                 "loss_by_position": list(self.loss_by_position),
             }
@@ -269,51 +332,48 @@ class ExtrapolationResult:
 # the evaluation
 
 
-def _batches(plan: list[Window], per_batch: int) -> Iterator[list[Window]]:
-    """Consecutive windows of equal shape (length and scored count) grouped into batches."""
-    batch: list[Window] = []
-    for w in plan:
-        if batch and (
-            len(batch) >= per_batch or (w.length, w.n_scored) != (batch[0].length, batch[0].n_scored)
-        ):
+def _batches(items: list[tuple[int, Window]], per_batch: int) -> Iterator[list[tuple[int, Window]]]:
+    """Consecutive (block, window) items of equal window shape (length and scored count) grouped into batches."""
+    batch: list[tuple[int, Window]] = []
+    for item in items:
+        w, first = item[1], batch[0][1] if batch else None
+        if batch and (len(batch) >= per_batch or (w.length, w.n_scored) != (first.length, first.n_scored)):
             yield batch
             batch = []
-        batch.append(w)
+        batch.append(item)
     if batch:
         yield batch
 
 
 def score_windows(
     model: nn.Module,
-    tokens: torch.Tensor,
+    blocks: torch.Tensor,
     plan: list[Window],
     per_batch: int,
     position_sums: torch.Tensor | None = None,
     position_counts: torch.Tensor | None = None,
-) -> tuple[float, int]:
-    """Summed NLL (float64) and count over the scored targets of ``plan``. Optionally accumulates the
-    per-position NLL of every window into ``position_sums/counts`` (indexed by position in window).
-    Call under ``torch.no_grad()`` with the model in eval mode."""
-    nll_sum, count = 0.0, 0
-    for batch in _batches(plan, per_batch):
-        T, n_s = batch[0].length, batch[0].n_scored
-        idx = torch.stack([tokens[w.start : w.end] for w in batch])  # (B, T)
-        tgt = torch.stack([tokens[w.start + 1 : w.end + 1] for w in batch])  # (B, T)
+) -> tuple[list[float], int]:
+    """Summed NLL of each block (float64) and the count per block over the scored targets of ``plan``, the
+    same windows in every block of ``blocks`` (K, N + 1). Optionally accumulates the per-position NLL of every
+    window into ``position_sums/counts`` (indexed by position in window). Call under ``evaluating(model)``."""
+    sums = [0.0] * blocks.shape[0]
+    items = [(k, w) for w in plan for k in range(blocks.shape[0])]  # window-major: same shapes are adjacent
+    for batch in _batches(items, per_batch):
+        T, n_s = batch[0][1].length, batch[0][1].n_scored
+        idx = torch.stack([blocks[k, w.start : w.end] for k, w in batch])  # (B, T)
+        tgt = torch.stack([blocks[k, w.start + 1 : w.end + 1] for k, w in batch])  # (B, T)
         logits = model(idx)  # (B, T, V), positions 0..T-1
-        for b in range(len(batch)):  # one window at a time: the log-softmax temporary stays (T, V)
+        for b, (k, _) in enumerate(batch):  # one window at a time: the log-softmax temporary stays (T, V)
             if position_sums is not None:
                 nll = F.cross_entropy(logits[b].float(), tgt[b], reduction="none")  # (T,)
                 position_sums[:T] += nll.double()
                 position_counts[:T] += 1
-                nll_sum += float(nll[T - n_s :].double().sum())
+                sums[k] += float(nll[T - n_s :].double().sum())
             else:
                 # only the scored suffix is needed; fp32 log-softmax inside cross_entropy
-                nll_sum += float(
-                    F.cross_entropy(logits[b, T - n_s :].float(), tgt[b, T - n_s :], reduction="sum")
-                )
+                sums[k] += float(F.cross_entropy(logits[b, T - n_s :].float(), tgt[b, T - n_s :], reduction="sum"))
         del logits
-        count += len(batch) * n_s
-    return nll_sum, count
+    return sums, sum(w.n_scored for w in plan)
 
 
 def evaluate_extrapolation(
@@ -328,11 +388,11 @@ def evaluate_extrapolation(
     protocols: Sequence[str] = PROTOCOLS,
     batch_tokens: int | None = 16384,
 ) -> ExtrapolationResult:
-    """Perplexity at each length (absolute token counts; see ``resolve_lengths``) on one span.
+    """Perplexity at each length (absolute token counts; see ``resolve_lengths``) on the same blocks.
 
-    ``tokens``: LongTensor (N + 1,) -- N scored targets (use ``eval_token_budget`` for N). The training
-    length is always evaluated too (``ppl_ratio`` needs it). ``stride``: sliding stride, default the
-    training length (clamped to L for L < stride, which makes sliding = nonoverlap there).
+    ``tokens``: LongTensor (K, N + 1) -- K blocks of N scored targets (``spread_blocks``), or (N + 1,), one
+    block. The training length is always evaluated too (``ppl_ratio`` needs it). ``stride``: sliding stride,
+    default the training length (clamped to L for L < stride, which makes sliding = nonoverlap there).
     ``batch_size`` windows per forward at most, and at most ``batch_tokens // L`` (memory bound).
     Runs under ``evaluating(model)`` (eval mode, no grad; the previous mode restored).
     """
@@ -340,10 +400,11 @@ def evaluate_extrapolation(
     for p in protocols:
         if p not in PROTOCOLS:
             raise ValueError(f"unknown eval.protocols entry {p!r}; known: {list(PROTOCOLS)}")
-    tokens = torch.as_tensor(tokens).long().flatten()
-    n = tokens.numel() - 1
-    if n < 1:
-        raise ValueError("evaluate_extrapolation needs at least 2 tokens (N + 1)")
+    blocks = torch.as_tensor(tokens).long()
+    blocks = blocks[None] if blocks.dim() == 1 else blocks  # (K, N + 1)
+    n = blocks.shape[1] - 1
+    if n < 1 or blocks.dim() != 2:
+        raise ValueError("evaluate_extrapolation needs (N + 1,) or (K, N + 1) tokens with N >= 1")
     stride = int(stride) if stride is not None else int(train_length)
     if stride < 1:
         raise ValueError(f"eval.stride must be >= 1, got {stride}")
@@ -352,14 +413,15 @@ def evaluate_extrapolation(
         raise ValueError(f"eval lengths must be >= 1, got {lens}")
 
     device = torch.device(device) if device is not None else model_device(model)
-    tokens = tokens.to(device)
+    blocks = blocks.to(device)
     result = ExtrapolationResult(
         train_length=int(train_length),
         lengths=lens,
         protocols=protocols,
         stride=stride,
-        n_tokens=n,
+        n_tokens=n * blocks.shape[0],
         bytes_per_token=bytes_per_token,
+        blocks=int(blocks.shape[0]),
     )
 
     with evaluating(model):
@@ -378,18 +440,15 @@ def evaluate_extrapolation(
                 sums = torch.zeros(L, dtype=torch.float64, device=device) if track else None
                 counts = torch.zeros(L, dtype=torch.float64, device=device) if track else None
                 try:
-                    cell.nll_sum, cell.n_tokens = score_windows(
-                        model,
-                        tokens,
-                        window_plan(n, L, None if p == "nonoverlap" else s),
-                        per_batch,
-                        sums,
-                        counts,
+                    block_nll, per_block = score_windows(
+                        model, blocks, window_plan(n, L, None if p == "nonoverlap" else s), per_batch, sums, counts
                     )
                 except PositionOutOfRange as exc:
                     note = not_applicable_note(exc)
-                    cell.nll_sum, cell.n_tokens, cell.note = 0.0, 0, note
+                    cell.note = note
                     continue
+                cell.block_nll, cell.n_tokens = block_nll, per_block * len(block_nll)
+                cell.nll_sum = math.fsum(block_nll) if len(block_nll) > 1 else block_nll[0]
                 if track and (
                     result.loss_by_position_length is None or L > result.loss_by_position_length
                 ):

@@ -1,5 +1,7 @@
-"""Statistics of probe accuracies: Wilson intervals, the lost-in-the-middle gap with an interval, effective
-length, area under accuracy vs log-length, and McNemar's exact test for paired comparisons.
+"""The statistics of every reported number, from ``scipy.stats``: Wilson intervals of probe accuracies, the
+lost-in-the-middle gap with an interval, bootstrap intervals of means (perplexities over evaluation blocks),
+McNemar's exact test for paired probe comparisons; plus effective length and the area under accuracy vs
+log-length.
 
 Every probe instance is a Bernoulli outcome (retrieved or not). A cell (kind, depth, length) holds n
 independent instances, so its accuracy gets a Wilson score interval (Wilson 1927; good coverage at small n
@@ -18,22 +20,35 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+import scipy.stats
 
-Z95 = 1.959963984540054  # the 0.975 quantile of the standard normal
+LEVEL = 0.95  # every interval reported is a 95% interval
+N_RESAMPLES = 2000  # bootstrap resamples: the interval ends move by ~1% of its width between seeds
 
 
-def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval (95% by default) of a proportion k / n; (nan, nan) when n == 0."""
+def wilson(k: int, n: int, level: float = LEVEL) -> tuple[float, float]:
+    """Wilson score interval of a proportion k / n (``scipy.stats.binomtest(...).proportion_ci``); (nan, nan)
+    when n == 0. At k = 0 (k = n) the lower (upper) end is exactly 0 (1)."""
     if n <= 0:
         return float("nan"), float("nan")
     if not 0 <= k <= n:
         raise ValueError(f"wilson: need 0 <= k <= n, got k={k}, n={n}")
-    p, z2 = k / n, z * z
-    denom = 1 + z2 / n
-    center = (p + z2 / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
-    # at k = 0 (k = n) the lower (upper) bound is exactly 0 (1); the formula leaves a rounding residue
-    return (0.0 if k == 0 else max(0.0, center - half)), (1.0 if k == n else min(1.0, center + half))
+    ci = scipy.stats.binomtest(int(k), int(n)).proportion_ci(confidence_level=level, method="wilson")
+    return (0.0 if k == 0 else float(ci.low)), (1.0 if k == n else float(ci.high))
+
+
+def mean_interval(values: Sequence[float], level: float = LEVEL, seed: int = 0,
+                  n_resamples: int = N_RESAMPLES) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of independent ``values`` (``scipy.stats.bootstrap``, a fixed
+    seed: reproducible). (nan, nan) with fewer than two values or a non-finite one: no interval can be had."""
+    x = np.asarray(values, dtype=float)
+    if x.size < 2 or not np.isfinite(x).all():
+        return float("nan"), float("nan")
+    if np.all(x == x[0]):
+        return float(x[0]), float(x[0])  # scipy warns on a degenerate sample; callers bound this case
+    res = scipy.stats.bootstrap((x,), np.mean, confidence_level=level, n_resamples=n_resamples,
+                                method="percentile", rng=np.random.default_rng(seed))
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
 def edge_mask(depths: Sequence[float]) -> np.ndarray | None:
@@ -45,29 +60,13 @@ def edge_mask(depths: Sequence[float]) -> np.ndarray | None:
     return (d == d.min()) | (d == d.max())
 
 
-def paired_bootstrap(scores: Sequence[float], n_boot: int = 2000, seed: int = 0, level: float = 0.95
-                     ) -> tuple[float, float]:
-    """Percentile interval of the mean of per-instance ``scores`` over ``n_boot`` resamples of the
-    instances. Degenerate (a point) when every instance has the same score, e.g. all retrieved: read it
-    with the cells' Wilson intervals, which do not collapse."""
-    s = np.asarray(scores, dtype=float)
-    if s.size == 0 or not np.isfinite(s).all():
-        return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    means = s[rng.integers(0, s.size, size=(n_boot, s.size))].mean(axis=1)
-    a = (1 - level) / 2
-    lo, hi = np.quantile(means, [a, 1 - a])
-    return float(lo), float(hi)
-
-
-def depth_summary(depths: Sequence[float], outcomes: Sequence[Sequence[bool]], n_boot: int = 2000,
-                  seed: int = 0) -> dict[str, float]:
+def depth_summary(depths: Sequence[float], outcomes: Sequence[Sequence[bool]], seed: int = 0) -> dict[str, float]:
     """Mean accuracy over depths and the lost-in-the-middle gap, each with a paired-bootstrap 95% interval.
 
     ``outcomes[i][j]``: instance j at depth ``depths[i]`` (the same instance j at every depth). The gap is
     the mean accuracy at the two edge depths minus the mean at the interior depths (positive = lost in the
     middle), which is the mean over instances of (mean edge outcome - mean interior outcome): the bootstrap
-    resamples those per-instance differences. Keys: acc, acc_lo, acc_hi, lim_gap, lim_gap_lo, lim_gap_hi
+    resamples those per-instance differences (all equal: ``uniform_gap_interval``). Keys: acc, acc_lo, acc_hi, lim_gap, lim_gap_lo, lim_gap_hi
     (NaN where undefined: fewer than 3 depths for the gap, no instances, or unequal instance counts)."""
     nan = float("nan")
     out = dict.fromkeys(("acc", "acc_lo", "acc_hi", "lim_gap", "lim_gap_lo", "lim_gap_hi"), nan)
@@ -82,13 +81,26 @@ def depth_summary(depths: Sequence[float], outcomes: Sequence[Sequence[bool]], n
         # Wilson interval of k of n instances bounds it instead.
         out["acc_lo"], out["acc_hi"] = wilson(int(mean[0]) * mean.size, mean.size)
     else:
-        out["acc_lo"], out["acc_hi"] = paired_bootstrap(mean, n_boot, seed)
+        out["acc_lo"], out["acc_hi"] = mean_interval(mean, seed=seed)
     edges = edge_mask(depths)
     if edges is not None:
         gap = x[edges].mean(axis=0) - x[~edges].mean(axis=0)
         out["lim_gap"] = float(gap.mean())
-        out["lim_gap_lo"], out["lim_gap_hi"] = paired_bootstrap(gap, n_boot, seed)
+        if gap.min() == gap.max():
+            out["lim_gap_lo"], out["lim_gap_hi"] = uniform_gap_interval(float(gap[0]), gap.size)
+        else:
+            out["lim_gap_lo"], out["lim_gap_hi"] = mean_interval(gap, seed=seed)
     return out
+
+
+def uniform_gap_interval(gap: float, n: int) -> tuple[float, float]:
+    """The interval of a mean of per-instance gaps in [-1, 1] when all n instances gave the same gap g (e.g.
+    0: every instance retrieved, or missed, at every depth). A bootstrap would claim no uncertainty; the
+    instances are the independent unit: the fraction w of instances whose gap differs from g is at most
+    Wilson's upper end for 0 of n, and each can move the mean towards -1 or 1, so the mean lies in
+    [g - w (g + 1), g + w (1 - g)]."""
+    w = wilson(0, n)[1]
+    return gap - w * (gap + 1.0), gap + w * (1.0 - gap)
 
 
 def effective_length(lengths: Sequence[int], accs: Sequence[float], threshold: float = 0.9) -> int | None:
@@ -114,18 +126,17 @@ def auc_log_length(lengths: Sequence[int], accs: Sequence[float], train_length: 
 
 
 def mcnemar(a: Sequence[bool], b: Sequence[bool]) -> dict[str, float]:
-    """McNemar's exact test of two paired outcome lists (the same instances scored by two models).
+    """McNemar's exact test of two paired outcome lists (the same instances scored by two models): a
+    two-sided binomial test of the discordant pairs at 1/2 (``scipy.stats.binomtest``).
 
-    Returns n (pairs), b01 (a wrong, b right), b10 (a right, b wrong) and the two-sided exact p-value
-    ``min(1, 2 * P(X <= min(b01, b10)))`` with X ~ Binomial(b01 + b10, 1/2); p = 1 without discordant pairs.
+    Returns n (pairs), b01 (a wrong, b right), b10 (a right, b wrong) and p; p = 1 without discordant pairs.
     """
     if len(a) != len(b):
         raise ValueError(f"mcnemar: paired outcomes need equal lengths, got {len(a)} and {len(b)}")
     b01 = sum(1 for x, y in zip(a, b) if not x and y)
     b10 = sum(1 for x, y in zip(a, b) if x and not y)
-    m = b01 + b10
-    tail = sum(math.comb(m, i) for i in range(min(b01, b10) + 1)) / 2**m
-    return {"n": len(a), "b01": b01, "b10": b10, "p": min(1.0, 2 * tail)}
+    p = scipy.stats.binomtest(b01, b01 + b10, 0.5).pvalue if b01 + b10 else 1.0
+    return {"n": len(a), "b01": b01, "b10": b10, "p": float(p)}
 
 
 def bits(outcomes: Sequence[bool]) -> str:

@@ -17,7 +17,8 @@ from omegaconf import DictConfig
 
 from pelab.evaluation.attention_stats import STATS, attention_diagnostics, by_length
 from pelab.evaluation.attention_stats import metrics as attention_metrics
-from pelab.evaluation.extrapolation import eval_token_budget, evaluate_extrapolation, resolve_lengths
+from pelab.errors import ConfigError
+from pelab.evaluation.extrapolation import blocks_for_budget, evaluate_extrapolation, resolve_lengths, spread_blocks
 from pelab.evaluation.plots import plot_loss_by_position, plot_ppl_vs_length, probe_figures, save_figure
 from pelab.evaluation.probes import OFFSET_KIND, run_probes
 from pelab.summary import json_safe
@@ -25,20 +26,27 @@ from pelab.summary import json_safe
 log = logging.getLogger(__name__)
 
 
-def eval_span(datamodule: Any, ecfg: Any, lengths: list[int]) -> torch.Tensor:
-    """The token span every length scores: N + 1 tokens of the eval split, N a multiple of the longest length."""
-    n = eval_token_budget(int(ecfg.tokens), lengths)
-    available = datamodule.n_tokens(ecfg.split) - 1
-    if n > available:
-        # Shrink to whole windows of the longest length that the split holds; too short -> a clear error.
-        n = (available // max(lengths)) * max(lengths)
-        if n <= 0:
-            raise ValueError(
-                f"eval.split={ecfg.split} has {available + 1} tokens, fewer than the longest eval length "
-                f"{max(lengths)}; lower eval.lengths or use a larger corpus."
-            )
-        log.warning("eval.tokens lowered to %d: the %s split holds no more whole windows", n, ecfg.split)
-    return datamodule.eval_tokens(ecfg.split, n + 1)
+def eval_blocks(datamodule: Any, ecfg: Any, lengths: list[int]) -> torch.Tensor:
+    """The blocks every length scores: `eval.tokens` (null: the whole split) in blocks of the longest length,
+    drawn over the whole `eval.split` by `eval.seed` (`spread_blocks`), (K, max(lengths) + 1)."""
+    block = max(lengths)
+    tokens = datamodule.eval_tokens(ecfg.split)  # the whole split, (n,) int64
+    check_eval_budget(ecfg, block, len(tokens))
+    blocks, _ = spread_blocks(tokens, block, blocks_for_budget(ecfg.get("tokens"), block), int(ecfg.get("seed", 0)))
+    return blocks
+
+
+def check_eval_budget(ecfg: Any, block: int, available: int) -> None:
+    """The evaluation budget against the split, once its size is known (before any training): one line naming
+    the setting to change."""
+    if available < block + 1:
+        raise ConfigError(f"eval.split={ecfg.split} has {available} tokens, fewer than one window of the longest "
+                          f"eval length {block} (+1); lower eval.lengths or use a larger corpus.")
+    budget = ecfg.get("tokens")
+    most = ((available - 1) // block) * block
+    if budget is not None and int(budget) > most:
+        raise ConfigError(f"eval.tokens={budget} is more than the {ecfg.split} split holds in windows of the longest "
+                          f"length {block} ({most} tokens); lower it, or set eval.tokens=null for the whole split.")
 
 
 def run_evaluation(
@@ -58,22 +66,25 @@ def run_evaluation(
     train_length = int(cfg.data.seq_len)
     ecfg, pcfg = cfg.eval, cfg.probes
     lengths = resolve_lengths(list(ecfg.lengths), train_length)
-    tokens = eval_span(datamodule, ecfg, lengths)
+    blocks = eval_blocks(datamodule, ecfg, lengths)
     device = next(model.parameters()).device
-    log.info("extrapolation: lengths %s on %d tokens", lengths, tokens.numel() - 1)
+    log.info("extrapolation: lengths %s on %d %s tokens (%d blocks of %d)", lengths, blocks[:, 1:].numel(),
+             ecfg.split, blocks.shape[0], blocks.shape[1] - 1)
     t0 = time.perf_counter()
     extrap = evaluate_extrapolation(
-        model, tokens, lengths, train_length,
+        model, blocks, lengths, train_length,
         stride=ecfg.get("stride"), device=device, bytes_per_token=datamodule.bytes_per_token,
         protocols=list(ecfg.protocols), batch_tokens=int(ecfg.batch_tokens),
     )
     seconds = {"extrapolation": time.perf_counter() - t0}
     extrap.parent_train_length = parent_train_length(cfg)
+    extrap.split, extrap.seed = str(ecfg.split), int(ecfg.get("seed", 0))
     metrics = extrap.metrics()
     attention = None
     dcfg = ecfg.get("diagnostics") or {}
     if dcfg.get("enabled"):
-        attention = attention_diagnostics(model, tokens, lengths, train_length, int(dcfg.get("windows", 2)))
+        text = blocks[:, :-1].reshape(-1)  # the blocks end to end: windows of a length dividing theirs stay inside
+        attention = attention_diagnostics(model, text, lengths, train_length, int(dcfg.get("windows", 2)))
         seconds["attention"] = attention["seconds"]
         log.info("attention diagnostics: %.2f s (extrapolation: %.2f s)", attention["seconds"],
                  seconds["extrapolation"])

@@ -26,10 +26,11 @@ import lightning.pytorch as L
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torchmetrics import SumMetric
+from torchmetrics import CatMetric, SumMetric
 
 from pelab.data.datamodule import IGNORE_INDEX, inputs_and_targets
 from pelab.errors import NonFiniteError
+from pelab.evaluation import stats
 from pelab.model import GPT, build_model
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class LMModule(L.LightningModule):
         # DDP-safe perplexity: sum fp32 NLL and token counts, reduce, then exp (no softmax-then-log).
         self.val_nll = SumMetric()
         self.val_tokens = SumMetric()
+        self.val_windows = CatMetric()  # mean NLL of each validation window, gathered over ranks
         self._compiled: torch.nn.Module | None = None
         self.start_step: int | None = None  # global step when fit began (> 0 after a resume)
         o = cfg["optim"]
@@ -244,16 +246,22 @@ class LMModule(L.LightningModule):
     # -- validation ------------------------------------------------------------------------------
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         x, y = batch[:, :-1], batch[:, 1:]
-        self.val_nll.update(self.nll(self(x), y, reduction="sum"))
+        logits = self(x)
+        self.val_nll.update(self.nll(logits, y, reduction="sum"))
         self.val_tokens.update(torch.tensor(float(y.numel()), device=self.device))
+        # per window, for the interval (the windows are spread over the split: the independent unit)
+        self.val_windows.update(self.nll(logits, y, reduction="none").view_as(y).float().mean(-1))
 
     def on_validation_epoch_end(self) -> None:
         nll, n = self.val_nll.compute(), self.val_tokens.compute()  # reduced over ranks
         loss = nll / n.clamp_min(1)
         self.log("val/loss", loss, sync_dist=False, rank_zero_only=False)
         self.log("val/ppl", torch.exp(loss.clamp(max=80.0)), prog_bar=True)
+        lo, hi = stats.mean_interval(self.val_windows.compute().double().cpu().numpy())  # 95%, bootstrap
+        self.log_dict({"val/ppl_lo": math.exp(min(lo, 80.0)), "val/ppl_hi": math.exp(min(hi, 80.0))})
         self.val_nll.reset()
         self.val_tokens.reset()
+        self.val_windows.reset()
 
     # -- optimisation ----------------------------------------------------------------------------
     def configure_optimizers(self) -> dict:

@@ -33,7 +33,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from pelab.errors import ConfigError, is_user_error
-from pelab.summary import command_line, result_table, versions, write_summary
+from pelab.provenance import launch_record, now, provenance
+from pelab.summary import command_line, read_summary, result_table, versions, write_summary
 from pelab.tasks.names import in_multirun, sweep_group
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class Task:
 
         if not wcfg or self.rank != 0:
             return None
+        config = {**config, "provenance": self.summary.get("provenance")}  # commit, machine: filterable in W&B
         self.run = init_wandb(wcfg, name=name, output_dir=self.output_dir, config=config,
                               group=wcfg.get("group") or sweep_group() or group, tags=tags, notes=notes)
         self.summary["wandb"] = init_info(self.run) if self.run else None
@@ -77,7 +79,12 @@ class Task:
         if self.rank == 0 and os.getpid() == self.pid:
             from pelab.model import attention_paths
 
-            self.summary["wall_seconds"] = round(time.time() - self.t0, 2)
+            self.summary["wall_seconds"] = round(time.time() - self.t0, 2)  # this launch
+            launches = self.summary.setdefault("launches", [])
+            if launches:
+                launches[-1].update(ended_at=now(), wall_seconds=self.summary["wall_seconds"],
+                                    status=self.summary["status"])
+            self.summary["wall_seconds_total"] = round(sum(x.get("wall_seconds") or 0 for x in launches), 2)
             # which attention path each scheme took in this process (a FlexAttention failure included)
             self.summary["attention"] = attention_paths()
             write_summary(self.output_dir, self.summary)
@@ -114,8 +121,10 @@ def run_task(output_dir: Path, *, rank: int = 0, signals: tuple[int, ...] = (), 
     quiet_third_party()
     reset_attention_paths()  # this job's attention paths only (a multirun runs its jobs in one process)
     output_dir.mkdir(parents=True, exist_ok=True)
-    summary: dict[str, Any] = {"status": "running", **fields, "output_dir": str(output_dir),
-                               "command": command_line(), "versions": versions()}
+    earlier = earlier_summary(output_dir) if rank == 0 else {}
+    summary: dict[str, Any] = {"status": "running", **carried(earlier), **fields, "output_dir": str(output_dir),
+                               "command": command_line(), "versions": versions(), "provenance": provenance(),
+                               "launches": [*earlier.get("launches", []), launch_record(command_line())]}
     task = Task(output_dir, summary, rank)
     task.save()
     with JobSignals(signals, quit_now=task.quit_now, hint=hint or RESUME_HINT) as job_signals:
@@ -135,6 +144,32 @@ def run_task(output_dir: Path, *, rank: int = 0, signals: tuple[int, ...] = (), 
             job_signals.finishing()  # a signal now ends the process at once, the summary written
             task.save()
             finish_wandb(task.run, exit_code=task.exit_code, preempted=summary["status"] == "preempted")
+
+
+# What a relaunch into the same run folder keeps from the summary the earlier launch left, until it knows
+# better: a relaunch that fails early still shows what the run had measured, beside its own failure.
+CARRIED = ("global_step", "metrics", "data", "model")
+
+
+def earlier_summary(output_dir: Path) -> dict[str, Any]:
+    """The summary.json an earlier launch of this run left in its folder ({} for a new run; an unreadable file
+    is set aside as summary.json.unreadable, never silently dropped)."""
+    path = output_dir / "summary.json"
+    if not path.is_file():
+        return {}
+    try:
+        return read_summary(path)
+    except (OSError, ValueError):
+        path.replace(path.with_name("summary.json.unreadable"))
+        log.warning("%s could not be read (kept as summary.json.unreadable); this launch starts a new record", path)
+        return {}
+
+
+def carried(earlier: dict[str, Any]) -> dict[str, Any]:
+    out = {k: earlier[k] for k in CARRIED if k in earlier}
+    if earlier:
+        out["earlier_status"] = earlier.get("status")
+    return out
 
 
 def cli_main(task_fn: Callable[[DictConfig], dict], cfg: DictConfig) -> dict:
