@@ -30,7 +30,8 @@ from pelab.data import (
     split_of,
 )
 from pelab.data.cache import verify_entry
-from pelab.data.corpora import SPLITS, StdlibCorpus, _wikitext_articles
+from pelab.data.corpora import SPLITS, StdlibCorpus
+from pelab.data.hf_corpus import _wikitext_articles
 from pelab.data.tokenizer import load_pretrained
 from pelab.harness.build import build_datamodule
 

@@ -5,7 +5,8 @@ does not pay for importing Lightning.
 """
 
 from pelab.data.cache import CacheDirError, CacheRebuildWarning, TokenCache, open_cache, resolve_cache_root
-from pelab.data.corpora import SPLITS, CorpusError, CorpusUnavailable, build_corpus, split_of
+from pelab.data.corpora import SPLITS, CorpusError, CorpusUnavailable, split_of
+from pelab.data.sources import build_corpus
 from pelab.data.tokenizer import EOT, ByteTokenizer, HFTokenizer, TokenizerError, make_tokenizer
 
 _LAZY = {"DataConfigError", "LMDataModule", "RecallMixer", "TrainWindows", "fixed_windows"}

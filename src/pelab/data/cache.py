@@ -36,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from pelab.data.corpora import SPLITS, Corpus, CorpusError
+from pelab.data.corpora import SPLITS, CorpusError
+from pelab.data.sources import Corpus
 from pelab.data.tokenizer import EOT, Tokenizer, load_tokenizer, make_tokenizer, tokenizer_fingerprint
 
 log = logging.getLogger(__name__)

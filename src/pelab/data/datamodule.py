@@ -46,7 +46,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 
 from pelab.data.cache import TokenCache, open_cache
 from pelab.data.config import LOADER_KEYS, check_reserved, loader_settings
-from pelab.data.corpora import SPLITS, build_corpus
+from pelab.data.corpora import SPLITS, to_plain
+from pelab.data.sources import build_corpus
 from pelab.data.tokenizer import tokenizer_fingerprint
 from pelab.errors import ConfigError
 
@@ -75,18 +76,6 @@ def inputs_and_targets(
 
 # Bad loader settings (seq_len, batch_size, recall_mix, ...): the package's one user-error class.
 DataConfigError = ConfigError
-
-
-def _plain(cfg: Any) -> Any:
-    """DictConfig -> dict (so the settings pickle into workers and hash stably)."""
-    try:
-        from omegaconf import OmegaConf
-
-        if OmegaConf.is_config(cfg):
-            return OmegaConf.to_container(cfg, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
-    return dict(cfg) if isinstance(cfg, Mapping) else cfg
 
 
 # ----------------------------------------------------------------------------- datasets
@@ -290,8 +279,8 @@ class LMDataModule(L.LightningDataModule):
         super().__init__()
         # The loader keys (pelab.data.config.LoaderConfig: seq_len, recall_mix, ...) come from the data config
         # (`source`), then keyword arguments; conf/data/_loader.yaml fills the rest. `batch_size`: per device.
-        source = _plain(source)
-        given = {**(source if isinstance(source, Mapping) else {}), **_plain(loader)}
+        source = to_plain(source)
+        given = {**(source if isinstance(source, Mapping) else {}), **to_plain(loader)}
         if batch_size is not None:
             given["batch_size"] = batch_size
         if isinstance(given.get("recall_kinds"), str):
@@ -302,13 +291,13 @@ class LMDataModule(L.LightningDataModule):
         settings = loader_settings(given)
         self.settings: dict[str, Any] = OmegaConf.to_container(settings)  # the loader keys, as used
         # pairs vs the reserved ids, before any data cost (the tokenizer config is not typed here).
-        check_reserved(tokenizer_fingerprint(_plain(tokenizer)), settings, probes=None)
+        check_reserved(tokenizer_fingerprint(to_plain(tokenizer)), settings, probes=None)
         self.recall_kinds = tuple(settings.recall_kinds)
         self.recall_key_len, self.recall_value_len = settings.recall_key_len, settings.recall_value_len
         self.recall_loss = settings.recall_loss
         self.recall_pairs = settings.recall_pairs
-        self.recall_curriculum = _plain(settings.recall_curriculum)
-        self.source_cfg, self.tokenizer_cfg = source, _plain(tokenizer)
+        self.recall_curriculum = to_plain(settings.recall_curriculum)
+        self.source_cfg, self.tokenizer_cfg = source, to_plain(tokenizer)
         self.seq_len, self.batch_size, self.seed = settings.seq_len, settings.batch_size, int(seed)
         self.cache_dir, self.val_windows = cache_dir, settings.val_windows
         self.val_batch_size = settings.val_batch_size or settings.batch_size
