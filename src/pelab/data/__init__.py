@@ -13,11 +13,15 @@ _LAZY = {"DataConfigError", "LMDataModule", "RecallMixer", "TrainWindows", "fixe
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
-        from pelab.data import datamodule
-
-        return getattr(datamodule, name)
-    raise AttributeError(f"module 'pelab.data' has no attribute {name!r}")
+    if name not in _LAZY:
+        raise AttributeError(f"module 'pelab.data' has no attribute {name!r}")
+    if name == "RecallMixer":
+        from pelab.data import mixer as module
+    elif name in ("TrainWindows", "fixed_windows"):
+        from pelab.data import windows as module
+    else:
+        from pelab.data import datamodule as module
+    return getattr(module, name)
 
 
 __all__ = [
