@@ -14,12 +14,8 @@ import pytest
 import torch
 
 from conftest import compose
-from pelab.data.datamodule import (
-    IGNORE_INDEX,
-    DataConfigError,
-    LMDataModule,
-    inputs_and_targets,
-)
+from pelab.data.batch import IGNORE_INDEX, inputs_and_targets
+from pelab.data.datamodule import DataConfigError, LMDataModule
 from pelab.data.recall import make_probe_samples
 from pelab.harness.build import build_datamodule
 from pelab.harness.module import two_means

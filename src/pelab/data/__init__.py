@@ -5,18 +5,23 @@ does not pay for importing Lightning.
 """
 
 from pelab.data.cache import CacheDirError, CacheRebuildWarning, TokenCache, open_cache, resolve_cache_root
-from pelab.data.corpora import SPLITS, CorpusError, CorpusUnavailable, build_corpus, split_of
+from pelab.data.corpora import SPLITS, CorpusError, CorpusUnavailable, split_of
+from pelab.data.sources import build_corpus
 from pelab.data.tokenizer import EOT, ByteTokenizer, HFTokenizer, TokenizerError, make_tokenizer
 
 _LAZY = {"DataConfigError", "LMDataModule", "RecallMixer", "TrainWindows", "fixed_windows"}
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
-        from pelab.data import datamodule
-
-        return getattr(datamodule, name)
-    raise AttributeError(f"module 'pelab.data' has no attribute {name!r}")
+    if name not in _LAZY:
+        raise AttributeError(f"module 'pelab.data' has no attribute {name!r}")
+    if name == "RecallMixer":
+        from pelab.data import mixer as module
+    elif name in ("TrainWindows", "fixed_windows"):
+        from pelab.data import windows as module
+    else:
+        from pelab.data import datamodule as module
+    return getattr(module, name)
 
 
 __all__ = [

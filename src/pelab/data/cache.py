@@ -15,7 +15,8 @@ records the reserved id ranges as `reserved`). A build writes into a temp folder
 and renames it into place, so a crash never leaves a half cache and never touches a good one.
 Loading checks every file's size and whole-file sha256; a bad cache warns, naming the file, and is rebuilt.
 A file is hashed again only when its (size, mtime, inode) differs from `verified.json` (any write changes its
-mtime), so a reused cache costs a few stat calls; hashing all of the default stdlib/bpe cache takes ~30 ms.
+mtime), so a reused cache costs a few stat calls, not a pass over every byte (timings:
+experiments/benchmarks/README.md, "Data pipeline").
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from pelab.data.corpora import SPLITS, Corpus, CorpusError
+from pelab.data.corpora import SPLITS, CorpusError
+from pelab.data.sources import Corpus
 from pelab.data.tokenizer import EOT, Tokenizer, load_tokenizer, make_tokenizer, tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
@@ -320,6 +322,6 @@ def _locked(lock_path: Path) -> Iterator[None]:
 
 
 def _sha256_file(path: Path) -> str:
-    # Chunked by hashlib; sha256 runs at ~1 GB/s with the CPU's SHA extensions.
+    # Chunked by hashlib, which uses the CPU's SHA extensions: cheap enough to hash whole files.
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()

@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pelab.data.recall import SINGLE_KINDS, TRAIN_KINDS
+from pelab.data.recall import MQAR, MQAR_KINDS, PASSKEY_SINGLE, SINGLE_KINDS, TRAIN_KINDS
 from pelab.data.tokenizer import TOKENIZER_KINDS
 from pelab.errors import is_int, need, show, typed_group
 
@@ -87,7 +87,7 @@ def check_loader(d: DictConfig) -> None:
         need(d[k] >= 1, f"data.{k}", d[k], "must be >= 1 hex chars.")
     need(d.recall_loss in RECALL_LOSSES, "data.recall_loss", d.recall_loss, f"must be one of {show(RECALL_LOSSES)}.")
     need(d.recall_pairs >= 1, "data.recall_pairs", d.recall_pairs, "must be >= 1 key-value pairs per mqar row.")
-    mqar = d.recall_mix > 0 and "mqar" in d.recall_kinds
+    mqar = d.recall_mix > 0 and MQAR in d.recall_kinds
     # an mqar row holds N pairs and N queries with their answers: 4N tokens
     need(not mqar or 4 * d.recall_pairs <= d.seq_len + 1, "data.recall_pairs", d.recall_pairs,
          f"does not fit: an mqar row needs 4 x pairs tokens and has data.seq_len + 1 = {d.seq_len + 1}; "
@@ -126,8 +126,8 @@ def check_reserved(tok: Any, d: DictConfig, probes: DictConfig | None) -> None:
         uses.append(("probes.kinds", probes.kinds, "probes.pairs", probes.pairs))
     for where, kinds, pairs_key, pairs in uses:
         for kind in set(kinds) & set(SINGLE_KINDS):
-            n = pairs if kind.startswith("mqar") else 1
-            for k in ("reserved_values",) if kind == "passkey_single" else ("reserved_keys", "reserved_values"):
+            n = pairs if kind in MQAR_KINDS else 1
+            for k in ("reserved_values",) if kind == PASSKEY_SINGLE else ("reserved_keys", "reserved_values"):
                 have = int(tok.get(k, 0))
                 need(have >= n, f"tokenizer.{k}", have, f"is too small for {kind} in {where}: "
                      + (f"it needs {n} distinct ids ({pairs_key}={pairs}); raise it or lower {pairs_key}."

@@ -1,9 +1,5 @@
-"""Text sources: each yields documents (str) per split, lazily, in a fixed order.
-
-Three kinds, chosen by `data.source`:
-- `stdlib`   the running interpreter's standard library `.py` files (no download; the default).
-- `text_dir` any local folder (`data.path`, `data.glob`), one document per file.
-- `hf`       a Hugging Face `datasets` dataset (`data.name`, `data.config`, `data.text_field`, ...).
+"""Corpora: each yields documents (str) per split, lazily, in a fixed order. `pelab.data.sources` picks one by
+`data.source`; this module holds what every corpus shares and the two file corpora (`stdlib`, `text_dir`).
 
 Splits are "train", "val", "test". Folder sources (and hub datasets that ship only a train
 split) are split by a stable hash of each document's key (relative path / row index), so a
@@ -22,7 +18,6 @@ import codecs
 import hashlib
 import math
 import os
-import re
 import sys
 import sysconfig
 import warnings
@@ -92,7 +87,7 @@ def assign_splits(
     return out
 
 
-def _capped(docs: Iterator[tuple[str, int]], max_bytes: int | None) -> Iterator[tuple[str, int]]:
+def capped(docs: Iterator[tuple[str, int]], max_bytes: int | None) -> Iterator[tuple[str, int]]:
     """(text, bytes) documents until the split holds max_bytes; at least one document."""
     total = 0
     for doc, size in docs:
@@ -102,8 +97,27 @@ def _capped(docs: Iterator[tuple[str, int]], max_bytes: int | None) -> Iterator[
         yield doc, size
 
 
-def _utf8_sized(docs: Iterator[str]) -> Iterator[tuple[str, int]]:
+def utf8_sized(docs: Iterator[str]) -> Iterator[tuple[str, int]]:
     return ((d, len(d.encode("utf-8"))) for d in docs)
+
+
+def check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; use one of {SPLITS}")
+
+
+def to_plain(cfg: Any) -> Any:
+    """Config values as plain Python: an OmegaConf DictConfig / ListConfig -> dict / list (interpolations
+    resolved), another Mapping -> a dict, anything else as it is (so settings pickle into workers, hash
+    stably, and reach `datasets` as str / list / dict)."""
+    try:
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(cfg):
+            return OmegaConf.to_container(cfg, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    return dict(cfg) if isinstance(cfg, Mapping) else cfg
 
 
 # ----------------------------------------------------------------------------- file corpora
@@ -132,7 +146,7 @@ class FileCorpus:
 
     def files(self, split: str) -> list[str]:
         """Relative paths of the split's documents, in corpus order."""
-        _check_split(split)
+        check_split(split)
         return [self.rel[i] for i in self.split_index[split]]
 
     def _read(self, rel: str) -> tuple[str, int]:
@@ -142,7 +156,7 @@ class FileCorpus:
 
     def sized_documents(self, split: str) -> Iterator[tuple[str, int]]:
         """(text, bytes of the file) per document of the split."""
-        return _capped((self._read(r) for r in self.files(split)), self.max_bytes)
+        return capped((self._read(r) for r in self.files(split)), self.max_bytes)
 
     def documents(self, split: str) -> Iterator[str]:
         return (text for text, _ in self.sized_documents(split))
@@ -319,207 +333,3 @@ class TextDirCorpus(FileCorpus):
 
 def _examples(names: list[str], n: int = 3) -> str:
     return ", ".join(names[:n]) + (", ..." if len(names) > n else "")
-
-
-# ----------------------------------------------------------------------------- Hugging Face
-
-_VAL_NAMES = ("validation", "valid", "val", "dev")
-_WIKITEXT_TITLE = re.compile(r"^ = [^=].* = *\n?$")  # top-level " = Title = " lines only
-
-
-def _wikitext_articles(lines: Iterator[str]) -> Iterator[str]:
-    """WikiText rows are lines; an article starts at each top-level ' = Title = ' heading."""
-    buf: list[str] = []
-    for line in lines:
-        if _WIKITEXT_TITLE.match(line) and any(s.strip() for s in buf):
-            yield "".join(buf).strip("\n")
-            buf = []
-        buf.append(line or "\n")  # empty rows are the blank lines between paragraphs
-    if any(s.strip() for s in buf):
-        yield "".join(buf).strip("\n")
-
-
-class HFCorpus:
-    """A Hugging Face `datasets` dataset, loaded lazily (datasets keeps its own cache).
-
-    `doc_split`: "row" (each non-empty row is a document) or "wikitext" (rows are lines;
-    articles begin at top-level ' = Title = ' headings). Missing val/test splits are carved
-    out of train by the hash rule on the document index.
-    """
-
-    kind = "hf"
-
-    def __init__(
-        self,
-        name: str | None,
-        config: str | None = None,
-        text_field: str = "text",
-        data_files: Any = None,
-        revision: str | None = None,
-        doc_split: str = "row",
-        max_bytes: int | None = None,
-        val_fraction: float = 0.02,
-        test_fraction: float = 0.02,
-    ):
-        if not name or name == "???":
-            raise CorpusError("data=hf needs a dataset: set data.name=... (and data.config, data.text_field)")
-        if doc_split not in ("row", "wikitext"):
-            raise CorpusError(f"data.doc_split={doc_split!r}; use 'row' or 'wikitext'")
-        self.name, self.config, self.text_field = name, config, text_field
-        self.data_files = _plain(data_files)
-        self.revision, self.doc_split, self.max_bytes = revision, doc_split, max_bytes
-        self.val_fraction, self.test_fraction = val_fraction, test_fraction
-        self._dd = None
-
-    def _load(self):
-        if self._dd is not None:
-            return self._dd
-        try:
-            import datasets
-        except ImportError as e:  # pragma: no cover - datasets is a dependency
-            raise CorpusUnavailable(
-                "data=hf needs the `datasets` package; use data=stdlib or data=text_dir"
-            ) from e
-        try:
-            dd = datasets.load_dataset(
-                self.name, self.config, data_files=self.data_files, revision=self.revision
-            )
-        except Exception as e:  # the hub raises many types (ConnectionError, FileNotFoundError, ...)
-            raise CorpusUnavailable(
-                f"cannot load Hugging Face dataset data.name={self.name!r} data.config={self.config!r} "
-                f"({type(e).__name__}: {e}). Offline or unknown name? Use data=stdlib (no download) or "
-                "data=text_dir data.path=/your/texts."
-            ) from e
-        if not isinstance(dd, Mapping):
-            dd = {"train": dd}
-        if "train" not in dd:
-            raise CorpusError(f"dataset {self.name!r} has no 'train' split (splits: {sorted(dd)})")
-        for split_name, ds in dd.items():
-            if self.text_field not in ds.column_names:
-                raise CorpusError(
-                    f"data.text_field={self.text_field!r} is not a column of {self.name!r} split "
-                    f"{split_name!r}; available columns: {ds.column_names}. Set data.text_field."
-                )
-        self._dd = dd
-        return dd
-
-    def _native(self, split: str) -> str | None:
-        dd = self._load()
-        names = {"train": ("train",), "val": _VAL_NAMES, "test": ("test",)}[split]
-        return next((n for n in names if n in dd), None)
-
-    def _docs_of(self, hf_split: str) -> Iterator[str]:
-        ds = self._load()[hf_split]
-        rows = (
-            t
-            for batch in ds.select_columns([self.text_field]).iter(batch_size=1000)
-            for t in batch[self.text_field]
-        )
-        docs = _wikitext_articles(r or "" for r in rows) if self.doc_split == "wikitext" else rows
-        return (d for d in docs if d and d.strip())
-
-    def sized_documents(self, split: str) -> Iterator[tuple[str, int]]:
-        """(text, UTF-8 bytes) per document of the split."""
-        _check_split(split)
-        native = self._native(split)
-        derived = [s for s in ("val", "test") if self._native(s) is None]
-        if native is not None and (split != "train" or not derived):
-            return _capped(_utf8_sized(self._docs_of(native)), self.max_bytes)
-        # Carve missing splits out of train by hash of the document index.
-        vf = self.val_fraction if "val" in derived else 0.0
-        tf = self.test_fraction if "test" in derived else 0.0
-        docs = (d for i, d in enumerate(self._docs_of("train")) if split_of(str(i), vf, tf) == split)
-        return _capped(_utf8_sized(docs), self.max_bytes)
-
-    def documents(self, split: str) -> Iterator[str]:
-        return (text for text, _ in self.sized_documents(split))
-
-    def sample_documents(self, split: str, n_bytes: int) -> Iterator[str]:
-        """The first ~`n_bytes` of the split (a dataset's row order is usually already mixed)."""
-        return (text for text, _ in _capped(self.sized_documents(split), n_bytes))
-
-    def fingerprint(self) -> dict[str, Any]:
-        # Settings only (loading the dataset just to hash it would cost seconds on every run);
-        # local data files add their size and mtime so an edited fixture rebuilds.
-        return {
-            "source": "hf",
-            "name": self.name,
-            "config": self.config,
-            "revision": self.revision,
-            "text_field": self.text_field,
-            "data_files": _files_fingerprint(self.data_files),
-            "doc_split": self.doc_split,
-            "max_bytes": self.max_bytes,
-            "val_fraction": self.val_fraction,
-            "test_fraction": self.test_fraction,
-        }
-
-
-def _plain(x: Any) -> Any:
-    """OmegaConf containers -> plain python (datasets wants str / list / dict)."""
-    try:
-        from omegaconf import OmegaConf
-
-        if OmegaConf.is_config(x):
-            return OmegaConf.to_container(x, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
-    return x
-
-
-def _files_fingerprint(data_files: Any) -> Any:
-    if data_files is None:
-        return None
-    if isinstance(data_files, (str, os.PathLike)):
-        p = Path(data_files).expanduser()
-        if p.is_file():
-            st = p.stat()
-            return [str(p.resolve()), st.st_size, st.st_mtime_ns]
-        return str(data_files)
-    if isinstance(data_files, Mapping):
-        return {k: _files_fingerprint(v) for k, v in sorted(data_files.items())}
-    return [_files_fingerprint(v) for v in data_files]
-
-
-# ----------------------------------------------------------------------------- factory
-
-
-def _check_split(split: str) -> None:
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; use one of {SPLITS}")
-
-
-Corpus = StdlibCorpus | TextDirCorpus | HFCorpus
-SOURCES = ("stdlib", "text_dir", "hf")
-
-
-def source_kind(cfg: Mapping[str, Any] | str) -> str:
-    return cfg if isinstance(cfg, str) else str(cfg.get("source", "stdlib"))
-
-
-def build_corpus(cfg: Mapping[str, Any] | str) -> Corpus:
-    """`cfg` is the data config (`source` = kind, plus that kind's knobs) or just the kind."""
-    kind = source_kind(cfg)
-    c: Mapping[str, Any] = {} if isinstance(cfg, str) else cfg
-    split_knobs = {
-        "max_bytes": c.get("max_bytes"),
-        "val_fraction": float(c.get("val_fraction", 0.02)),
-        "test_fraction": float(c.get("test_fraction", 0.02)),
-    }
-    if kind == "stdlib":
-        return StdlibCorpus(**split_knobs)
-    if kind == "text_dir":
-        return TextDirCorpus(
-            c.get("path"), c.get("glob", "**/*.txt"), encoding=c.get("encoding", "utf-8"), **split_knobs
-        )
-    if kind == "hf":
-        return HFCorpus(
-            c.get("name"),
-            c.get("config"),
-            text_field=c.get("text_field", "text"),
-            data_files=c.get("data_files"),
-            revision=c.get("revision"),
-            doc_split=c.get("doc_split", "row"),
-            **split_knobs,
-        )
-    raise CorpusError(f"unknown data.source={kind!r}; known: {list(SOURCES)}")

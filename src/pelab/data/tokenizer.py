@@ -30,8 +30,8 @@ import numpy as np
 
 EOT = "<|endoftext|>"
 TOKENIZER_KINDS = ("bpe", "byte", "pretrained")
-# BPE merges are learned on at most this much of the train split (spread over it): on the stdlib
-# corpus 8 MB trains 3x faster than all 30 MB with the same compression on val (3.29 vs 3.35 B/token).
+# BPE merges are learned on at most this much of the train split (spread over it): far faster than the whole
+# split at about the same compression (measured on the stdlib corpus: experiments/benchmarks/README.md).
 DEFAULT_TRAIN_BYTES = 8_000_000
 _COMMON_EOS = (EOT, "</s>", "<eos>", "<|end_of_text|>", "<|eot_id|>", "[SEP]")
 RESERVED_DEFAULT = 64  # keys and values each: conf/tokenizer/*.yaml
@@ -95,7 +95,7 @@ class ByteTokenizer(_Reserved):
         return list(text.encode("utf-8"))
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        # uint8 arrays, not lists: ~50x faster for the cache build, same ints.
+        # uint8 arrays, not lists: much faster for the cache build, same ints.
         return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
 
     def _decode_text(self, ids: list[int]) -> str:
@@ -237,7 +237,7 @@ def hub_tokenizer_file(name: str, revision: str | None = None) -> str:
     """Local path of hub repo `name`'s tokenizer.json: from the local Hugging Face cache if it is there, else
     downloaded. Fails fast, in one line, when the hub is unreachable (or HF_HUB_OFFLINE is set) or does not
     know the name: one request with the hub's metadata timeout (HF_HUB_ETAG_TIMEOUT, 10 s) and no retries,
-    where `hf_hub_download` alone retries for ~25 s before giving up."""
+    where `hf_hub_download` alone keeps retrying before giving up (README.md, "Bad inputs")."""
     import huggingface_hub as hub
     from huggingface_hub.errors import HfHubHTTPError, HFValidationError
 

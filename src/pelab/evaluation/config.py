@@ -10,7 +10,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from pelab.data.corpora import SPLITS
-from pelab.data.recall import KINDS
+from pelab.data.recall import RECALL_KINDS as KINDS
 from pelab.errors import ConfigError, need, show
 from pelab.evaluation.extrapolation import PROTOCOLS, resolve_lengths
 

@@ -39,7 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pelab.data.recall import KINDS, RecallLengthError, RecallSample, as_id_list, make_probe_samples
+from pelab.data.recall import RECALL_KINDS as KINDS
+from pelab.data.recall import RecallLengthError, RecallSample, as_id_list, make_probe_samples
 from pelab.encodings import PositionOutOfRange
 from pelab.evaluation import stats
 from pelab.evaluation.common import evaluating, model_device, not_applicable_note, windows_per_batch

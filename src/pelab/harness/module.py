@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import CatMetric, SumMetric
 
-from pelab.data.datamodule import IGNORE_INDEX, inputs_and_targets
+from pelab.data.batch import IGNORE_INDEX, inputs_and_targets
 from pelab.errors import NonFiniteError
 from pelab.evaluation import stats
 from pelab.model import GPT, build_model
