@@ -38,7 +38,7 @@ def test_peer_evaluation_is_pelabs_own(peer, tmp_path):
     gpt = build_model(cfg.model, cfg.pe, dm.vocab_size, int(cfg.data.seq_len))
     direct = run_evaluation(gpt, dm, cfg, tmp_path / "pelab")
     via_peer = peer.evaluate(peer.PeerLM(gpt), dm, cfg, tmp_path / "peer")
-    nan_safe = lambda m: {k: None if math.isnan(v) else v for k, v in m.items()}  # noqa: E731 NaN != NaN
+    nan_safe = lambda m: {k: None if math.isnan(v) else v for k, v in m.items()}
     assert nan_safe(direct) == nan_safe(via_peer) and math.isfinite(direct["extrap/ppl@64"])
     capped = peer.evaluate(peer.PeerLM(gpt, max_position=32), dm, cfg, tmp_path / "capped")
     assert capped["extrap/ppl@32"] == direct["extrap/ppl@32"] and math.isnan(capped["extrap/ppl@64"])

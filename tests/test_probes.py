@@ -16,9 +16,9 @@ from pelab.data.recall import RecallSample, make_probe_samples
 from pelab.data.tokenizer import ByteTokenizer
 from pelab.encodings import available_encodings, build_encoding
 from pelab.evaluation import stats
-from pelab.evaluation.stats import wilson
 from pelab.evaluation.plots import plot_depth_curve, plot_probe_heatmap, probe_figures, save_figure
 from pelab.evaluation.probes import ProbeCell, ProbeRecord, ProbeResult, lim_gap, run_probes, score_samples
+from pelab.evaluation.stats import wilson
 from pelab.model.gpt import GPT, GPTConfig
 
 TOK = ByteTokenizer()

@@ -10,7 +10,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from pelab.data.corpora import SPLITS
-from pelab.data.recall import RECALL_KINDS as KINDS
+from pelab.data.recall import MQAR, MQAR_OFFSET, RECALL_KINDS
 from pelab.errors import ConfigError, need, show
 from pelab.evaluation.extrapolation import PROTOCOLS, resolve_lengths
 
@@ -73,7 +73,7 @@ def check_eval(e: DictConfig, train_length: int) -> None:
 
 
 def check_probes(p: DictConfig, train_length: int) -> None:
-    need(set(p.kinds) <= set(KINDS), "probes.kinds", p.kinds, f"must list kinds of {show(KINDS)} ([] = no probes).")
+    need(set(p.kinds) <= set(RECALL_KINDS), "probes.kinds", p.kinds, f"must list kinds of {show(RECALL_KINDS)} ([] = no probes).")
     need(len(p.depths) > 0 and all(0.0 <= d <= 1.0 for d in p.depths), "probes.depths", p.depths,
          "must be a non-empty list of depths in [0, 1] (0 = start of the context, 1 = its end).")
     if p.enabled:
@@ -86,10 +86,10 @@ def check_probes(p: DictConfig, train_length: int) -> None:
     need(len(p.prefix_multiples) > 0 and all(m >= 0 for m in p.prefix_multiples), "probes.prefix_multiples",
          p.prefix_multiples, "must be a non-empty list of whole numbers >= 0 (filler before the window, in "
          "multiples of data.seq_len).")
-    if p.enabled and {"mqar", "mqar_offset"} & set(p.kinds):
+    if p.enabled and {MQAR, MQAR_OFFSET} & set(p.kinds):
         # an mqar probe holds N pairs, the query and the answer: 2N + 2 tokens
-        shortest = min(resolve_lengths(list(p.lengths), train_length)) if "mqar" in p.kinds else train_length
-        if "mqar_offset" in p.kinds:
+        shortest = min(resolve_lengths(list(p.lengths), train_length)) if MQAR in p.kinds else train_length
+        if MQAR_OFFSET in p.kinds:
             shortest = min(shortest, train_length)
         need(2 * p.pairs + 2 <= shortest, "probes.pairs", p.pairs,
              f"does not fit: an mqar probe needs 2 x pairs + 2 tokens and the shortest probe length is {shortest}; "

@@ -39,8 +39,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pelab.data.recall import RECALL_KINDS as KINDS
-from pelab.data.recall import RecallLengthError, RecallSample, as_id_list, make_probe_samples
+from pelab.data.recall import (
+    MQAR_OFFSET,
+    RECALL_KINDS,
+    RecallLengthError,
+    RecallSample,
+    as_id_list,
+    make_probe_samples,
+)
 from pelab.encodings import PositionOutOfRange
 from pelab.evaluation import stats
 from pelab.evaluation.common import evaluating, model_device, not_applicable_note, windows_per_batch
@@ -49,7 +55,7 @@ from pelab.summary import json_safe
 log = logging.getLogger(__name__)
 
 DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
-OFFSET_KIND = "mqar_offset"  # position vs distance: cells keyed by the filler prefix, not by depth
+OFFSET_KIND = MQAR_OFFSET  # position vs distance: cells keyed by the filler prefix, not by depth
 ERRORS = ("ok", "other_in_context", "not_in_context")
 NAN = float("nan")
 
@@ -361,7 +367,7 @@ class ProbeResult:
 def run_probes(
     model: nn.Module,
     tokenizer: Any,
-    kinds: Sequence[str] = KINDS,
+    kinds: Sequence[str] = RECALL_KINDS,
     depths: Sequence[float] = DEFAULT_DEPTHS,
     lengths: Sequence[int] = (256,),
     samples_per_cell: int = 20,
@@ -383,8 +389,8 @@ def run_probes(
     NaN cells with a note; nothing raises for those.
     """
     for k in kinds:
-        if k not in KINDS:
-            raise ValueError(f"unknown probes.kinds entry {k!r}; known: {list(KINDS)}")
+        if k not in RECALL_KINDS:
+            raise ValueError(f"unknown probes.kinds entry {k!r}; known: {list(RECALL_KINDS)}")
     filler_ids = as_id_list(filler_ids)  # once, not per cell
     depths_f = sorted({float(d) for d in depths})
     lens = sorted({int(L) for L in lengths})

@@ -15,10 +15,15 @@ import matplotlib.pyplot as plt
 import torch
 from omegaconf import DictConfig
 
+from pelab.errors import ConfigError
 from pelab.evaluation.attention_stats import STATS, attention_diagnostics, by_length
 from pelab.evaluation.attention_stats import metrics as attention_metrics
-from pelab.errors import ConfigError
-from pelab.evaluation.extrapolation import blocks_for_budget, evaluate_extrapolation, resolve_lengths, spread_blocks
+from pelab.evaluation.extrapolation import (
+    blocks_for_budget,
+    evaluate_extrapolation,
+    resolve_lengths,
+    spread_blocks,
+)
 from pelab.evaluation.plots import plot_loss_by_position, plot_ppl_vs_length, probe_figures, save_figure
 from pelab.evaluation.probes import OFFSET_KIND, run_probes
 from pelab.summary import json_safe

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
+from pelab.data.recall.kinds import MQAR_OFFSET as OFFSET_KIND
 from pelab.report.discovery import Job
 from pelab.summary import as_float, retrieval_acquired
 
@@ -295,8 +296,6 @@ def probe_panel(row: Row, kind: str) -> dict | None:
 # ---------------------------------------------------------------------------------------------
 # probes: per-instance outcomes and paired comparisons between rows
 
-# pelab.evaluation.probes.OFFSET_KIND, not imported: `import pelab.report` stays light
-OFFSET_KIND = "mqar_offset"
 # Probe settings that do not change which instance sample i is (it is seeded by its index).
 _NOT_PAIRING = ("samples", "kinds", "depths", "lengths", "enabled", "prefix_multiples")
 

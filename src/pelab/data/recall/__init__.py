@@ -1,7 +1,9 @@
 """Synthetic recall sequences on token ids (mqar, kv, passkey and their single-token variants) for the
-lost-in-the-middle probes and the training mix. The format they share is in README.md next to this file."""
+lost-in-the-middle probes and the training mix. The format they share is in README.md next to this file.
 
-from pelab.data.recall.factories import make_probe_samples, make_recall_batch
+The kind names (`kinds`) load at once; the generators (which need torch) when first asked for, so that
+`pelab.report` can name a kind without importing torch."""
+
 from pelab.data.recall.kinds import (
     KV,
     KV_KINDS,
@@ -16,10 +18,20 @@ from pelab.data.recall.kinds import (
     SINGLE_KINDS,
     TRAIN_KINDS,
 )
-from pelab.data.recall.mqar import OFFSET_DEPTH
-from pelab.data.recall.pieces import PASSKEY_FILLER, as_id_list
-from pelab.data.recall.sample import RecallLengthError, RecallSample
-from pelab.data.recall.spaces import in_space
+
+_LAZY = {  # name -> submodule
+    "make_probe_samples": "factories", "make_recall_batch": "factories", "OFFSET_DEPTH": "mqar",
+    "PASSKEY_FILLER": "pieces", "as_id_list": "pieces", "RecallLengthError": "sample", "RecallSample": "sample",
+    "in_space": "spaces",
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'pelab.data.recall' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"pelab.data.recall.{_LAZY[name]}"), name)
 
 __all__ = [
     "KV",
