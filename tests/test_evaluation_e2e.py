@@ -141,3 +141,33 @@ def test_eval_without_ckpt_path_names_it(tmp_path):
     res = run_cli([f"paths.output_dir={tmp_path}", "logger=csv"], cwd=tmp_path, script="eval.py", timeout=120)
     assert res.returncode != 0
     assert "ckpt_path" in res.stderr + res.stdout
+
+
+def test_reported_numbers_come_from_test_and_selection_from_val(tmp_path):
+    """A corpus whose validation documents repeat one byte pattern and whose test documents are random letters:
+    val/ppl (what selects checkpoints) is read on the easy validation text, the reported extrapolation on the
+    hard test text, and the summary says which split each is from."""
+    import random
+
+    from pelab.data.corpora import split_of
+
+    rng, root = random.Random(0), tmp_path / "texts"
+    root.mkdir()
+    kinds = {"train": 0, "val": 0, "test": 0}
+    for i in range(400):
+        name = f"doc{i:03d}.txt"
+        split = split_of(name, 0.2, 0.2)
+        easy = "ab" * 400
+        hard = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(800))
+        text = {"val": easy, "test": hard}.get(split, easy if i % 2 else hard)
+        (root / name).write_text(text)
+        kinds[split] += 1
+    assert min(kinds.values()) > 10
+    cfg = compose([*FAST, "data=text_dir", f"data.path={root}", "data.val_fraction=0.2", "data.test_fraction=0.2",
+                   "logger=csv", "probes.enabled=false", "eval.lengths=[1]", "eval.tokens=2048",
+                   "trainer.max_steps=120", "trainer.val_check_interval=60"], tmp_path / "run")
+    summary = train(cfg)
+    m = summary["metrics"]
+    assert summary["evaluation"]["extrapolation"]["split"] == "test"
+    assert 3 * m["val/ppl"] < m["extrap/ppl@32"]  # "ab" repeated vs 26 random letters
+    assert cfg.callbacks.checkpoint.monitor == "val/ppl"  # best.ckpt is chosen on validation

@@ -198,6 +198,15 @@ def test_killed_run_resumes_to_the_uninterrupted_result(reference, tmp_path):
     assert summary["start_step"] == killed_at and summary["global_step"] == 60
     assert summary["resumed_from"]["step"] == killed_at
     assert_same_run(reference, out)
+    # Provenance across the kill: two launches, the killed one still "running" (it never finished), the
+    # relaunch ok; the run's wall time is their sum; each records its commit and times.
+    first_launch, second_launch = summary["launches"]
+    assert first_launch["status"] == "running" and second_launch["status"] == "ok"
+    assert first_launch["wall_seconds"] > 0 and second_launch["wall_seconds"] > 0
+    assert summary["wall_seconds_total"] == pytest.approx(first_launch["wall_seconds"] + second_launch["wall_seconds"],
+                                                          abs=0.02)
+    assert first_launch["commit"] == second_launch["commit"] == summary["provenance"]["code"]["git"]
+    assert first_launch["started_at"] < second_launch["started_at"] and summary["earlier_status"] == "running"
     # One CSV history: the rows before the checkpoint's step kept, the later ones replaced by the relaunch's,
     # which are the uninterrupted run's; the kept ones are too (the kill may land in the milliseconds between
     # a checkpoint and the write of its own step's train row: that row alone can be missing).
@@ -534,3 +543,25 @@ def test_probe_lengths_too_short_are_not_applicable(tmp_path):
     assert math.isnan(summary["metrics"]["probe/kv/acc@8"]) and math.isnan(summary["metrics"]["probe/passkey/acc@8"])
     rows = summary_of(tmp_path)["evaluation"]["probes"]["rows"]
     assert all(r["note"].startswith("n/a") and "needs at least" in r["note"] for r in rows)
+
+
+# -- provenance ------------------------------------------------------------------------------------------
+def test_summary_carries_the_commit_in_a_git_checkout_and_says_so_outside_one(tmp_path, monkeypatch):
+    import pelab
+    from pelab import provenance
+
+    provenance.code_version.cache_clear()
+    here = provenance.code_version()
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert here["git"] == head and isinstance(here["dirty"], bool)
+    fake = tmp_path / "site-packages" / "pelab"  # an installed copy: no git around it
+    fake.mkdir(parents=True)
+    monkeypatch.setattr(pelab, "__file__", str(fake / "__init__.py"))
+    provenance.code_version.cache_clear()
+    try:
+        assert provenance.code_version()["git"] == "not a git checkout"
+    finally:
+        provenance.code_version.cache_clear()
+    m = provenance.machine()
+    assert m["cpu_count"] >= 1 and m["torch_threads"] >= 1 and m["gpu_count"] == torch.cuda.device_count()

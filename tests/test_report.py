@@ -5,6 +5,7 @@ and their order."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import statistics
@@ -38,7 +39,7 @@ def _table(md: str, title: str) -> tuple[list[str], list[list[str]]]:
 
 
 @pytest.mark.slow
-def test_report_has_a_two_row_table_with_mean_and_std_over_seeds(sweep, tmp_path):
+def test_report_has_a_two_row_table_with_the_mean_and_its_interval_over_seeds(sweep, tmp_path):
     out = tmp_path / "report"
     cli = subprocess.run(
         [sys.executable, "-m", "pelab.report", str(sweep), "--out", str(out)],
@@ -58,13 +59,16 @@ def test_report_has_a_two_row_table_with_mean_and_std_over_seeds(sweep, tmp_path
     for row in rows:
         assert row[1] == "0,1"
         for L, cell in zip(LENGTHS, row[2:]):
-            m = re.fullmatch(r"\**([\d.]+) ± ([\d.]+)\**", cell)
+            m = re.fullmatch(r"\**([\d.]+) \[([\d.]+), ([\d.]+)\] \(2 seeds\)\**", cell)
             assert m, cell
             vals = [
                 as_float(s["metrics"][f"extrap/ppl@{L}"]) for s in jobs if s["config"]["pe"]["name"] == row[0]
             ]
-            assert float(m.group(1)) == pytest.approx(statistics.fmean(vals), abs=0.006)
-            assert float(m.group(2)) == pytest.approx(statistics.stdev(vals), abs=0.006)
+            # exp of the mean log-ppl and its t interval over the 2 seeds: +- t(1) s / sqrt(2), t(1) = 12.71
+            logs = [math.log(v) for v in vals]
+            half = 12.706 * statistics.stdev(logs) / math.sqrt(2)
+            assert float(m.group(1)) == pytest.approx(math.exp(statistics.fmean(logs)), abs=0.006)
+            assert math.log(float(m.group(3)) / float(m.group(2))) == pytest.approx(2 * half, abs=0.01)
         # the training length (32), and only it, is marked
         assert row[2].startswith("**") and not any(c.startswith("**") for c in row[3:])
     for title in (
@@ -281,7 +285,8 @@ def test_report_labels_variants_and_fills_knobs_older_runs_lack(tmp_path):
 
 def test_report_rows_follow_the_order_the_jobs_ran(tmp_path):
     """Folders in the order given, job folders in numeric order (Hydra's 2 before 10): the report's
-    rows, their cells (mean ± std, n/a, inf, not evaluated) and the bold training length."""
+    rows, their cells (the mean and its t interval over seeds, n/a, inf, not evaluated) and the bold training
+    length."""
 
     def job(folder: Path, pe: dict, seed: int, ppl: dict) -> None:
         cfg = {"pe": pe, "model": {"name": "micro"}, "data": {"seq_len": 32}, "seed": seed}
@@ -301,7 +306,7 @@ def test_report_rows_follow_the_order_the_jobs_ran(tmp_path):
     assert header == ["encoding", "seeds", "32", "64"]
     assert rows == [
         ["nope", "0", "**10.00**", "20.00"],
-        ["rope", "0,1", "**6.00 ± 1.41**", "n/a"],
+        ["rope", "0,1", "**5.92 [0.70, 50.16] (2 seeds)**", "n/a"],  # exp(mean log 5, log 7 +- 12.71 s / sqrt 2)
         ["rope pe.frequency_fraction=0.5", "0", "**6.00**", "—"],
         ["alibi", "0", "**4.00**", "inf"],
     ]

@@ -51,6 +51,16 @@ def mean_interval(values: Sequence[float], level: float = LEVEL, seed: int = 0,
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
+def t_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, float]:
+    """Student-t interval of the mean of a few independent values (e.g. one per seed): mean +- t(n-1) s / sqrt(n)
+    (``scipy.stats.t``); with 3 values t = 4.30. (nan, nan) with fewer than two or a non-finite value."""
+    x = np.asarray(values, dtype=float)
+    if x.size < 2 or not np.isfinite(x).all():
+        return float("nan"), float("nan")
+    half = scipy.stats.t.ppf((1 + level) / 2, x.size - 1) * x.std(ddof=1) / np.sqrt(x.size)
+    return float(x.mean() - half), float(x.mean() + half)
+
+
 def edge_mask(depths: Sequence[float]) -> np.ndarray | None:
     """True at the edge depths (the smallest and the largest), False at the interior ones; None with fewer
     than 3 distinct depths (no middle to compare with)."""

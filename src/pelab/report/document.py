@@ -17,7 +17,9 @@ from pelab.report.tables import (
     common_settings,
     convergence_table,
     criterion_table,
+    evaluation_text,
     failures_table,
+    interval_table,
     metadata_table,
     metric_table,
     offset_table,
@@ -42,6 +44,16 @@ class Report:
 ATTENTION_TABLES = {"entropy": "Attention entropy (nats)", "distance": "Mean attention distance (tokens)",
                     "mass_past_L": "Attention mass at distances >= the training length",
                     "max_logit": "Largest pre-softmax logit (mean over queries)"}
+
+
+def evaluated_on(jobs: Sequence[Job]) -> str:
+    """One sentence naming the evaluation text of the jobs (split, blocks, seed), or saying they differ."""
+    texts = sorted({evaluation_text(j) for j in jobs if j.extrapolation})
+    if not texts:
+        return ""
+    if len(texts) == 1:
+        return f"Evaluated on {texts[0]}."
+    return "The runs were evaluated on different text (see the Runs table): compare across them with care."
 
 
 def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "PELab report") -> Report:
@@ -69,9 +81,11 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
     if ok:
         md += [
             "",
-            "Rows: " + ", ".join(f"`{k}`" for k in shown) + "; cells are mean ± std over seeds "
-            "(sample std) where a row has several. **Bold** = the training length. "
-            "`n/a` = not applicable (see the notes), `inf` = diverged, `—` = not evaluated.",
+            "Rows: " + ", ".join(f"`{k}`" for k in shown) + "; a cell with one seed is the run's value and its 95% "
+            "interval (perplexities: bootstrap over evaluation blocks; accuracies: Wilson over instances), with "
+            "several seeds the mean and its 95% t interval over the seeds (tables without intervals: mean ± std). "
+            "**Bold** = the training length. `n/a` = not applicable (see the notes), `inf` = diverged, `—` = not "
+            "evaluated. The Runs table says which split and text each run was evaluated on.",
             "",
         ]
         if also:
@@ -98,33 +112,22 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
 
     section(
         "Perplexity vs evaluation length",
-        [
-            metric_table(
-                rows,
-                "extrap/ppl@{L}",
-                "Perplexity, non-overlapping windows of L tokens",
-                protocol="nonoverlap",
-            ),
-        ],
+        [interval_table(rows, "extrap/ppl", "Perplexity, non-overlapping windows of L tokens",
+                        protocol="nonoverlap")],
         ["ppl_vs_length"],
-        "Every length scores the same tokens; a window of L tokens sees context back to its own start only.",
+        "Every length scores the same tokens; a window of L tokens sees context back to its own start only. "
+        + evaluated_on(ok),
     )
     section(
         "Perplexity ratio",
-        [
-            metric_table(rows, "extrap/ppl_ratio@{L}", "ppl@L / ppl@training length", digits=3),
-        ],
+        [interval_table(rows, "extrap/ppl_ratio", "ppl@L / ppl@training length", digits=3)],
+        text="A single run's interval is a paired bootstrap over its evaluation blocks (the blocks' difficulty "
+        "cancels).",
     )
     section(
         "Sliding window",
-        [
-            metric_table(
-                rows,
-                "extrap/ppl_sliding@{L}",
-                "Perplexity, sliding windows of L tokens (stride = training length)",
-                protocol="sliding",
-            ),
-        ],
+        [interval_table(rows, "extrap/ppl_sliding",
+                        "Perplexity, sliding windows of L tokens (stride = training length)", protocol="sliding")],
     )
     section(
         "Bits per byte",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,13 +13,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pelab.evaluation.stats import mcnemar
+from pelab.evaluation.stats import mcnemar, t_interval
 from pelab.report.aggregation import (
     OFFSET_KIND,
     Row,
     acquired,
     aggregate,
     by_length,
+    fmt_number,
     offset_cells,
     paired_outcomes,
     probe_panel,
@@ -98,15 +100,27 @@ def probe_notes(rows: Sequence[Row], kind: str) -> list[str]:
 
 
 def interval_cell(row: Row, metric: str, digits: int = 2) -> str:
-    """``metric`` (e.g. "probe/kv/acc@128") of a row: with one seed its value and 95% interval (the metrics
-    ``<name>_lo@L`` / ``<name>_hi@L``), "0.85 [0.80, 0.89]"; with several, mean ± std over the seeds."""
+    """``metric`` (e.g. "extrap/ppl@128") of a row with its 95% interval: with one seed the run's own interval
+    (the metrics ``<name>_lo@L`` / ``<name>_hi@L``: evaluation blocks or probe instances), "0.85 [0.80, 0.89]";
+    with several, the mean over seeds and its t interval over the seeds, "0.85 [0.79, 0.91] (3 seeds)" (for
+    perplexities and ratios on the log scale: the geometric mean, i.e. exp of the mean NLL, and an interval
+    that stays positive).
+    Not applicable, diverged and partial cells as ``aggregate`` says them."""
     name, _, length = metric.rpartition("@")
     vals = [j.metrics[metric] for j in row.jobs if metric in j.metrics]
     if len(row.jobs) == 1 and len(vals) == 1 and math.isfinite(vals[0]):
         m = row.jobs[0].metrics
         lo, hi = m.get(f"{name}_lo@{length}", math.nan), m.get(f"{name}_hi@{length}", math.nan)
         if math.isfinite(lo) and math.isfinite(hi):
-            return f"{vals[0]:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+            return f"{fmt_number(vals[0], digits)} [{fmt_number(lo, digits)}, {fmt_number(hi, digits)}]"
+        return fmt_number(vals[0], digits)
+    if len(vals) == len(row.jobs) > 1 and all(math.isfinite(v) for v in vals):
+        if name.rpartition("/")[2].startswith("ppl"):  # perplexities and their ratios: on the log scale
+            lo, hi = (math.exp(x) for x in t_interval([math.log(v) for v in vals]))
+            mid = math.exp(statistics.fmean(math.log(v) for v in vals))  # = exp(mean NLL over seeds)
+        else:
+            (lo, hi), mid = t_interval(vals), statistics.fmean(vals)
+        return f"{fmt_number(mid, digits)} [{fmt_number(lo, digits)}, {fmt_number(hi, digits)}] ({len(vals)} seeds)"
     return aggregate(vals, digits)
 
 
@@ -115,19 +129,25 @@ def _lengths(rows: Sequence[Row], name: str) -> list[int]:
     return sorted({int(m.group(1)) for r in rows for j in r.jobs for k in j.metrics if (m := rx.match(k))})
 
 
-def interval_table(rows: Sequence[Row], name: str, title: str, caption: str = "") -> Table | None:
-    """rows x lengths of ``name@L`` with intervals (``interval_cell``); the training length in bold."""
+def interval_table(rows: Sequence[Row], name: str, title: str, caption: str = "", digits: int = 2,
+                   protocol: str | None = None) -> Table | None:
+    """rows x lengths of ``name@L`` with intervals (``interval_cell``); the training length in bold.
+    `protocol` picks the notes (why a cell is n/a) from the extrapolation rows."""
     lengths = _lengths(rows, name)
     if not lengths:
         return None
     seeds = "seeds" if any(len(r.jobs) > 1 for r in rows) else "seed"
     table = Table(title, ["encoding", seeds] + [str(L) for L in lengths], [], caption)
     for r in rows:
-        cells = [interval_cell(r, f"{name}@{L}") for L in lengths]
+        cells = [interval_cell(r, f"{name}@{L}", digits) for L in lengths]
         marked = [
             f"**{c}**" if L == r.train_length and c not in ("—", "n/a") else c for L, c in zip(lengths, cells)
         ]
         table.rows.append([r.label, ",".join(map(str, r.seeds))] + marked)
+        if protocol:
+            table.notes += [
+                f"{r.label} @ {L}: {n}" for L, n in extrapolation_notes(r, protocol).items() if L in lengths
+            ]
     return table
 
 
@@ -350,24 +370,30 @@ def _fmt_int(x: Any) -> str:
     return f"{int(x):,}" if isinstance(x, (int, float)) and math.isfinite(x) else "—"
 
 
+def evaluation_text(job: Job) -> str:
+    """Where a run's extrapolation numbers come from: "test: 224 blocks of 1024 (seed 0)"; runs evaluated before
+    the blocks existed scored the first eval.tokens of their eval.split."""
+    ex = job.extrapolation
+    if not ex:
+        return "—"
+    if "blocks" in ex:
+        return f"{ex.get('split')}: {ex['blocks']} blocks of {max(ex.get('lengths') or [0])} (seed {ex.get('seed')})"
+    return f"{job.setting('eval.split') or 'val'}: first {_fmt_int(ex.get('n_tokens'))} tokens"
+
+
 def metadata_table(jobs: Sequence[Job]) -> Table:
-    cols = [
-        "job",
-        "encoding",
-        "seed",
-        "L",
-        "steps",
-        "params",
-        "PE params",
-        "wall time",
-        "val ppl",
-        "tokens/s",
-        "corpus",
-    ]
+    cols = ["job", "encoding", "seed", "L", "steps", "params", "PE params", "wall time", "launches", "val ppl",
+            "tokens/s", "evaluated on", "corpus", "commit", "machine"]
     t = Table("Runs", cols, [])
     for j in jobs:
         m, model = j.metrics, j.summary.get("model") or {}
-        wall = j.summary.get("wall_seconds")
+        wall = j.summary.get("wall_seconds_total", j.summary.get("wall_seconds"))
+        code = (j.summary.get("provenance") or {}).get("code") or {}
+        host = (j.summary.get("provenance") or {}).get("machine") or {}
+        commit = str(code.get("git") or "—")
+        commit = commit[:8] + ("+dirty" if code.get("dirty") else "") if len(commit) == 40 else commit
+        machine = (f"{host.get('gpu') or host.get('cpu')}, {host.get('torch_threads')} thr"
+                   if host else "—")
         t.rows.append(
             [
                 f"`{j.folder.name}`",
@@ -378,12 +404,24 @@ def metadata_table(jobs: Sequence[Job]) -> Table:
                 _fmt_int(model.get("params")),
                 _fmt_int(model.get("pe_params")),
                 f"{wall / 60:.1f} min" if isinstance(wall, (int, float)) else "—",
-                aggregate([m["val/ppl"]]) if "val/ppl" in m else "—",
+                str(len(j.summary.get("launches") or [])) or "—",
+                interval_or(m, "val/ppl"),
                 _fmt_int(m.get("train/tokens_per_sec")),
+                evaluation_text(j),
                 f"`{short_hash(j)}`",
+                f"`{commit}`",
+                machine,
             ]
         )
     return t
+
+
+def interval_or(m: dict, name: str) -> str:
+    """`name` of a metrics dict with its 95% interval `<name>_lo` / `_hi` when it has one."""
+    if name not in m:
+        return "—"
+    lo, hi = m.get(f"{name}_lo", math.nan), m.get(f"{name}_hi", math.nan)
+    return f"{m[name]:.2f}" + (f" [{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) and math.isfinite(hi) else "")
 
 
 def common_settings(jobs: Sequence[Job]) -> list[str]:
