@@ -28,6 +28,8 @@ class EvalConfig:
     lengths: list[float]
     tokens: int | None  # null = the whole split
     seed: int  # draws the evaluation blocks (independent of the training seed)
+    at: list[float]  # fractions of trainer.max_steps with an evaluation during training ([] = at the end only)
+    at_tokens: int | None  # their budget (null = eval.tokens)
     stride: int | None
     protocols: list[str]
     split: str
@@ -63,6 +65,10 @@ def check_eval(e: DictConfig, train_length: int) -> None:
     need(e.tokens is None or e.tokens >= 1, "eval.tokens", e.tokens,
          "must be a positive number of tokens, or null (the whole split).")
     need(e.seed >= 0, "eval.seed", e.seed, "must be >= 0.")
+    need(all(0.0 < f <= 1.0 for f in e.at), "eval.at", e.at,
+         "must list fractions of trainer.max_steps in (0, 1], e.g. [0.25, 0.5, 1.0] ([] = at the end only).")
+    need(e.at_tokens is None or e.at_tokens >= 1, "eval.at_tokens", e.at_tokens,
+         "must be a positive number of tokens, or null (= eval.tokens).")
     need(e.stride is None or e.stride >= 1, "eval.stride", e.stride, "must be >= 1 or null (= data.seq_len).")
     need(len(e.protocols) > 0 and set(e.protocols) <= set(PROTOCOLS), "eval.protocols", e.protocols,
          f"must be a non-empty list of {show(PROTOCOLS)}.")

@@ -150,6 +150,11 @@ def build_trainer(cfg: DictConfig, precision: str, task: Any, signals: tuple[int
     from pelab.harness.signals import PreemptionCheckpoint
 
     callbacks = instantiate_entries(cfg.get("callbacks"))
+    if (cfg.get("eval") or {}).get("at"):
+        from pelab.harness.along_training import EvaluationAlongTraining
+
+        callbacks.append(EvaluationAlongTraining(OmegaConf.to_container(cfg.eval, resolve=True),
+                                                 int(cfg.data.seq_len), on_point=task.add_point))
     preemption = PreemptionCheckpoint(task.output_dir / "checkpoints" / "last.ckpt", signals, task.quit_now)
     resumed_step = (task.summary.get("resumed_from") or {}).get("step")
     # No W&B run (disabled, or not rank 0): no W&B logger.

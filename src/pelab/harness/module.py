@@ -96,6 +96,10 @@ class LMModule(L.LightningModule):
         nan_at = debug.get("inject_nan_at_step")
         self.inject_nan_at = set() if nan_at is None else {int(s) for s in np.atleast_1d(nan_at)}
 
+    def tokens_per_step(self) -> int:
+        """Training tokens per optimizer step, all devices together (data.batch_size is the global batch)."""
+        return int(self.cfg["data"]["batch_size"]) * self.train_length
+
     # -- forward ---------------------------------------------------------------------------------
     @property
     def net(self) -> torch.nn.Module:

@@ -89,6 +89,12 @@ class Task:
             self.summary["attention"] = attention_paths()
             write_summary(self.output_dir, self.summary)
 
+    def add_point(self, record: dict) -> None:
+        """An evaluation during training (eval.at): into summary.json's `along_training`, by step."""
+        points = [p for p in self.summary.get("along_training") or [] if p["step"] != record["step"]]
+        self.summary["along_training"] = sorted([*points, record], key=lambda p: p["step"])
+        self.save()
+
     def quit_now(self, signum: int) -> None:
         """A second Ctrl-C (or a signal while finishing): record it and end the process at once."""
         if signum == signal.SIGINT:
@@ -148,7 +154,7 @@ def run_task(output_dir: Path, *, rank: int = 0, signals: tuple[int, ...] = (), 
 
 # What a relaunch into the same run folder keeps from the summary the earlier launch left, until it knows
 # better: a relaunch that fails early still shows what the run had measured, beside its own failure.
-CARRIED = ("global_step", "metrics", "data", "model")
+CARRIED = ("global_step", "metrics", "data", "model", "along_training")
 
 
 def earlier_summary(output_dir: Path) -> dict[str, Any]:

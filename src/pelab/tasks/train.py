@@ -79,7 +79,15 @@ def train(cfg: DictConfig) -> dict:
         if cfg.get("evaluate_after_fit", True) and trainer.is_global_zero:
             from pelab.evaluation.suite import run_evaluation
 
-            summary["metrics"].update(run_evaluation(module.model, datamodule, cfg, output_dir, task.run, summary))
+            final = run_evaluation(module.model, datamodule, cfg, output_dir, task.run, summary)
+            summary["metrics"].update(final)
+            if cfg.eval.get("at"):  # the end of the schedule closes the curve of eval.at
+                ex = summary["evaluation"]["extrapolation"]
+                task.add_point({"step": summary["global_step"], "fraction": 1.0, "schedule": "end",
+                                "tokens_seen": module.tokens_per_step() * int(summary["global_step"]),
+                                "blocks": ex["blocks"], "split": ex["split"],
+                                "seconds": summary["evaluation"]["seconds"]["extrapolation"],
+                                "metrics": {k: v for k, v in final.items() if k.startswith("extrap/")}})
     return task.summary
 
 

@@ -1,0 +1,86 @@
+"""Extrapolation measured during training (`eval.at`): at fractions of `trainer.max_steps`, the perplexity at every
+evaluation length on the test blocks, logged against the step (W&B, CSV) and kept in summary.json
+(`along_training`) and in the checkpoints (a resumed run keeps the points it had).
+
+A point in the middle of a cosine schedule is not the end of a shorter run (the learning rate is still high
+there), so these points are labelled "mid-schedule"; compare budgets with separate runs (README "Evaluation").
+Each point runs at the validation step nearest its fraction, inside validation, so its time is not counted as
+training time (`train/tokens_per_sec`). It may score fewer tokens than the final evaluation
+(`eval.at_tokens`): its interval says what that costs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import lightning.pytorch as L
+from lightning.pytorch.callbacks import Callback
+from omegaconf import OmegaConf
+
+from pelab.evaluation.extrapolation import evaluate_extrapolation, resolve_lengths
+from pelab.evaluation.suite import eval_blocks
+
+log = logging.getLogger(__name__)
+
+
+def steps_at(fractions: list[float], max_steps: int, every: int) -> dict[int, float]:
+    """{step: fraction} for the fractions below 1 (1 is the end-of-training evaluation), each at the validation
+    step nearest to fraction x max_steps (at least the first validation, before the last step)."""
+    out = {}
+    for f in sorted(set(fractions)):
+        if f < 1.0:
+            step = max(every, round(f * max_steps / every) * every)
+            if step < max_steps:
+                out.setdefault(step, f)
+    return out
+
+
+class EvaluationAlongTraining(Callback):
+    """`eval.at`: the extrapolation evaluation at fractions of training (see the module doc). `ecfg`: the eval
+    config (lengths, tokens / at_tokens, seed, split, batch_tokens); `on_point(record)` is told each new point
+    (the harness writes it into summary.json)."""
+
+    def __init__(self, ecfg: dict, train_length: int, on_point: Callable[[dict], None] | None = None):
+        self.ecfg, self.train_length, self.on_point = dict(ecfg), int(train_length), on_point
+        self.lengths = resolve_lengths(list(self.ecfg["lengths"]), self.train_length)
+        self.records: list[dict[str, Any]] = []
+        self.steps: dict[int, float] = {}
+        self.blocks = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        every = int(trainer.val_check_interval) if trainer.val_check_interval else 1
+        self.steps = steps_at(list(self.ecfg.get("at") or []), int(trainer.max_steps), every)
+        if self.steps:
+            at_tokens = self.ecfg.get("at_tokens")
+            budget = OmegaConf.create({**self.ecfg, "tokens": self.ecfg.get("tokens") if at_tokens is None
+                                       else at_tokens})
+            self.blocks = eval_blocks(trainer.datamodule, budget, self.lengths)
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        step = int(trainer.global_step)
+        if trainer.sanity_checking or step not in self.steps or any(r["step"] == step for r in self.records):
+            return
+        t0 = time.perf_counter()
+        result = evaluate_extrapolation(pl_module.model, self.blocks, self.lengths, self.train_length,
+                                        device=pl_module.device, protocols=("nonoverlap",),
+                                        batch_tokens=int(self.ecfg.get("batch_tokens", 16384)))
+        result.split, result.seed = str(self.ecfg["split"]), int(self.ecfg.get("seed", 0))
+        metrics = result.metrics()
+        record = {"step": step, "fraction": self.steps[step], "schedule": "mid-schedule",
+                  "tokens_seen": int(pl_module.tokens_per_step() * step), "blocks": result.blocks,
+                  "split": result.split, "seconds": round(time.perf_counter() - t0, 2), "metrics": metrics}
+        self.records.append(record)
+        log.info("eval.at %.3g (step %d, mid-schedule): %s in %.1f s", record["fraction"], step,
+                 ", ".join(f"ppl@{L} {result.ppl(L):.3g}" for L in self.lengths), record["seconds"])
+        pl_module.log_dict({k: v for k, v in metrics.items() if v == v}, rank_zero_only=True)  # NaN: not logged
+        if self.on_point is not None:
+            self.on_point(record)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"records": self.records}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.records = list(state.get("records") or [])
