@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from pelab.encodings.base import PEConfig, PositionEncoding, PositionState, check, positions_as_float
-from pelab.errors import ConfigError
+from pelab.encodings.base import PEConfig, PositionEncoding, PositionState, positions_as_float
+from pelab.errors import ConfigError, need
 
 
 class NoPE(PositionEncoding):
@@ -46,7 +46,7 @@ class Sinusoidal(PositionEncoding):
 
         def validate(self, d_model: int, n_heads: int) -> None:
             super().validate(d_model, n_heads)
-            check(self.base > 1, "base", self.base, "must be > 1")
+            need(self.base > 1, "pe.base", self.base, "must be > 1")
             if d_model % 2:
                 raise ConfigError(f"model.d_model={d_model} must be even for pe=sinusoidal (sin/cos pairs)")
 
@@ -90,13 +90,13 @@ class Learned(PositionEncoding):
 
         def validate(self, d_model: int, n_heads: int) -> None:
             super().validate(d_model, n_heads)
-            check(self.max_position is not None and self.max_position >= 1, "max_position", self.max_position,
-                  "must be a positive number of table rows")
+            need(self.max_position is not None and self.max_position >= 1, "pe.max_position",
+                 self.max_position, "must be a positive number of table rows")
             reach = max(self.train_length or 0, self.randomized.max_position or 0)
-            check(self.max_position >= reach, "max_position", self.max_position,
-                  f"cannot hold the {reach} positions training reaches (data.seq_len / pe.randomized."
-                  "max_position); raise pe.max_position or leave it null")
-            check(self.init_std > 0, "init_std", self.init_std, "must be > 0")
+            need(self.max_position >= reach, "pe.max_position", self.max_position,
+                 f"cannot hold the {reach} positions training reaches (data.seq_len / pe.randomized."
+                 "max_position); raise pe.max_position or leave it null")
+            need(self.init_std > 0, "pe.init_std", self.init_std, "must be > 0")
 
     def __init__(self, d_model: int, n_heads: int, *, max_position: int, init_std: float, **common):
         super().__init__(d_model, n_heads, **common)

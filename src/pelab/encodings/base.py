@@ -14,8 +14,8 @@ so a new scheme is one module (class + config dataclass) + one YAML file with it
 
 Each encoding's settings are a dataclass (``PEConfig`` subclass, the class attribute ``Config``): the
 schema of ``conf/pe/<name>.yaml`` (types and defaults), ``resolve(train_length)`` (fills the settings
-that mean "the training length") and ``validate(d_model, n_heads)`` (range checks, one-line errors naming
-``pe.<key>``), and capabilities the harness asks instead of names (``supports_scaling``,
+that mean "the training length") and ``validate(d_model, n_heads)`` (range checks with ``pelab.errors.need``,
+one-line errors naming ``pe.<key>``), and capabilities the harness asks instead of names (``supports_scaling``,
 ``runtime_keys``).
 
 Positions are a LongTensor ``pos`` of shape ``(T,)`` (shared by the batch) or ``(B, T)``.
@@ -31,7 +31,7 @@ import torch
 from omegaconf import MISSING
 from torch import Tensor, nn
 
-from pelab.errors import ConfigError
+from pelab.errors import ConfigError, need
 from pelab.ops import BiasFn, CausalBias, causal_bias, distance_bias
 
 # A (H, T, T) bias (times B for per-batch positions) is materialised once per forward up to this many
@@ -41,12 +41,6 @@ MAX_BIAS_ELEMENTS = 64 * 2**20
 
 class PositionOutOfRange(ValueError):
     """A position the encoding cannot represent (e.g. past the end of a learned table)."""
-
-
-def check(ok: bool, key: str, value: Any, need: str) -> None:
-    """One-line config error naming the key: ``pe.<key>=<value> <need>``."""
-    if not ok:
-        raise ConfigError(f"pe.{key}={value} {need}")
 
 
 @dataclass
@@ -91,14 +85,14 @@ class PEConfig:
 
     def validate(self, d_model: int, n_heads: int) -> None:
         """Range checks of the resolved settings; raise ConfigError naming the key."""
-        check(self.train_length is None or self.train_length >= 1, "train_length", self.train_length,
-              "must be a positive number of tokens (or null = data.seq_len)")
+        need(self.train_length is None or self.train_length >= 1, "pe.train_length", self.train_length,
+             "must be a positive number of tokens (or null = data.seq_len)")
         n = self.randomized.max_position
         if n is not None:
-            check(n >= (self.train_length or 1), "randomized.max_position", n,
-                  f"must be at least the training length {self.train_length}: randomized positions are a "
-                  "sorted subset of [0, max_position) (the paper uses many times the training length); "
-                  "null turns them off")
+            need(n >= (self.train_length or 1), "pe.randomized.max_position", n,
+                 f"must be at least the training length {self.train_length}: randomized positions are a "
+                 "sorted subset of [0, max_position) (the paper uses many times the training length); "
+                 "null turns them off")
 
 
 @dataclass

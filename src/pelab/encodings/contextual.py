@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from pelab.encodings.base import PEConfig, PositionEncoding, PositionState, check
+from pelab.encodings.base import PEConfig, PositionEncoding, PositionState
+from pelab.errors import need
 from pelab.ops import future_mask
 
 
@@ -69,8 +70,8 @@ class CoPE(PositionEncoding):
 
         def validate(self, d_model: int, n_heads: int) -> None:
             super().validate(d_model, n_heads)
-            check(self.max_position is not None and self.max_position >= 2, "max_position", self.max_position,
-                  "must be an integer >= 2 (or null = the training length)")
+            need(self.max_position is not None and self.max_position >= 2, "pe.max_position",
+                 self.max_position, "must be an integer >= 2 (or null = the training length)")
 
     def __init__(self, d_model: int, n_heads: int, *, max_position: int, **common):
         super().__init__(d_model, n_heads, **common)

@@ -29,7 +29,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from pelab.encodings.base import PEConfig, PositionEncoding, PositionState, check, positions_as_float
+from pelab.encodings.base import PEConfig, PositionEncoding, PositionState, positions_as_float
+from pelab.errors import need
 
 log = logging.getLogger(__name__)
 
@@ -201,29 +202,32 @@ class RoPEConfig(PEConfig):
 
     def variant(self, name: str) -> RoPEConfig:
         """The same settings under scaling type ``name`` (none, linear, ntk, dynamic_ntk, yarn)."""
-        check(name in SCALING_TYPES, "scaling.type", name, f"is unknown; choose one of {list(SCALING_TYPES)}")
+        need(name in SCALING_TYPES, "pe.scaling.type", name,
+             f"is unknown; choose one of {list(SCALING_TYPES)}")
         if self.scaling.factor == 1.0 and name != "none":
             log.warning("pe.scaling.factor=1: every scaling type equals no scaling; pass pe.scaling.factor=4, say.")
         return replace(self, scaling=replace(self.scaling, type=name))
 
     def validate(self, d_model: int, n_heads: int) -> None:
         super().validate(d_model, n_heads)
-        check(self.base > 1, "base", self.base, "must be > 1")
-        check(0.0 < self.rotary_fraction <= 1.0, "rotary_fraction", self.rotary_fraction, "must be in (0, 1]")
-        check(0.0 <= self.frequency_fraction <= 1.0, "frequency_fraction", self.frequency_fraction,
-              "(p-RoPE's p) must be in [0, 1]")
+        need(self.base > 1, "pe.base", self.base, "must be > 1")
+        need(0.0 < self.rotary_fraction <= 1.0, "pe.rotary_fraction", self.rotary_fraction,
+             "must be in (0, 1]")
+        need(0.0 <= self.frequency_fraction <= 1.0, "pe.frequency_fraction", self.frequency_fraction,
+             "(p-RoPE's p) must be in [0, 1]")
         rotary = rotary_dim(d_model // n_heads, self.rotary_fraction)
-        check(rotary >= 2, "rotary_fraction", self.rotary_fraction,
-              f"of head_dim={d_model // n_heads} (model.d_model/model.n_heads) leaves no channel pair to "
-              "rotate; raise pe.rotary_fraction or the head size")
+        need(rotary >= 2, "pe.rotary_fraction", self.rotary_fraction,
+             f"of head_dim={d_model // n_heads} (model.d_model/model.n_heads) leaves no channel pair to "
+             "rotate; raise pe.rotary_fraction or the head size")
         s = self.scaling
-        check(s.type in SCALING_TYPES, "scaling.type", s.type, f"is unknown; choose one of {list(SCALING_TYPES)}")
-        check(s.factor > 0, "scaling.factor", s.factor, "must be > 0 (1 = no scaling)")
-        check(s.type not in ("ntk", "dynamic_ntk") or rotary > 2, "scaling.type", s.type,
-              f"needs more than 2 rotary dims; head_dim * pe.rotary_fraction gives {rotary}")
-        check(s.type not in ("dynamic_ntk", "yarn") or self.train_length is not None, "scaling.type", s.type,
-              "needs pe.train_length (the training length); it is null -- set it, or let the harness fill it "
-              "from data.seq_len")
+        need(s.type in SCALING_TYPES, "pe.scaling.type", s.type,
+             f"is unknown; choose one of {list(SCALING_TYPES)}")
+        need(s.factor > 0, "pe.scaling.factor", s.factor, "must be > 0 (1 = no scaling)")
+        need(s.type not in ("ntk", "dynamic_ntk") or rotary > 2, "pe.scaling.type", s.type,
+             f"needs more than 2 rotary dims; head_dim * pe.rotary_fraction gives {rotary}")
+        need(s.type not in ("dynamic_ntk", "yarn") or self.train_length is not None, "pe.scaling.type",
+             s.type, "needs pe.train_length (the training length); it is null -- set it, or let the harness "
+             "fill it from data.seq_len")
 
 
 def rotary_dim(head_dim: int, rotary_fraction: float) -> int:
@@ -334,7 +338,7 @@ class XPos(RoPE):
 
         def validate(self, d_model: int, n_heads: int) -> None:
             super().validate(d_model, n_heads)
-            check(self.scale_base > 0, "scale_base", self.scale_base, "must be > 0")
+            need(self.scale_base > 0, "pe.scale_base", self.scale_base, "must be > 0")
 
     def __init__(self, d_model: int, n_heads: int, *, scale_base: float, **knobs):
         super().__init__(d_model, n_heads, **knobs)
