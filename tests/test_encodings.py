@@ -157,14 +157,14 @@ def test_sinusoidal_shift_is_a_fixed_rotation():
 # ---- learned --------------------------------------------------------------------------------------------
 def test_learned_params_init_and_error_beyond_table():
     pe = build_encoding({"name": "learned", "max_position": 256}, 64, 4)
-    assert pe.max_position == 256
+    assert pe.n_positions == 256
     assert pe.num_learnable_params() == 256 * 64
     assert abs(pe.weight.weight.std().item() - 0.02) < 0.002
     pe.check_positions(torch.arange(256))  # last row exists
     with pytest.raises(PositionOutOfRange, match=r"end at 255 \(pe.max_position=256\); got position 511"):
         pe.check_positions(torch.arange(300, 512))
     with pytest.raises(PositionOutOfRange, match="pe.max_position"):
-        pe.check_positions(max_position=256)
+        pe.check_positions(largest=256)
     assert isinstance(PositionOutOfRange("x"), ValueError)
     # unbounded encodings never complain
     build_encoding({"name": "sinusoidal"}, 64, 4).check_positions(torch.tensor([10**6]))

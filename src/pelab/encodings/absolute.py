@@ -100,13 +100,13 @@ class Learned(PositionEncoding):
 
     def __init__(self, d_model: int, n_heads: int, *, max_position: int, init_std: float, **common):
         super().__init__(d_model, n_heads, **common)
-        self.max_position = int(max_position)
-        self.weight = nn.Embedding(self.max_position, d_model)
+        self.n_positions = int(max_position)  # bounded: positions past the table raise PositionOutOfRange
+        self.weight = nn.Embedding(self.n_positions, d_model)
         nn.init.normal_(self.weight.weight, mean=0.0, std=init_std)
 
     def embed(self, x: Tensor, state: PositionState) -> Tensor:
         return x + self.weight(state.pos).to(x.dtype)  # (T, D) or (B, T, D)
 
     def diagnostics(self, n_positions: int) -> dict:
-        n = min(n_positions, self.max_position)
+        n = min(n_positions, self.n_positions)
         return {"table": self.weight.weight[:n].detach().float().cpu()}

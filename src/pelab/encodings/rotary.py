@@ -5,8 +5,8 @@ Also here: p-RoPE (``frequency_fraction``) and xPos (``XPos``, RoPE with a dista
 Pairing convention: half-split (GPT-NeoX / Hugging Face): channel i is paired with channel i + d/2 of the
 rotated block, and pair i turns by angle p * theta_i with theta_i = base^(-2i/d). Used everywhere here.
 
-Scalings (s = factor, L = original_max_position = pe.train_length, the training length, d = rotary dims), as pure functions
-so the tests can check them against the published formulas:
+Scalings (s = factor, L = ``train_length`` = pe.train_length, the training length, d = rotary dims), as
+pure functions so the tests can check them against the published formulas:
   none         theta_i
   linear       theta_i / s                                   (position interpolation, Chen et al. 2023)
   ntk          base' = base * s^(d/(d-2))                    (NTK-aware)
@@ -48,10 +48,10 @@ def ntk_base(dim: int, base: float, factor: float) -> float:
     return base * factor ** (dim / (dim - 2))
 
 
-def dynamic_ntk_base(dim: int, base: float, factor: float, original_max_position: int, seq_len):
-    """base * (s*l/L - (s-1))^(d/(d-2)) for l > L, else base. ``seq_len`` may be an int or a 0-d tensor
-    (the tensor form avoids a device->host sync inside forward)."""
-    L = original_max_position
+def dynamic_ntk_base(dim: int, base: float, factor: float, train_length: int, seq_len):
+    """base * (s*l/L - (s-1))^(d/(d-2)) for l > L, else base; L = ``train_length``, l = ``seq_len`` (the
+    current length), an int or a 0-d tensor (the tensor form avoids a device->host sync inside forward)."""
+    L = train_length
     if isinstance(seq_len, Tensor):
         l = seq_len.to(torch.float32)
         scaled = base * (factor * l / L - (factor - 1.0)) ** (dim / (dim - 2))
@@ -61,17 +61,17 @@ def dynamic_ntk_base(dim: int, base: float, factor: float, original_max_position
     return base * (factor * seq_len / L - (factor - 1.0)) ** (dim / (dim - 2))
 
 
-def yarn_correction_dim(num_rotations: float, dim: int, base: float, original_max_position: int) -> float:
+def yarn_correction_dim(num_rotations: float, dim: int, base: float, train_length: int) -> float:
     """Pair-dimension whose wavelength fits ``num_rotations`` times in L: d*ln(L/(2*pi*r)) / (2*ln(base))."""
-    return dim * math.log(original_max_position / (num_rotations * 2 * math.pi)) / (2 * math.log(base))
+    return dim * math.log(train_length / (num_rotations * 2 * math.pi)) / (2 * math.log(base))
 
 
 def yarn_correction_range(
-    dim: int, base: float, original_max_position: int, beta_fast: float = 32.0, beta_slow: float = 1.0
+    dim: int, base: float, train_length: int, beta_fast: float = 32.0, beta_slow: float = 1.0
 ) -> tuple[int, int]:
     """(low, high) = floor(d(beta_fast)), ceil(d(beta_slow)), clamped to [0, dim-1]."""
-    low = math.floor(yarn_correction_dim(beta_fast, dim, base, original_max_position))
-    high = math.ceil(yarn_correction_dim(beta_slow, dim, base, original_max_position))
+    low = math.floor(yarn_correction_dim(beta_fast, dim, base, train_length))
+    high = math.ceil(yarn_correction_dim(beta_slow, dim, base, train_length))
     return max(low, 0), min(high, dim - 1)
 
 
@@ -87,7 +87,7 @@ def rope_inv_freq(
     base: float = 10000.0,
     scaling: str = "none",
     factor: float = 1.0,
-    original_max_position: int | None = None,
+    train_length: int | None = None,
     beta_fast: float = 32.0,
     beta_slow: float = 1.0,
     seq_len: int | None = None,
@@ -103,12 +103,12 @@ def rope_inv_freq(
     if scaling == "dynamic_ntk":
         if seq_len is None:
             return base_inv_freq(dim, base)
-        return base_inv_freq(dim, dynamic_ntk_base(dim, base, factor, original_max_position, int(seq_len)))
+        return base_inv_freq(dim, dynamic_ntk_base(dim, base, factor, train_length, int(seq_len)))
     if scaling != "yarn":
         raise ValueError(f"unknown RoPE scaling {scaling!r}; known: {list(SCALING_TYPES)}")
     # yarn: keep theta_i for fast pairs (gamma=0), interpolate theta_i/s for slow ones (gamma=1)
     theta = base_inv_freq(dim, base)
-    low, high = yarn_correction_range(dim, base, original_max_position, beta_fast, beta_slow)
+    low, high = yarn_correction_range(dim, base, train_length, beta_fast, beta_slow)
     gamma = yarn_ramp(low, high, dim // 2)
     return (1.0 - gamma) * theta + gamma * theta / factor
 

@@ -247,7 +247,7 @@ class GPT(nn.Module):
         return n
 
     def positions(self, idx: Tensor, pos: Tensor | None, start: int) -> tuple[Tensor, int | None]:
-        """The position tensor, and its largest value when known without a device sync."""
+        """The position tensor, and its largest value (inclusive) when known without a device sync."""
         B, T = idx.shape
         if pos is None:
             if start < 0:
@@ -269,8 +269,8 @@ class GPT(nn.Module):
         if not 0 <= from_index < T:
             raise ValueError(f"from_index must be in [0, {T}) for a {T}-token input; got {from_index}")
         consecutive = pos is None
-        pos, max_position = self.positions(idx, pos, start)
-        state = self.pe.prepare(pos, consecutive, max_position)  # once per forward, for every layer
+        pos, largest = self.positions(idx, pos, start)
+        state = self.pe.prepare(pos, consecutive, largest)  # once per forward, for every layer
         x = self.tok_emb(idx)  # (B, T, D)
         if self.pe.has_embed:
             x = self.pe.embed(x, state)  # sum composition: still (B, T, D)
