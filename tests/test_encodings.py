@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ from pelab.encodings import (
     pe_schema,
 )
 from pelab.encodings.bias import alibi_slopes
+from pelab.encodings.config import PE_CONF_DIR, load_pe_yaml
 from pelab.encodings.diagnostics import (
     encoding_report,
     neighbour_cosine,
@@ -28,7 +28,6 @@ from pelab.encodings.diagnostics import (
 from pelab.encodings.rotary import rope_attention_factor, rope_inv_freq
 from pelab.errors import ConfigError
 
-CONF_PE = Path(__file__).resolve().parents[1] / "conf" / "pe"
 D, H = 32, 4
 
 
@@ -44,7 +43,7 @@ def test_every_yaml_names_an_encoding_class_whose_schema_has_the_same_defaults()
     """The schema dataclass is the one source of defaults: each YAML lists exactly its keys and values."""
     assert len(available_encodings()) >= 11
     for name in available_encodings():
-        cfg = OmegaConf.load(CONF_PE / f"{name}.yaml")
+        cfg = load_pe_yaml(name)  # as Hydra composes it: conf/pe/_base.yaml under the file
         assert cfg.name == name
         cls = get_class(cfg._target_)
         assert issubclass(cls, PositionEncoding) and pe_schema(cfg) is cls.Config
@@ -55,8 +54,20 @@ def test_every_yaml_names_an_encoding_class_whose_schema_has_the_same_defaults()
 
 
 @pytest.mark.parametrize("name", available_encodings())
+def test_load_pe_yaml_is_what_hydra_composes(name):
+    """Outside Hydra (default_pe_config, report defaults) a YAML reads as Hydra composes it into `pe`: the
+    shared keys of conf/pe/_base.yaml under the file's own; `_base` itself is no encoding."""
+    from conftest import compose
+
+    assert "_base" not in available_encodings() and (PE_CONF_DIR / "_base.yaml").is_file()
+    loaded = OmegaConf.to_container(load_pe_yaml(name))
+    assert "defaults" not in loaded and loaded["train_length"] is None
+    assert loaded == OmegaConf.to_container(compose([f"pe={name}"]).pe)
+
+
+@pytest.mark.parametrize("name", available_encodings())
 def test_yaml_builds_and_has_expected_shapes(name):
-    cfg = OmegaConf.load(CONF_PE / f"{name}.yaml")
+    cfg = load_pe_yaml(name)
     assert cfg.randomized.max_position is None  # every scheme can be randomized; off by default
     pe = build_encoding(cfg, D, H, train_length=64)
     assert type(pe) is get_class(cfg._target_) and pe.name == name
