@@ -328,6 +328,17 @@ def test_rope_rotation_and_its_gradient_match_the_textbook_formula(fraction, per
     torch.testing.assert_close(gk, fk, atol=1e-5, rtol=1e-5)
 
 
+def test_rope_rotation_passes_gradcheck_in_float64():
+    from pelab.encodings.rotary import apply_rotary
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 5, 8, dtype=torch.float64, requires_grad=True)
+    f = torch.rand(5, 3, dtype=torch.float64) * 6
+    cos, sin = torch.cat((f, f), -1).cos(), torch.cat((f, f), -1).sin()  # 6 of 8 channels rotated
+    # fp32 math inside (as in training), so compare against finite differences at fp32 precision
+    assert torch.autograd.gradcheck(lambda t: apply_rotary(t, cos, sin).double(), (x,), eps=1e-3, atol=1e-3)
+
+
 # ---- ALiBi ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("heads", [8, 12])
 def test_alibi_bias_is_minus_slope_times_distance(heads):

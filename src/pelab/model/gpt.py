@@ -18,7 +18,8 @@ from torch import Tensor, nn
 
 from pelab.encodings import PositionEncoding, PositionState
 from pelab.errors import ConfigError, typed_group
-from pelab.model.attention import ATTN_BACKENDS, causal_attention, observed_attention
+from pelab.model.attention import ATTN_BACKENDS, causal_attention
+from pelab.model.logits import observed_attention
 
 INITS = ("gpt2", "kaiming")
 LOGIT_SCALES = ("none", "log_length")  # model.attn_logit_scale
