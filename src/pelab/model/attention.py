@@ -4,9 +4,8 @@
   score bias        -> "sdpa_mask" (``pelab.model.sdpa``): SDPA with an additive float mask (bias + causal -inf), in query chunks of
                        ``chunk_size`` (keys only up to each chunk's last query): memory O(H*chunk*T); the
                        mask is passed 4-D, which SDPA's fused CPU kernel accepts (3-D -> math path). The
-                       default on every device: on one H200 (B=16, H=6, T=1024, Dh=64, bf16, fwd+bwd) it took
-                       0.55 ms where FlexAttention took 1.0 ms (and FlexAttention only compiled there with
-                       smaller tiles, FLEX_CUDA_KERNEL_OPTIONS).
+                       default on every device, CUDA too: it ran faster than FlexAttention on an H200
+                       (experiments/benchmarks/README.md).
                     -> "explicit": on CPU, a mask that needs a gradient (a learned bias in training) goes
                        through ``explicit_attention`` (SDPA's fused CPU kernel gives no mask gradient)
   backend="flex"    -> "flex" (``pelab.model.flex``): FlexAttention with a score_mod adding the bias (compiled; causal block mask;
@@ -97,8 +96,8 @@ def _sdpa_reason(q: Tensor, backend: str, dropout_p: float) -> str | None:
         return "SDPA asked for: model.attn_backend=sdpa, or a content bias (CoPE: computed per layer and chunk)"
     if backend == "auto":
         if q.is_cuda:
-            return ("model.attn_backend=auto: additive-mask SDPA, measured faster than FlexAttention on an H200 "
-                    "(0.55 vs 1.0 ms fwd+bwd at B=16 H=6 T=1024 Dh=64 bf16)")
+            return ("model.attn_backend=auto: additive-mask SDPA, faster than FlexAttention on an H200 "
+                    "(experiments/benchmarks/README.md)")
         return "model.attn_backend=auto"
     if dropout_p > 0.0:
         return "model.attn_backend=flex refused: FlexAttention has no attention dropout (model.dropout > 0)"

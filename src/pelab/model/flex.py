@@ -20,9 +20,8 @@ FLEX_MAX_BIAS_ELEMENTS = 64 * 2**20
 # dynamo's recompile limit is 8); further signatures use the chunked SDPA path.
 FLEX_MAX_SIGNATURES = 8
 
-# FlexAttention's tiles on CUDA for score_mods that read a bias table: with the defaults, an H200 (torch 2.11,
-# triton 3.6; bf16, Dh=64, an fp32 (H, T, T) table) found "No valid triton configs" (shared memory: 245760 B
-# required, 232448 B available); these compiled and ran there.
+# FlexAttention's tiles on CUDA for score_mods that read a bias table: the default tiles need more shared
+# memory than an H200 has, these smaller ones compile and run there (experiments/benchmarks/README.md).
 FLEX_CUDA_KERNEL_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 1}
 
 _flex_state: dict = {"compiled": None, "error": None, "block_masks": {}, "verified": set()}

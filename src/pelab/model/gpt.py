@@ -39,14 +39,15 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = False  # biases in Linear and LayerNorm layers
     attn_chunk_size: int = 1024  # query chunk of the biased-attention SDPA path
-    # auto | sdpa: a score bias goes through SDPA with an additive mask (measured faster than FlexAttention
-    # on an H200); flex: FlexAttention (compiled score_mod), with a warning and SDPA if it fails
+    # auto | sdpa: a score bias goes through SDPA with an additive mask (faster than FlexAttention on an H200:
+    # experiments/benchmarks/README.md); flex: FlexAttention (compiled score_mod), with a warning and SDPA if
+    # it fails
     attn_backend: str = "auto"
     # gpt2: N(0, 0.02) weights, residual projections scaled by 1/sqrt(2 * layers) (GPT-2, nanoGPT).
     # kaiming: PyTorch's default Linear / LayerNorm init and kaiming-normal token embeddings, N(0, 2/d)
     # (x-transformers' TransformerWrapper; checked against x_transformers 2.31). The embedding scale is what
-    # matters for retrieval: with N(0, 1) (nn.Embedding's default) or N(0, 0.02) (gpt2) a 2-layer d=128
-    # model sat on the mqar plateau for 600-2,000 steps; with N(0, 2/d) it learned 8-pair mqar in ~300.
+    # matters for retrieval: with N(0, 2/d) a small model leaves the mqar copy plateau far sooner than with
+    # N(0, 1) (nn.Embedding's default) or N(0, 0.02) (gpt2) (measured: experiments/benchmarks/README.md).
     init: str = "gpt2"
     tie_embeddings: bool = True  # the LM head is the token embedding (GPT-2); False: its own matrix
     # log_length: logits of the query with n > L keys times log(n)/log(L) (Chiang & Cholak 2022); L = train_length
