@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from encoding_inputs import D, H
-from pelab.encodings import build_encoding
+from pelab.encodings import build_encoding, resolve_pe_config
 from pelab.encodings.bias import KERPLE, alibi_slopes, sandwich_slopes
 from pelab.errors import ConfigError
 
@@ -158,7 +158,7 @@ def test_sandwich_is_non_positive_and_shift_invariant():
 
 # ---- FIRE --------------------------------------------------------------------------------------------------
 def test_fire_normalized_distance_matches_paper_at_hand_points():
-    pe = build_encoding({"name": "fire"}, D, H)  # c = 0.1, L = 512
+    pe = build_encoding({"name": "fire", "init_L": 512.0}, D, H)  # c = 0.1, L = 512
     x = pe.normalized_distance(torch.tensor([10, 1000]), torch.tensor([0, 990]))
     # i=10 < L: psi(10)/psi(512) = ln 2 / ln 52.2;  i=1000 > L: psi(1000)/psi(1000) = 1, psi(10)/psi(1000)
     assert x[0, 0].item() == pytest.approx(math.log(2.0) / math.log(52.2), rel=1e-5)
@@ -183,10 +183,21 @@ def test_fire_shift_invariant_below_threshold_interpolates_beyond():
 
 def test_fire_blocked_mlp_equals_one_block():
     torch.manual_seed(0)
-    pe = build_encoding({"name": "fire"}, D, H)
+    pe = build_encoding({"name": "fire", "init_L": 512.0}, D, H)
     pos = torch.arange(50)
     full = pe.score_bias(pos, pos)
     pe.MAX_HIDDEN_ELEMENTS = 7 * 50 * 32  # 7 query rows per block
     torch.testing.assert_close(pe.score_bias(pos, pos), full)
     batched = pe.score_bias(pos.expand(2, 50), pos.expand(2, 50))
     torch.testing.assert_close(batched, full.expand(2, H, 50, 50))
+
+
+def test_fire_threshold_init_is_the_training_length_unless_set():
+    """pe.init_L null (the default) means the training length, like every setting that means it: FIRE's
+    threshold L starts at the length the model trains on; an explicit pe.init_L (or pe.train_length) wins."""
+    assert build_encoding("fire", D, H, train_length=128).init_L.item() == 128.0
+    assert resolve_pe_config("fire", d_model=D, n_heads=H, train_length=128)["init_L"] == 128.0  # summary.json's
+    assert build_encoding({"name": "fire", "init_L": 512}, D, H, train_length=128).init_L.item() == 512.0
+    assert build_encoding({"name": "fire", "train_length": 64}, D, H, train_length=128).init_L.item() == 64.0
+    with pytest.raises(ConfigError, match=r"pe.init_L=null .*set pe.init_L or pe.train_length"):
+        build_encoding("fire", D, H)  # built on its own: no training length to fill it from

@@ -42,7 +42,7 @@ def test_encoding_report_and_figures(tmp_path):
     assert rep["hooks"] == ["score_bias"] and rep["num_learnable_params"] == 32 * 4
     assert "neighbour_cosine_mean" not in rep
     for name in ("alibi", "t5_bias", "kerple", "sandwich", "fire"):
-        rep = encoding_report(build_encoding({"name": name}, 32, 4), 64, figures=True)
+        rep = encoding_report(build_encoding({"name": name}, 32, 4, train_length=64), 64, figures=True)
         assert set(rep["figures"]) == {"bias_by_distance"}, name
     rep = encoding_report(build_encoding({"name": "cope", "max_position": 16}, 32, 4), 64, figures=True)
     assert rep["hooks"] == ["content_bias"] and rep["figures"] == {}

@@ -105,7 +105,7 @@ def attention_case(scheme: str, a, device) -> dict:
 
     torch.manual_seed(0)
     B, H, T, Dh = a.batch, a.heads, a.seq, a.d // a.heads
-    pe = build_encoding({"name": scheme}, a.d, H).to(device)
+    pe = build_encoding({"name": scheme}, a.d, H, train_length=T).to(device)  # FIRE: init_L = T
     pos = torch.arange(T, device=device)
     bias = pe.bias(pos, consecutive=True)  # what the model hands attention on this device
     q, k, v = (torch.randn(B, H, T, Dh, device=device) for _ in range(3))

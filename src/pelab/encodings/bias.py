@@ -308,8 +308,8 @@ class FIRE(PositionEncoding):
 
       bias(i, j) = MLP( psi(i - j) / psi(max(i, L)) ),   psi(x) = log(|c x| + 1),
 
-    MLP 1 -> hidden (ReLU) -> H. c (init 0.1) and the threshold L = |L_mult * init_L| (init_L 512, L_mult
-    init 1) are learned. Dividing by psi(max(i, L)) maps every distance of any query into [0, 1]: long
+    MLP 1 -> hidden (ReLU) -> H. c (init 0.1) and the threshold L = |L_mult * init_L| (init_L: the training
+    length unless set, L_mult init 1) are learned. Dividing by psi(max(i, L)) maps every distance of any query into [0, 1]: long
     inputs are interpolated into the trained range instead of extrapolated. One module for all layers.
     """
 
@@ -322,11 +322,18 @@ class FIRE(PositionEncoding):
     class Config(PEConfig):
         mlp_width: int = 32
         init_c: float = 0.1
-        init_L: float = 512.0
+        init_L: float | None = None  # the threshold L's initial value; null = the training length
         eps: float = 1e-6
+
+        def resolve(self, train_length: int | None) -> None:
+            super().resolve(train_length)
+            if self.init_L is None and self.train_length is not None:
+                self.init_L = float(self.train_length)
 
         def validate(self, d_model: int, n_heads: int) -> None:
             super().validate(d_model, n_heads)
+            need(self.init_L is not None, "pe.init_L", self.init_L,
+                 "means the training length, which is unknown here: set pe.init_L or pe.train_length")
             for key in ("mlp_width", "init_c", "init_L", "eps"):
                 need(getattr(self, key) > 0, f"pe.{key}", getattr(self, key), "must be > 0")
 
