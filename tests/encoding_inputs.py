@@ -1,5 +1,5 @@
-"""Shared by the encodings tests (tests/test_encodings*.py, tests/test_model.py): the sizes they build encodings
-with, a micro model config, and a RoPE builder."""
+"""Shared by the encodings tests (tests/test_encodings*.py, tests/test_model.py): the sizes they build
+encodings with, a micro model config, and a RoPE builder."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The SDPA path of a score bias (pelab.model.sdpa): chunked additive-mask SDPA and the explicit softmax give the
-plain softmax reference's numbers and gradients (fp32, 1e-5), on the kernels they are meant to take."""
+"""The SDPA path of a score bias (pelab.model.sdpa): chunked additive-mask SDPA and the explicit softmax give
+the plain softmax reference's numbers and gradients (fp32, 1e-5), on the kernels they are meant to take."""
 
 from __future__ import annotations
 

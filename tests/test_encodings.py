@@ -100,7 +100,8 @@ def test_unknown_name_and_knob_are_clear_errors():
     ],
 )
 def test_num_learnable_params(name, expected):
-    knobs = {"learned": {"max_position": 64}, "cope": {"max_position": 64}, "fire": {"init_L": 64.0}}.get(name, {})
+    knobs = {"learned": {"max_position": 64}, "cope": {"max_position": 64},
+             "fire": {"init_L": 64.0}}.get(name, {})
     pe = build_encoding({"name": name, **knobs}, D, H)
     assert pe.num_learnable_params() == expected
     randomized = build_encoding({"name": name, **knobs, "randomized": {"max_position": 64}}, D, H)

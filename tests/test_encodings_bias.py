@@ -196,7 +196,7 @@ def test_fire_threshold_init_is_the_training_length_unless_set():
     """pe.init_L null (the default) means the training length, like every setting that means it: FIRE's
     threshold L starts at the length the model trains on; an explicit pe.init_L (or pe.train_length) wins."""
     assert build_encoding("fire", D, H, train_length=128).init_L.item() == 128.0
-    assert resolve_pe_config("fire", d_model=D, n_heads=H, train_length=128)["init_L"] == 128.0  # summary.json's
+    assert resolve_pe_config("fire", d_model=D, n_heads=H, train_length=128)["init_L"] == 128.0  # summary
     assert build_encoding({"name": "fire", "init_L": 512}, D, H, train_length=128).init_L.item() == 512.0
     assert build_encoding({"name": "fire", "train_length": 64}, D, H, train_length=128).init_L.item() == 64.0
     with pytest.raises(ConfigError, match=r"pe.init_L=null .*set pe.init_L or pe.train_length"):

@@ -1,4 +1,4 @@
-"""Diagnostics of an encoding (pelab.encodings.diagnostics): neighbour similarity, the report and its figures."""
+"""Diagnostics of an encoding (pelab.encodings.diagnostics): neighbour similarity, the report, its figures."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The score-bias forms of pelab.ops (pelab.ops.bias): the per-distance bias and its strided view give the full
-bias's numbers and the reference attention's gradients."""
+"""The score-bias forms of pelab.ops (pelab.ops.bias): the per-distance bias and its strided view give the
+full bias's numbers and the reference attention's gradients."""
 
 from __future__ import annotations
 

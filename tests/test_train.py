@@ -18,7 +18,7 @@ from pelab.harness.callbacks import SparseRichProgressBar
 from pelab.tasks.train import train
 
 # the extension schemes through the harness: the new hooks (content bias, position remap) under Lightning;
-# their formulas are in tests/test_encodings_*.py, a plain-loop training check per scheme in tests/test_model.py
+# their formulas are in tests/test_encodings_*.py, a plain-loop training check of each in tests/test_model.py
 EXTENDED = [["pe=xpos"], ["pe=kerple"], ["pe=sandwich"], ["pe=fire"], ["pe=cope"],
             ["pe=learned", "pe.randomized.max_position=256"]]
 # every other encoding of conf/pe/ (a new one is trained here without editing this list)

@@ -14,9 +14,9 @@ so a new scheme is one module (class + config dataclass) + one YAML file with it
 
 Each encoding's settings are a dataclass (``PEConfig`` subclass, the class attribute ``Config``): the
 schema of ``conf/pe/<name>.yaml`` (types and defaults), ``resolve(train_length)`` (fills the settings
-that mean "the training length") and ``validate(d_model, n_heads)`` (range checks with ``pelab.errors.need``,
-one-line errors naming ``pe.<key>``), and capabilities the harness asks instead of names (``supports_scaling``,
-``runtime_keys``).
+that mean "the training length") and ``validate(d_model, n_heads)`` (range checks with
+``pelab.errors.need``, one-line errors naming ``pe.<key>``), and capabilities the harness asks instead of
+names (``supports_scaling``, ``runtime_keys``).
 
 Positions are a LongTensor ``pos`` of shape ``(T,)`` (shared by the batch) or ``(B, T)``.
 """

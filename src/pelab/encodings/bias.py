@@ -309,8 +309,9 @@ class FIRE(PositionEncoding):
       bias(i, j) = MLP( psi(i - j) / psi(max(i, L)) ),   psi(x) = log(|c x| + 1),
 
     MLP 1 -> hidden (ReLU) -> H. c (init 0.1) and the threshold L = |L_mult * init_L| (init_L: the training
-    length unless set, L_mult init 1) are learned. Dividing by psi(max(i, L)) maps every distance of any query into [0, 1]: long
-    inputs are interpolated into the trained range instead of extrapolated. One module for all layers.
+    length unless set, L_mult init 1) are learned. Dividing by psi(max(i, L)) maps every distance of any
+    query into [0, 1]: long inputs are interpolated into the trained range instead of extrapolated. One
+    module for all layers.
     """
 
     has_bias = True

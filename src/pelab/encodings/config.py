@@ -2,9 +2,9 @@
 
 The encoding class named by ``_target_`` owns its schema (``Cls.Config``, a ``PEConfig`` dataclass), so
 this module knows no scheme by name: a new encoding is found through its YAML's ``_target_``, and the
-config group folder is the only list of encodings. The keys every encoding shares are in ``conf/pe/_base.yaml``,
-which each YAML composes through its Hydra defaults list (``defaults: [_base, _self_]``); ``load_pe_yaml``
-composes a file the same way outside Hydra.
+config group folder is the only list of encodings. The keys every encoding shares are in
+``conf/pe/_base.yaml``, which each YAML composes through its Hydra defaults list (``defaults: [_base,
+_self_]``); ``load_pe_yaml`` composes a file the same way outside Hydra.
 """
 
 from __future__ import annotations

@@ -1,19 +1,19 @@
 """Causal attention: the single dispatch point for every encoding (the paths live in their own modules).
 
   no score bias     -> "sdpa_causal": F.scaled_dot_product_attention(is_causal=True) (flash / fused kernels)
-  score bias        -> "sdpa_mask" (``pelab.model.sdpa``): SDPA with an additive float mask (bias + causal -inf), in query chunks of
-                       ``chunk_size`` (keys only up to each chunk's last query): memory O(H*chunk*T); the
+  score bias        -> "sdpa_mask" (``pelab.model.sdpa``): SDPA with an additive float mask (bias + causal
+                       -inf), in query chunks of ``chunk_size`` (keys only up to each chunk's last query): memory O(H*chunk*T); the
                        mask is passed 4-D, which SDPA's fused CPU kernel accepts (3-D -> math path). The
                        default on every device, CUDA too: it ran faster than FlexAttention on an H200
                        (experiments/benchmarks/README.md).
                     -> "explicit": on CPU, a mask that needs a gradient (a learned bias in training) goes
                        through ``explicit_attention`` (SDPA's fused CPU kernel gives no mask gradient)
-  backend="flex"    -> "flex" (``pelab.model.flex``): FlexAttention with a score_mod adding the bias (compiled; causal block mask;
-                       runs on CPU too under torch.compile); if it fails or is refused, a warning and the
-                       SDPA path, with the reason recorded
-Which path each scheme actually took is recorded per process (``pelab.model.paths``; ``attention_paths``: logged
-once per (scheme, path) at INFO and written to summary.json), so that no fallback is silent. Evaluation-time
-explicit logits (log-length scaling, attention statistics) are ``pelab.model.logits``.
+  backend="flex"    -> "flex" (``pelab.model.flex``): FlexAttention with a score_mod adding the bias
+                       (compiled; causal block mask; runs on CPU too under torch.compile); if it fails or is
+                       refused, a warning and the SDPA path, with the reason recorded
+Which path each scheme actually took is recorded per process (``pelab.model.paths``; ``attention_paths``:
+logged once per (scheme, path) at INFO and written to summary.json), so that no fallback is silent.
+Evaluation-time explicit logits (log-length scaling, attention statistics) are ``pelab.model.logits``.
 
 The bias (``bias_fn``) is one of the forms of ``pelab.ops.bias`` (a tensor, ``CausalBias``, ``DistanceBias`` or a
 per-chunk callable). All paths return the same numbers as ``reference_attention`` (explicit softmax); see

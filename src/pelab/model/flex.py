@@ -1,5 +1,6 @@
 """FlexAttention (model.attn_backend=flex): the score bias added by a compiled score_mod under a causal block
-mask; refused or falling back to the SDPA path (``pelab.model.sdpa``) when it cannot run or disagrees with it."""
+mask; refused, or falling back to the SDPA path (``pelab.model.sdpa``), when it cannot run or disagrees with
+it."""
 
 from __future__ import annotations
 
