@@ -12,7 +12,7 @@ import yaml
 
 from conftest import CONF_DIR, FAST, ROOT, compose, run_cli, summaries
 
-ENCODINGS = {p.stem for p in (ROOT / "conf" / "pe").glob("*.yaml")}
+ENCODINGS = {p.stem for p in (ROOT / "conf" / "pe").glob("*.yaml") if not p.stem.startswith("_")}  # not _base
 
 
 def _compose_hydra(overrides: list[str]):

@@ -13,14 +13,16 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from conftest import FAST, compose, offline_runs, run_cli, wandb_records, wandb_summary
+from pelab.encodings import available_encodings
 from pelab.harness.callbacks import SparseRichProgressBar
 from pelab.tasks.train import train
 
-ENCODINGS = ["nope", "sinusoidal", "learned", "t5_bias", "rope", "alibi"]
 # the extension schemes through the harness: the new hooks (content bias, position remap) under Lightning;
-# their formulas and a plain-loop training check per scheme are in tests/test_encodings_extended.py
+# their formulas are in tests/test_encodings_*.py, a plain-loop training check of each in tests/test_model.py
 EXTENDED = [["pe=xpos"], ["pe=kerple"], ["pe=sandwich"], ["pe=fire"], ["pe=cope"],
             ["pe=learned", "pe.randomized.max_position=256"]]
+# every other encoding of conf/pe/ (a new one is trained here without editing this list)
+ENCODINGS = [name for name in available_encodings() if [f"pe={name}"] not in EXTENDED]
 
 
 class StepClock(Callback):

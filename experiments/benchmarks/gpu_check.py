@@ -99,11 +99,13 @@ def attention_case(scheme: str, a, device) -> dict:
     import torch
 
     from pelab.encodings import build_encoding
-    from pelab.model.attention import _flex_biased_attention, chunked_biased_attention, reference_attention
+    from pelab.model.attention import reference_attention
+    from pelab.model.flex import _flex_biased_attention
+    from pelab.model.sdpa import chunked_biased_attention
 
     torch.manual_seed(0)
     B, H, T, Dh = a.batch, a.heads, a.seq, a.d // a.heads
-    pe = build_encoding({"name": scheme}, a.d, H).to(device)
+    pe = build_encoding({"name": scheme}, a.d, H, train_length=T).to(device)  # FIRE: init_L = T
     pos = torch.arange(T, device=device)
     bias = pe.bias(pos, consecutive=True)  # what the model hands attention on this device
     q, k, v = (torch.randn(B, H, T, Dh, device=device) for _ in range(3))
@@ -161,7 +163,8 @@ def bias_gradient_timing(pe, params, a, device) -> dict:
 def learned_bias_grads(pe, params, q, k, v, a, device) -> dict:
     import torch
 
-    from pelab.model.attention import _flex_biased_attention, reference_attention
+    from pelab.model.attention import reference_attention
+    from pelab.model.flex import _flex_biased_attention
 
     T = q.shape[-2]
     pos = torch.arange(T, device=device)
@@ -179,7 +182,8 @@ def attention_timing(pe, q, k, v, a, device) -> dict:
     """fwd+bwd ms at this shape in bf16: flex (CUDA kernel options) vs the SDPA path (what auto takes)."""
     import torch
 
-    from pelab.model.attention import _flex_biased_attention, chunked_biased_attention
+    from pelab.model.flex import _flex_biased_attention
+    from pelab.model.sdpa import chunked_biased_attention
 
     T = q.shape[-2]
     pos = torch.arange(T, device=device)
@@ -236,8 +240,7 @@ def plain_step_time(scheme: str, model_cfg: dict, a, device, compile_model: bool
 
     from pelab.encodings import default_pe_config
     from pelab.harness.module import flops_per_token
-    from pelab.model import build_model
-    from pelab.model.attention import attention_paths, reset_attention_paths
+    from pelab.model import attention_paths, build_model, reset_attention_paths
 
     reset_attention_paths()
     torch.manual_seed(0)

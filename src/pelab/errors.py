@@ -100,7 +100,8 @@ def show(value: Any) -> str:
 
 
 def need(ok: bool, key: str, value: Any, rule: str) -> None:
-    """One-line error `<key>=<value> <rule>` unless `ok`; `rule` says what the value must be."""
+    """One-line error `<key>=<value> <rule>` unless `ok`: `key` is the full key as the user types it
+    (`pe.base`, `data.seq_len`), `rule` says what the value must be."""
     if not ok:
         raise ConfigError(f"{key}={show(value)} {rule}")
 

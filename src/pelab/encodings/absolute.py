@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from pelab.encodings.base import PEConfig, PositionEncoding, PositionState, check, positions_as_float
-from pelab.errors import ConfigError
+from pelab.encodings.base import PEConfig, PositionEncoding, PositionState, positions_as_float
+from pelab.errors import ConfigError, need
 
 
 class NoPE(PositionEncoding):
@@ -29,8 +29,8 @@ class Sinusoidal(PositionEncoding):
     ``scale`` multiplies the added vector. Default 0.02, the token embeddings' init std: the sinusoid's
     per-channel RMS (0.71 * scale) then stands to the token vectors as in fairseq's baseline of the ALiBi
     paper (embeddings N(0, D^-0.5) scaled by sqrt(D): RMS 1 against 0.71). At scale 1.0 the sinusoid
-    swamps the 0.02-std token embeddings and training stalls near the unigram perplexity (tiny, L=128,
-    200 steps: val ppl 872 at 1.0, 499 at D^-0.5, 227 at 0.02; conf/pe/sinusoidal.yaml).
+    swamps the 0.02-std token embeddings and training stalls near the unigram perplexity (measured:
+    experiments/length_extrapolation/README.md).
 
     ``learn_scale``: the multiplier is one learned scalar initialised at ``scale`` (x-transformers'
     ``ScaledSinusoidalEmbedding``, init D^-0.5; a ``pe.*`` parameter, so never weight-decayed).
@@ -46,7 +46,7 @@ class Sinusoidal(PositionEncoding):
 
         def validate(self, d_model: int, n_heads: int) -> None:
             super().validate(d_model, n_heads)
-            check(self.base > 1, "base", self.base, "must be > 1")
+            need(self.base > 1, "pe.base", self.base, "must be > 1")
             if d_model % 2:
                 raise ConfigError(f"model.d_model={d_model} must be even for pe=sinusoidal (sin/cos pairs)")
 
@@ -90,23 +90,23 @@ class Learned(PositionEncoding):
 
         def validate(self, d_model: int, n_heads: int) -> None:
             super().validate(d_model, n_heads)
-            check(self.max_position is not None and self.max_position >= 1, "max_position", self.max_position,
-                  "must be a positive number of table rows")
+            need(self.max_position is not None and self.max_position >= 1, "pe.max_position",
+                 self.max_position, "must be a positive number of table rows")
             reach = max(self.train_length or 0, self.randomized.max_position or 0)
-            check(self.max_position >= reach, "max_position", self.max_position,
-                  f"cannot hold the {reach} positions training reaches (data.seq_len / pe.randomized."
-                  "max_position); raise pe.max_position or leave it null")
-            check(self.init_std > 0, "init_std", self.init_std, "must be > 0")
+            need(self.max_position >= reach, "pe.max_position", self.max_position,
+                 f"cannot hold the {reach} positions training reaches (data.seq_len / pe.randomized."
+                 "max_position); raise pe.max_position or leave it null")
+            need(self.init_std > 0, "pe.init_std", self.init_std, "must be > 0")
 
     def __init__(self, d_model: int, n_heads: int, *, max_position: int, init_std: float, **common):
         super().__init__(d_model, n_heads, **common)
-        self.max_position = int(max_position)
-        self.weight = nn.Embedding(self.max_position, d_model)
+        self.n_positions = int(max_position)  # bounded: positions past the table raise PositionOutOfRange
+        self.weight = nn.Embedding(self.n_positions, d_model)
         nn.init.normal_(self.weight.weight, mean=0.0, std=init_std)
 
     def embed(self, x: Tensor, state: PositionState) -> Tensor:
         return x + self.weight(state.pos).to(x.dtype)  # (T, D) or (B, T, D)
 
     def diagnostics(self, n_positions: int) -> dict:
-        n = min(n_positions, self.max_position)
+        n = min(n_positions, self.n_positions)
         return {"table": self.weight.weight[:n].detach().float().cpu()}

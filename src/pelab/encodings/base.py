@@ -14,9 +14,9 @@ so a new scheme is one module (class + config dataclass) + one YAML file with it
 
 Each encoding's settings are a dataclass (``PEConfig`` subclass, the class attribute ``Config``): the
 schema of ``conf/pe/<name>.yaml`` (types and defaults), ``resolve(train_length)`` (fills the settings
-that mean "the training length") and ``validate(d_model, n_heads)`` (range checks, one-line errors naming
-``pe.<key>``), and capabilities the harness asks instead of names (``supports_scaling``,
-``runtime_keys``).
+that mean "the training length") and ``validate(d_model, n_heads)`` (range checks with
+``pelab.errors.need``, one-line errors naming ``pe.<key>``), and capabilities the harness asks instead of
+names (``supports_scaling``, ``runtime_keys``).
 
 Positions are a LongTensor ``pos`` of shape ``(T,)`` (shared by the batch) or ``(B, T)``.
 """
@@ -31,7 +31,7 @@ import torch
 from omegaconf import MISSING
 from torch import Tensor, nn
 
-from pelab.errors import ConfigError
+from pelab.errors import ConfigError, need
 from pelab.ops import BiasFn, CausalBias, causal_bias, distance_bias
 
 # A (H, T, T) bias (times B for per-batch positions) is materialised once per forward up to this many
@@ -43,16 +43,10 @@ class PositionOutOfRange(ValueError):
     """A position the encoding cannot represent (e.g. past the end of a learned table)."""
 
 
-def check(ok: bool, key: str, value: Any, need: str) -> None:
-    """One-line config error naming the key: ``pe.<key>=<value> <need>``."""
-    if not ok:
-        raise ConfigError(f"pe.{key}={value} {need}")
-
-
 @dataclass
 class RandomizedConfig:
     """Randomized positions (Ruoss et al. 2023): in training the T positions are a sorted random subset
-    of [0, max_position); null = off."""
+    of [0, max_position); null = off. In code the range is ``PositionEncoding.randomized_range``."""
 
     max_position: int | None = None
 
@@ -91,14 +85,14 @@ class PEConfig:
 
     def validate(self, d_model: int, n_heads: int) -> None:
         """Range checks of the resolved settings; raise ConfigError naming the key."""
-        check(self.train_length is None or self.train_length >= 1, "train_length", self.train_length,
-              "must be a positive number of tokens (or null = data.seq_len)")
+        need(self.train_length is None or self.train_length >= 1, "pe.train_length", self.train_length,
+             "must be a positive number of tokens (or null = data.seq_len)")
         n = self.randomized.max_position
         if n is not None:
-            check(n >= (self.train_length or 1), "randomized.max_position", n,
-                  f"must be at least the training length {self.train_length}: randomized positions are a "
-                  "sorted subset of [0, max_position) (the paper uses many times the training length); "
-                  "null turns them off")
+            need(n >= (self.train_length or 1), "pe.randomized.max_position", n,
+                 f"must be at least the training length {self.train_length}: randomized positions are a "
+                 "sorted subset of [0, max_position) (the paper uses many times the training length); "
+                 "null turns them off")
 
 
 @dataclass
@@ -110,15 +104,15 @@ class PositionState:
     bias: BiasFn | None = None  # score bias + causal mask, shared by all layers
 
 
-def random_sorted_positions(max_position: int, shape: tuple[int, ...], device=None) -> Tensor:
-    """Sorted, distinct positions in [0, max_position): shape (..., T), each row its own draw."""
+def random_sorted_positions(randomized_range: int, shape: tuple[int, ...], device=None) -> Tensor:
+    """Sorted, distinct positions in [0, randomized_range): shape (..., T), each row its own draw."""
     *batch, T = shape
-    if T > max_position:
+    if T > randomized_range:
         raise ValueError(
-            f"pe.randomized.max_position={max_position} is shorter than the {T}-token input; "
+            f"pe.randomized.max_position={randomized_range} is shorter than the {T}-token input; "
             "it must be at least the training length (the paper uses many times it)"
         )
-    scores = torch.rand(*batch, max_position, device=device)
+    scores = torch.rand(*batch, randomized_range, device=device)
     return scores.topk(T, dim=-1).indices.sort(dim=-1).values  # T distinct indices, sorted
 
 
@@ -149,18 +143,20 @@ class PositionEncoding(nn.Module):
         self.n_heads = n_heads
         self.head_dim = d_model // n_heads
         self.train_length = train_length
-        self.randomized_max_position: int | None = (randomized or {}).get("max_position")
-        self.max_position: int | None = None  # positions >= this cannot be represented; None = unbounded
+        # randomized positions in training are drawn from [0, randomized_range) (pe.randomized.max_position)
+        self.randomized_range: int | None = (randomized or {}).get("max_position")
+        # positions 0..n_positions-1 can be represented, larger ones cannot; None = unbounded
+        self.n_positions: int | None = None
         self.max_bias_elements = MAX_BIAS_ELEMENTS
 
     # ---- once per forward -----------------------------------------------------------------------
-    def prepare(self, pos: Tensor, consecutive: bool = False, max_position: int | None = None) -> PositionState:
+    def prepare(self, pos: Tensor, consecutive: bool = False, largest: int | None = None) -> PositionState:
         """Positions -> the state every layer reads. ``consecutive``: pos is start..start+T-1 (enables the
-        per-distance bias); ``max_position``: the largest position when known without a device sync."""
-        if self.randomized_max_position is not None and self.training:
-            pos = random_sorted_positions(self.randomized_max_position, tuple(pos.shape), pos.device)
-            consecutive, max_position = False, None
-        self.check_positions(pos, max_position)
+        per-distance bias); ``largest``: the largest position (inclusive) when known without a device sync."""
+        if self.randomized_range is not None and self.training:
+            pos = random_sorted_positions(self.randomized_range, tuple(pos.shape), pos.device)
+            consecutive, largest = False, None
+        self.check_positions(pos, largest)
         return PositionState(
             pos=pos,
             tables=self.rotary_tables(pos) if self.has_rotate else None,
@@ -220,23 +216,23 @@ class PositionEncoding(nn.Module):
     def num_learnable_params(self) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
-    def check_positions(self, pos: Tensor | None = None, max_position: int | None = None) -> None:
-        """Raise PositionOutOfRange if a position cannot be represented.
+    def check_positions(self, pos: Tensor | None = None, largest: int | None = None) -> None:
+        """Raise PositionOutOfRange if a position cannot be represented (one >= ``n_positions``).
 
-        ``max_position`` (the largest position, as a python int) lets callers that know it -- e.g. the
+        ``largest`` (the largest position, inclusive, as a python int) lets callers that know it -- e.g. the
         model with its default ``arange(start, start + T)`` -- skip the device->host sync of ``pos.max()``.
         Unbounded encodings return immediately.
         """
-        if self.max_position is None:
+        if self.n_positions is None:
             return
-        if max_position is None:
+        if largest is None:
             if pos is None or pos.numel() == 0:
                 return
-            max_position = int(pos.max().item())  # host sync: only for bounded encodings with explicit pos
-        if max_position >= self.max_position:
+            largest = int(pos.max().item())  # host sync: only for bounded encodings with explicit pos
+        if largest >= self.n_positions:
             raise PositionOutOfRange(
-                f"{self.name} positions end at {self.max_position - 1} "
-                f"(pe.max_position={self.max_position}); got position {max_position}. "
+                f"{self.name} positions end at {self.n_positions - 1} "
+                f"(pe.max_position={self.n_positions}); got position {largest}. "
                 f"Evaluate within the table or train with a larger pe.max_position"
             )
 
@@ -245,8 +241,8 @@ class PositionEncoding(nn.Module):
         return {}
 
     def extra_repr(self) -> str:
-        extra = f", randomized.max_position={self.randomized_max_position}" if self.randomized_max_position else ""
-        return f"d_model={self.d_model}, n_heads={self.n_heads}, max_position={self.max_position}{extra}"
+        extra = f", randomized_range={self.randomized_range}" if self.randomized_range else ""
+        return f"d_model={self.d_model}, n_heads={self.n_heads}, n_positions={self.n_positions}{extra}"
 
 
 def positions_as_float(pos: Tensor) -> Tensor:

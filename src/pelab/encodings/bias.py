@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pelab.encodings.base import PEConfig, PositionEncoding, check
+from pelab.encodings.base import PEConfig, PositionEncoding
+from pelab.errors import need
 
 
 def _distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
@@ -137,12 +138,13 @@ class T5Bias(PositionEncoding):
 
         def validate(self, d_model: int, n_heads: int) -> None:
             super().validate(d_model, n_heads)
-            check(self.num_buckets >= 2, "num_buckets", self.num_buckets, "must be >= 2")
-            check(t5_bias_scale(self.bias_scale, d_model // n_heads) is not None, "bias_scale", self.bias_scale,
-                  f"must be a number > 0 or one of {list(T5_BIAS_SCALES)}")
-            check(self.max_distance > self.num_buckets // 2, "max_distance", self.max_distance,
-                  f"must exceed pe.num_buckets // 2 = {self.num_buckets // 2} (the exact buckets)")
-            check(self.init_std is None or self.init_std > 0, "init_std", self.init_std, "must be > 0 or null")
+            need(self.num_buckets >= 2, "pe.num_buckets", self.num_buckets, "must be >= 2")
+            need(t5_bias_scale(self.bias_scale, d_model // n_heads) is not None, "pe.bias_scale",
+                 self.bias_scale, f"must be a number > 0 or one of {list(T5_BIAS_SCALES)}")
+            need(self.max_distance > self.num_buckets // 2, "pe.max_distance", self.max_distance,
+                 f"must exceed pe.num_buckets // 2 = {self.num_buckets // 2} (the exact buckets)")
+            need(self.init_std is None or self.init_std > 0, "pe.init_std", self.init_std,
+                 "must be > 0 or null")
 
     def __init__(self, d_model: int, n_heads: int, *, num_buckets: int, max_distance: int,
                  init_std: float | None, bias_scale: Any = "sqrt_head_dim", **common):
@@ -200,9 +202,9 @@ class KERPLE(PositionEncoding):
 
         def validate(self, d_model: int, n_heads: int) -> None:
             super().validate(d_model, n_heads)
-            check(self.variant in KERPLE.VARIANTS, "variant", self.variant,
-                  f"is unknown; choose one of {list(KERPLE.VARIANTS)}")
-            check(0 < self.eps < 1, "eps", self.eps, "must be in (0, 1)")
+            need(self.variant in KERPLE.VARIANTS, "pe.variant", self.variant,
+                 f"is unknown; choose one of {list(KERPLE.VARIANTS)}")
+            need(0 < self.eps < 1, "pe.eps", self.eps, "must be in (0, 1)")
 
     def __init__(self, d_model: int, n_heads: int, *, variant: str, eps: float, **common):
         super().__init__(d_model, n_heads, **common)
@@ -261,8 +263,8 @@ class Sandwich(PositionEncoding):
         def validate(self, d_model: int, n_heads: int) -> None:
             super().validate(d_model, n_heads)
             dim = self.dim if self.dim is not None else d_model
-            check(dim >= 2 and dim % 2 == 0, "dim", dim, "(d') must be an even number >= 2")
-            check(self.base > 1, "base", self.base, "must be > 1")
+            need(dim >= 2 and dim % 2 == 0, "pe.dim", dim, "(d') must be an even number >= 2")
+            need(self.base > 1, "pe.base", self.base, "must be > 1")
 
     def __init__(self, d_model: int, n_heads: int, *, dim: int | None, base: float, **common):
         super().__init__(d_model, n_heads, **common)
@@ -306,9 +308,10 @@ class FIRE(PositionEncoding):
 
       bias(i, j) = MLP( psi(i - j) / psi(max(i, L)) ),   psi(x) = log(|c x| + 1),
 
-    MLP 1 -> hidden (ReLU) -> H. c (init 0.1) and the threshold L = |L_mult * init_L| (init_L 512, L_mult
-    init 1) are learned. Dividing by psi(max(i, L)) maps every distance of any query into [0, 1]: long
-    inputs are interpolated into the trained range instead of extrapolated. One module for all layers.
+    MLP 1 -> hidden (ReLU) -> H. c (init 0.1) and the threshold L = |L_mult * init_L| (init_L: the training
+    length unless set, L_mult init 1) are learned. Dividing by psi(max(i, L)) maps every distance of any
+    query into [0, 1]: long inputs are interpolated into the trained range instead of extrapolated. One
+    module for all layers.
     """
 
     has_bias = True
@@ -320,13 +323,20 @@ class FIRE(PositionEncoding):
     class Config(PEConfig):
         mlp_width: int = 32
         init_c: float = 0.1
-        init_L: float = 512.0
+        init_L: float | None = None  # the threshold L's initial value; null = the training length
         eps: float = 1e-6
+
+        def resolve(self, train_length: int | None) -> None:
+            super().resolve(train_length)
+            if self.init_L is None and self.train_length is not None:
+                self.init_L = float(self.train_length)
 
         def validate(self, d_model: int, n_heads: int) -> None:
             super().validate(d_model, n_heads)
+            need(self.init_L is not None, "pe.init_L", self.init_L,
+                 "means the training length, which is unknown here: set pe.init_L or pe.train_length")
             for key in ("mlp_width", "init_c", "init_L", "eps"):
-                check(getattr(self, key) > 0, key, getattr(self, key), "must be > 0")
+                need(getattr(self, key) > 0, f"pe.{key}", getattr(self, key), "must be > 0")
 
     def __init__(self, d_model: int, n_heads: int, *, mlp_width: int, init_c: float, init_L: float, eps: float,
                  **common):

@@ -2,7 +2,9 @@
 
 The encoding class named by ``_target_`` owns its schema (``Cls.Config``, a ``PEConfig`` dataclass), so
 this module knows no scheme by name: a new encoding is found through its YAML's ``_target_``, and the
-config group folder is the only list of encodings.
+config group folder is the only list of encodings. The keys every encoding shares are in
+``conf/pe/_base.yaml``, which each YAML composes through its Hydra defaults list (``defaults: [_base,
+_self_]``); ``load_pe_yaml`` composes a file the same way outside Hydra.
 """
 
 from __future__ import annotations
@@ -22,16 +24,29 @@ PE_CONF_DIR = Path(CONF_DIR) / "pe"
 
 
 def available_encodings() -> list[str]:
-    """The names under conf/pe/ (the config group is the registry)."""
-    return sorted(p.stem for p in PE_CONF_DIR.glob("*.yaml"))
+    """The names under conf/pe/ (the config group is the registry); a name starting with ``_`` is a shared
+    part the encodings compose (``_base``), not an encoding."""
+    return sorted(p.stem for p in PE_CONF_DIR.glob("*.yaml") if not p.stem.startswith("_"))
+
+
+def load_pe_yaml(name: str) -> DictConfig:
+    """conf/pe/<name>.yaml as Hydra composes it into ``pe``: the entries of its defaults list (files of this
+    group, e.g. ``_base``) merged in order with the file's own keys at ``_self_`` (last when not listed);
+    the ``defaults`` key itself dropped. Untyped: see ``default_pe_config``."""
+    own = OmegaConf.load(PE_CONF_DIR / f"{name}.yaml")
+    defaults = list(own.pop("defaults", []))
+    cfg = OmegaConf.create()
+    for entry in defaults if "_self_" in defaults else [*defaults, "_self_"]:
+        cfg = OmegaConf.merge(cfg, own if entry == "_self_" else load_pe_yaml(str(entry)))
+    return cfg
 
 
 def default_pe_config(name: str) -> dict:
-    """The full default config of encoding ``name``: conf/pe/<name>.yaml typed against its schema."""
-    path = PE_CONF_DIR / f"{name}.yaml"
-    if not path.is_file():
+    """The full default config of encoding ``name``: conf/pe/<name>.yaml (``load_pe_yaml``) typed against its
+    schema."""
+    if name not in available_encodings():
         raise ConfigError(f"pe={name} is unknown; known encodings: {available_encodings()}")
-    cfg = OmegaConf.load(path)
+    cfg = load_pe_yaml(name)
     return OmegaConf.to_container(typed(pe_schema(cfg), cfg, "pe"), resolve=True)
 
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from pelab.encodings.base import PEConfig, PositionEncoding, PositionState, check
+from pelab.encodings.base import PEConfig, PositionEncoding, PositionState
+from pelab.errors import need
 from pelab.ops import future_mask
 
 
@@ -69,20 +70,22 @@ class CoPE(PositionEncoding):
 
         def validate(self, d_model: int, n_heads: int) -> None:
             super().validate(d_model, n_heads)
-            check(self.max_position is not None and self.max_position >= 2, "max_position", self.max_position,
-                  "must be an integer >= 2 (or null = the training length)")
+            need(self.max_position is not None and self.max_position >= 2, "pe.max_position",
+                 self.max_position, "must be an integer >= 2 (or null = the training length)")
 
     def __init__(self, d_model: int, n_heads: int, *, max_position: int, **common):
         super().__init__(d_model, n_heads, **common)
-        self.n_positions = int(max_position)  # clamps (never out of range): not the bounded max_position
-        self.pos_emb = nn.Parameter(torch.zeros(self.head_dim, self.n_positions))  # e^T: (Dh, P)
+        # The largest contextual position (inclusive): larger counts clamp to it, so CoPE is never out of
+        # range (n_positions stays None: unbounded).
+        self.position_clamp = int(max_position) - 1
+        self.pos_emb = nn.Parameter(torch.zeros(self.head_dim, self.position_clamp + 1))  # e^T: (Dh, P)
 
     def content_bias(self, q: Tensor, k: Tensor, q0: int, state: PositionState) -> Tensor:
         # q (B, H, C, Dh), k (B, H, K, Dh)
         logits = torch.matmul(q, k.transpose(-2, -1)).float().mul_(1.0 / math.sqrt(q.shape[-1]))  # (B, H, C, K)
-        pos = cope_positions(logits, q0).clamp_(max=self.n_positions - 1)
+        pos = cope_positions(logits, q0).clamp_(max=self.position_clamp)
         logits_int = torch.matmul(q.float(), self.pos_emb.float())  # (B, H, C, P)
         return interpolate_logits(logits_int, pos)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, positions={self.n_positions}"
+        return f"{super().extra_repr()}, position_clamp={self.position_clamp}"

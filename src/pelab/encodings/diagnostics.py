@@ -77,14 +77,15 @@ def plot_bias_by_distance(bias: Tensor, title: str = "score bias by distance") -
 def encoding_report(pe: PositionEncoding, n_positions: int, figures: bool = False) -> dict:
     """Scalars (and optionally figures) describing an encoding; tables only exist for absolute schemes.
 
-    Keys: name, num_learnable_params, max_position, hooks, and when a table exists neighbour_cosine_{mean,
+    Keys: name, num_learnable_params, max_position (the encoding's ``n_positions``: logged as pe/max_position,
+    the user key's name; None = unbounded), hooks, and when a table exists neighbour_cosine_{mean,
     min,max}; with ``figures``: figures {"table_heatmap", "neighbour_cosine"} for a table,
     {"bias_by_distance"} for a score bias.
     """
     report: dict = {
         "name": pe.name,
         "num_learnable_params": pe.num_learnable_params(),
-        "max_position": pe.max_position,
+        "max_position": pe.n_positions,
         "hooks": [
             h
             for h, used in (

@@ -5,8 +5,8 @@ Also here: p-RoPE (``frequency_fraction``) and xPos (``XPos``, RoPE with a dista
 Pairing convention: half-split (GPT-NeoX / Hugging Face): channel i is paired with channel i + d/2 of the
 rotated block, and pair i turns by angle p * theta_i with theta_i = base^(-2i/d). Used everywhere here.
 
-Scalings (s = factor, L = original_max_position = pe.train_length, the training length, d = rotary dims), as pure functions
-so the tests can check them against the published formulas:
+Scalings (s = factor, L = ``train_length`` = pe.train_length, the training length, d = rotary dims), as
+pure functions so the tests can check them against the published formulas:
   none         theta_i
   linear       theta_i / s                                   (position interpolation, Chen et al. 2023)
   ntk          base' = base * s^(d/(d-2))                    (NTK-aware)
@@ -29,7 +29,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from pelab.encodings.base import PEConfig, PositionEncoding, PositionState, check, positions_as_float
+from pelab.encodings.base import PEConfig, PositionEncoding, PositionState, positions_as_float
+from pelab.errors import need
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +48,10 @@ def ntk_base(dim: int, base: float, factor: float) -> float:
     return base * factor ** (dim / (dim - 2))
 
 
-def dynamic_ntk_base(dim: int, base: float, factor: float, original_max_position: int, seq_len):
-    """base * (s*l/L - (s-1))^(d/(d-2)) for l > L, else base. ``seq_len`` may be an int or a 0-d tensor
-    (the tensor form avoids a device->host sync inside forward)."""
-    L = original_max_position
+def dynamic_ntk_base(dim: int, base: float, factor: float, train_length: int, seq_len):
+    """base * (s*l/L - (s-1))^(d/(d-2)) for l > L, else base; L = ``train_length``, l = ``seq_len`` (the
+    current length), an int or a 0-d tensor (the tensor form avoids a device->host sync inside forward)."""
+    L = train_length
     if isinstance(seq_len, Tensor):
         l = seq_len.to(torch.float32)
         scaled = base * (factor * l / L - (factor - 1.0)) ** (dim / (dim - 2))
@@ -60,17 +61,17 @@ def dynamic_ntk_base(dim: int, base: float, factor: float, original_max_position
     return base * (factor * seq_len / L - (factor - 1.0)) ** (dim / (dim - 2))
 
 
-def yarn_correction_dim(num_rotations: float, dim: int, base: float, original_max_position: int) -> float:
+def yarn_correction_dim(num_rotations: float, dim: int, base: float, train_length: int) -> float:
     """Pair-dimension whose wavelength fits ``num_rotations`` times in L: d*ln(L/(2*pi*r)) / (2*ln(base))."""
-    return dim * math.log(original_max_position / (num_rotations * 2 * math.pi)) / (2 * math.log(base))
+    return dim * math.log(train_length / (num_rotations * 2 * math.pi)) / (2 * math.log(base))
 
 
 def yarn_correction_range(
-    dim: int, base: float, original_max_position: int, beta_fast: float = 32.0, beta_slow: float = 1.0
+    dim: int, base: float, train_length: int, beta_fast: float = 32.0, beta_slow: float = 1.0
 ) -> tuple[int, int]:
     """(low, high) = floor(d(beta_fast)), ceil(d(beta_slow)), clamped to [0, dim-1]."""
-    low = math.floor(yarn_correction_dim(beta_fast, dim, base, original_max_position))
-    high = math.ceil(yarn_correction_dim(beta_slow, dim, base, original_max_position))
+    low = math.floor(yarn_correction_dim(beta_fast, dim, base, train_length))
+    high = math.ceil(yarn_correction_dim(beta_slow, dim, base, train_length))
     return max(low, 0), min(high, dim - 1)
 
 
@@ -86,7 +87,7 @@ def rope_inv_freq(
     base: float = 10000.0,
     scaling: str = "none",
     factor: float = 1.0,
-    original_max_position: int | None = None,
+    train_length: int | None = None,
     beta_fast: float = 32.0,
     beta_slow: float = 1.0,
     seq_len: int | None = None,
@@ -102,12 +103,12 @@ def rope_inv_freq(
     if scaling == "dynamic_ntk":
         if seq_len is None:
             return base_inv_freq(dim, base)
-        return base_inv_freq(dim, dynamic_ntk_base(dim, base, factor, original_max_position, int(seq_len)))
+        return base_inv_freq(dim, dynamic_ntk_base(dim, base, factor, train_length, int(seq_len)))
     if scaling != "yarn":
         raise ValueError(f"unknown RoPE scaling {scaling!r}; known: {list(SCALING_TYPES)}")
     # yarn: keep theta_i for fast pairs (gamma=0), interpolate theta_i/s for slow ones (gamma=1)
     theta = base_inv_freq(dim, base)
-    low, high = yarn_correction_range(dim, base, original_max_position, beta_fast, beta_slow)
+    low, high = yarn_correction_range(dim, base, train_length, beta_fast, beta_slow)
     gamma = yarn_ramp(low, high, dim // 2)
     return (1.0 - gamma) * theta + gamma * theta / factor
 
@@ -201,29 +202,32 @@ class RoPEConfig(PEConfig):
 
     def variant(self, name: str) -> RoPEConfig:
         """The same settings under scaling type ``name`` (none, linear, ntk, dynamic_ntk, yarn)."""
-        check(name in SCALING_TYPES, "scaling.type", name, f"is unknown; choose one of {list(SCALING_TYPES)}")
+        need(name in SCALING_TYPES, "pe.scaling.type", name,
+             f"is unknown; choose one of {list(SCALING_TYPES)}")
         if self.scaling.factor == 1.0 and name != "none":
             log.warning("pe.scaling.factor=1: every scaling type equals no scaling; pass pe.scaling.factor=4, say.")
         return replace(self, scaling=replace(self.scaling, type=name))
 
     def validate(self, d_model: int, n_heads: int) -> None:
         super().validate(d_model, n_heads)
-        check(self.base > 1, "base", self.base, "must be > 1")
-        check(0.0 < self.rotary_fraction <= 1.0, "rotary_fraction", self.rotary_fraction, "must be in (0, 1]")
-        check(0.0 <= self.frequency_fraction <= 1.0, "frequency_fraction", self.frequency_fraction,
-              "(p-RoPE's p) must be in [0, 1]")
+        need(self.base > 1, "pe.base", self.base, "must be > 1")
+        need(0.0 < self.rotary_fraction <= 1.0, "pe.rotary_fraction", self.rotary_fraction,
+             "must be in (0, 1]")
+        need(0.0 <= self.frequency_fraction <= 1.0, "pe.frequency_fraction", self.frequency_fraction,
+             "(p-RoPE's p) must be in [0, 1]")
         rotary = rotary_dim(d_model // n_heads, self.rotary_fraction)
-        check(rotary >= 2, "rotary_fraction", self.rotary_fraction,
-              f"of head_dim={d_model // n_heads} (model.d_model/model.n_heads) leaves no channel pair to "
-              "rotate; raise pe.rotary_fraction or the head size")
+        need(rotary >= 2, "pe.rotary_fraction", self.rotary_fraction,
+             f"of head_dim={d_model // n_heads} (model.d_model/model.n_heads) leaves no channel pair to "
+             "rotate; raise pe.rotary_fraction or the head size")
         s = self.scaling
-        check(s.type in SCALING_TYPES, "scaling.type", s.type, f"is unknown; choose one of {list(SCALING_TYPES)}")
-        check(s.factor > 0, "scaling.factor", s.factor, "must be > 0 (1 = no scaling)")
-        check(s.type not in ("ntk", "dynamic_ntk") or rotary > 2, "scaling.type", s.type,
-              f"needs more than 2 rotary dims; head_dim * pe.rotary_fraction gives {rotary}")
-        check(s.type not in ("dynamic_ntk", "yarn") or self.train_length is not None, "scaling.type", s.type,
-              "needs pe.train_length (the training length); it is null -- set it, or let the harness fill it "
-              "from data.seq_len")
+        need(s.type in SCALING_TYPES, "pe.scaling.type", s.type,
+             f"is unknown; choose one of {list(SCALING_TYPES)}")
+        need(s.factor > 0, "pe.scaling.factor", s.factor, "must be > 0 (1 = no scaling)")
+        need(s.type not in ("ntk", "dynamic_ntk") or rotary > 2, "pe.scaling.type", s.type,
+             f"needs more than 2 rotary dims; head_dim * pe.rotary_fraction gives {rotary}")
+        need(s.type not in ("dynamic_ntk", "yarn") or self.train_length is not None, "pe.scaling.type",
+             s.type, "needs pe.train_length (the training length); it is null -- set it, or let the harness "
+             "fill it from data.seq_len")
 
 
 def rotary_dim(head_dim: int, rotary_fraction: float) -> int:
@@ -334,7 +338,7 @@ class XPos(RoPE):
 
         def validate(self, d_model: int, n_heads: int) -> None:
             super().validate(d_model, n_heads)
-            check(self.scale_base > 0, "scale_base", self.scale_base, "must be > 0")
+            need(self.scale_base > 0, "pe.scale_base", self.scale_base, "must be > 0")
 
     def __init__(self, d_model: int, n_heads: int, *, scale_base: float, **knobs):
         super().__init__(d_model, n_heads, **knobs)

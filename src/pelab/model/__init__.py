@@ -7,13 +7,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pelab.encodings import build_encoding
-from pelab.model.attention import (
-    attention_paths,
-    causal_attention,
-    reference_attention,
-    reset_attention_paths,
-)
+from pelab.model.attention import attention_paths, causal_attention, reference_attention
 from pelab.model.gpt import GPT, GPTConfig
+from pelab.model.paths import reset_attention_paths
 
 
 def build_model(model_cfg: Any, pe_cfg: Any, vocab_size: int, train_length: int | None = None) -> GPT:

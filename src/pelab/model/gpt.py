@@ -18,7 +18,8 @@ from torch import Tensor, nn
 
 from pelab.encodings import PositionEncoding, PositionState
 from pelab.errors import ConfigError, typed_group
-from pelab.model.attention import ATTN_BACKENDS, causal_attention, observed_attention
+from pelab.model.attention import ATTN_BACKENDS, causal_attention
+from pelab.model.logits import observed_attention
 
 INITS = ("gpt2", "kaiming")
 LOGIT_SCALES = ("none", "log_length")  # model.attn_logit_scale
@@ -38,14 +39,15 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = False  # biases in Linear and LayerNorm layers
     attn_chunk_size: int = 1024  # query chunk of the biased-attention SDPA path
-    # auto | sdpa: a score bias goes through SDPA with an additive mask (measured faster than FlexAttention
-    # on an H200); flex: FlexAttention (compiled score_mod), with a warning and SDPA if it fails
+    # auto | sdpa: a score bias goes through SDPA with an additive mask (faster than FlexAttention on an H200:
+    # experiments/benchmarks/README.md); flex: FlexAttention (compiled score_mod), with a warning and SDPA if
+    # it fails
     attn_backend: str = "auto"
     # gpt2: N(0, 0.02) weights, residual projections scaled by 1/sqrt(2 * layers) (GPT-2, nanoGPT).
     # kaiming: PyTorch's default Linear / LayerNorm init and kaiming-normal token embeddings, N(0, 2/d)
     # (x-transformers' TransformerWrapper; checked against x_transformers 2.31). The embedding scale is what
-    # matters for retrieval: with N(0, 1) (nn.Embedding's default) or N(0, 0.02) (gpt2) a 2-layer d=128
-    # model sat on the mqar plateau for 600-2,000 steps; with N(0, 2/d) it learned 8-pair mqar in ~300.
+    # matters for retrieval: with N(0, 2/d) a small model leaves the mqar copy plateau far sooner than with
+    # N(0, 1) (nn.Embedding's default) or N(0, 0.02) (gpt2) (measured: experiments/benchmarks/README.md).
     init: str = "gpt2"
     tie_embeddings: bool = True  # the LM head is the token embedding (GPT-2); False: its own matrix
     # log_length: logits of the query with n > L keys times log(n)/log(L) (Chiang & Cholak 2022); L = train_length
@@ -247,7 +249,7 @@ class GPT(nn.Module):
         return n
 
     def positions(self, idx: Tensor, pos: Tensor | None, start: int) -> tuple[Tensor, int | None]:
-        """The position tensor, and its largest value when known without a device sync."""
+        """The position tensor, and its largest value (inclusive) when known without a device sync."""
         B, T = idx.shape
         if pos is None:
             if start < 0:
@@ -269,8 +271,8 @@ class GPT(nn.Module):
         if not 0 <= from_index < T:
             raise ValueError(f"from_index must be in [0, {T}) for a {T}-token input; got {from_index}")
         consecutive = pos is None
-        pos, max_position = self.positions(idx, pos, start)
-        state = self.pe.prepare(pos, consecutive, max_position)  # once per forward, for every layer
+        pos, largest = self.positions(idx, pos, start)
+        state = self.pe.prepare(pos, consecutive, largest)  # once per forward, for every layer
         x = self.tok_emb(idx)  # (B, T, D)
         if self.pe.has_embed:
             x = self.pe.embed(x, state)  # sum composition: still (B, T, D)

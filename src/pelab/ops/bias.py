@@ -45,9 +45,9 @@ class DiagonalView(torch.autograd.Function):
     """table (..., N) -> (..., R, K) with out[..., r, j] = table[..., offset + r + j]: a zero-copy strided view.
 
     Why a Function: autograd through a strided view (or a gather of T^2 indices) scatter-adds every one of
-    the R*K gradient entries into the N table slots (atomics on CUDA: the T5 training step was 7x NoPE's on
-    an H200); a translation-invariant bias needs one gradient per (head, distance), the sums along the
-    view's anti-diagonals (``antidiagonal_sums``)."""
+    the R*K gradient entries into the N table slots (atomics on CUDA: what made T5's training step slow on
+    an H200, experiments/benchmarks/README.md); a translation-invariant bias needs one gradient per (head,
+    distance), the sums along the view's anti-diagonals (``antidiagonal_sums``)."""
 
     @staticmethod
     def forward(ctx, table: Tensor, R: int, K: int, offset: int) -> Tensor:
