@@ -565,3 +565,72 @@ def test_summary_carries_the_commit_in_a_git_checkout_and_says_so_outside_one(tm
         provenance.code_version.cache_clear()
     m = provenance.machine()
     assert m["cpu_count"] >= 1 and m["torch_threads"] >= 1 and m["gpu_count"] == torch.cuda.device_count()
+
+
+# -- one run per folder; a sweep that resumes where it stopped ---------------------------------------------
+SWEEP4 = [*FAST, "logger=csv", "evaluate_after_fit=false", "trainer.max_steps=40", "trainer.val_check_interval=20",
+          "callbacks.checkpoint.every_n_steps=5", "callbacks.throughput=false", "pe=rope,alibi", "seed=0,1"]
+
+
+def sweep_jobs(sweep: Path) -> dict[str, dict]:
+    return {p.parent.name: summary_of(p.parent) for p in sorted(sweep.glob("*/summary.json"))}
+
+
+@pytest.mark.slow
+def test_a_multirun_killed_midway_resumes_where_it_stopped(tmp_path):
+    """4 jobs; SIGKILL once the second has a checkpoint. The relaunch into the same sweep folder skips the first
+    (finished: its summary untouched), resumes the second from its checkpoint (two launches), runs the rest."""
+    sweep = tmp_path / "sweep"
+    proc = launch(["-m", *SWEEP4, f"hydra.sweep.dir={sweep}"], tmp_path)
+    wait_until(lambda: any(sweep.glob("1_*/checkpoints/last.ckpt")), proc)
+    proc.send_signal(signal.SIGKILL)
+    finish(proc)
+    before = sweep_jobs(sweep)
+    assert [s["status"] for s in before.values()] == ["ok", "running"]
+    first = next(iter(before))
+    res = run_cli(["-m", *SWEEP4, f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    after = sweep_jobs(sweep)
+    assert len(after) == 4 and all(s["status"] == "ok" and s["global_step"] == 40 for s in after.values())
+    assert after[first] == before[first]  # skipped: not rerun, not rewritten
+    second = list(after)[1]
+    assert len(after[second]["launches"]) == 2 and after[second]["resumed_from"]["step"] >= 5
+    assert [len(s["launches"]) for s in after.values()][2:] == [1, 1]
+    # a relaunch that would train something else into those folders is refused, job by job, in one line
+    other = run_cli(["-m", *SWEEP4, "optim.lr=0.01", f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    assert "holds a run with other settings: optim.lr=0.002 before but 0.01 now" in other.stdout + other.stderr
+    assert sweep_jobs(sweep) == after
+
+
+def test_a_second_launch_into_a_held_folder_is_refused_naming_the_holder(tmp_path):
+    from pelab.errors import ConfigError
+    from pelab.harness.run_folder import LOCK, claim
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / LOCK).write_text(f"{sleeper.pid}\n")  # a live job holds it
+        with pytest.raises(ConfigError, match=rf"in use by a running job \(pid {sleeper.pid}\)"):
+            train(compose([*FAST, "logger=csv"], tmp_path))
+        assert not (tmp_path / "summary.json").exists()  # refused before anything was written
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # a dead holder's lock does not keep the folder; the killed writes it left are removed
+    (tmp_path / "checkpoints").mkdir()
+    stale = tmp_path / "checkpoints" / f".last.ckpt.tmp-{sleeper.pid}"
+    stale.write_bytes(b"half a checkpoint")
+    with claim(tmp_path):
+        assert (tmp_path / LOCK).read_text().split()[0] == str(os.getpid()) and not stale.exists()
+    assert not (tmp_path / LOCK).exists()
+
+
+def test_a_fresh_launch_over_a_run_is_refused_and_keeps_it(tmp_path):
+    from pelab.errors import ConfigError
+
+    args = [*FAST, "logger=csv", "evaluate_after_fit=false", "trainer.max_steps=10", "trainer.val_check_interval=10"]
+    first = train(compose(args, tmp_path))
+    with pytest.raises(ConfigError, match="holds a run .* relaunch with ckpt_path=auto"):
+        train(compose(args, tmp_path))
+    with pytest.raises(ConfigError, match="other settings: data.seq_len=32 before but 16 now"):
+        train(compose([*args, "data.seq_len=16", "ckpt_path=auto"], tmp_path))
+    assert summary_of(tmp_path)["metrics"] == first["metrics"]  # nothing overwritten

@@ -159,12 +159,16 @@ def test_wandb_sweep_grid_passes_hydra_overrides():
 
 
 def test_length_extrapolation_experiment_sweeps_all_encodings_and_seeds():
-    cfg = _compose_hydra(["experiment=length_extrapolation"])
+    cfg = _compose_hydra(["experiment=length_extrapolation"])  # v3: six schemes, two budgets, test split
     assert cfg.model.name == "tiny" and cfg.tokenizer.kind == "byte" and cfg.data.seq_len == 128
     assert cfg.data.recall_mix == 0 and not cfg.probes.enabled  # pure text: its perplexity is what is reported
-    assert list(cfg.eval.lengths) == [1, 2, 4, 8]
+    assert list(cfg.eval.lengths) == [1, 2, 4, 8] and cfg.eval.split == "test" and list(cfg.eval.at) == [0.25, 0.5]
     params = cfg.hydra.sweeper.params
-    assert set(params["pe"].split(",")) == ENCODINGS and params["seed"] == "0,1,2"
+    assert list(params) == ["trainer.max_steps", "seed", "pe"]  # the short budget first: all its jobs run first
+    assert params["trainer.max_steps"] == "1500,6000" and params["seed"] == "0,1,2"
+    assert params["pe"].split(",") == ["nope", "sinusoidal", "rope", "t5_bias", "alibi", "fire"]
+    v2 = _compose_hydra(["experiment=length_extrapolation_v2"])  # the second study, kept reproducible
+    assert set(v2.hydra.sweeper.params["pe"].split(",")) == ENCODINGS and v2.eval.split == "val"
     v1 = _compose_hydra(["experiment=length_extrapolation_v1"])  # the first study, kept reproducible
     assert v1.model.d_model == 256 and v1.data.recall_mix == 0.1 and list(v1.eval.lengths) == [1, 2, 4, 8, 16]
     assert set(v1.hydra.sweeper.params["pe"].split(",")) == ENCODINGS
@@ -172,19 +176,16 @@ def test_length_extrapolation_experiment_sweeps_all_encodings_and_seeds():
 
 @pytest.mark.parametrize("pe", ["t5_bias", "cope"])
 def test_length_extrapolation_preset_is_the_setting_of_the_committed_study(pe):
-    """experiment=length_extrapolation composes to the settings the committed runs of
+    """experiment=length_extrapolation_v2 composes to the settings the committed runs of
     experiments/length_extrapolation were made with (they were launched with explicit overrides; summary.json
-    keeps each run's resolved config). Keys added to the config after those runs are not in their summaries; the
-    evaluation text changed since (spread blocks of the test split instead of the first 8,192 val tokens)."""
+    keeps each run's resolved config). Keys added to the config after those runs are not in their summaries."""
     from omegaconf import OmegaConf
 
     from pelab.report.aggregation import flatten
 
     ran = json.loads((ROOT / f"experiments/peer/results/seeds/pelab_{pe}_s1/summary.json").read_text())["config"]
-    cfg = compose(["experiment=length_extrapolation", f"pe={pe}", "seed=1"], Path("/tmp/unused"))
+    cfg = compose(["experiment=length_extrapolation_v2", f"pe={pe}", "seed=1"], Path("/tmp/unused"))
     for section in ("model", "data", "tokenizer", "optim", "pe", "eval", "probes"):
         preset, committed = flatten(OmegaConf.to_container(cfg[section], resolve=True)), flatten(ran[section])
-        if section == "eval":  # the evaluation protocol of wave 3 (README "Evaluation")
-            committed = {k: v for k, v in committed.items() if k not in ("tokens", "split")}
         assert {k: preset.get(k) for k in committed} == committed, section
     assert cfg.seed == ran["seed"] and cfg.trainer.max_steps == ran["trainer"]["max_steps"]

@@ -16,7 +16,8 @@ import hydra
 from omegaconf import DictConfig
 
 from pelab import CONF_DIR
-from pelab.tasks.task import Task, cli_main, launcher_rank, resolved_config, run_task
+from pelab.tasks.names import in_multirun
+from pelab.tasks.task import Task, cli_main, earlier_summary, launcher_rank, resolved_config, run_task
 
 log = logging.getLogger(__name__)
 
@@ -31,17 +32,46 @@ def validate_config(cfg: DictConfig) -> dict[str, Any]:
 
 def train(cfg: DictConfig) -> dict:
     """One training job. Returns its summary (also written to `<output_dir>/summary.json`, from the start
-    and whenever something new is known)."""
-    import lightning.pytorch as L
+    and whenever something new is known).
 
-    from pelab.harness.build import build_module, build_trainer, prepare_data, resume_point, trainer_settings
-    from pelab.harness.extension import extension_parent, load_parent_weights
-    from pelab.harness.loggers import log_run_start, single_lightning_log_handler
+    A launch into a folder that holds a run continues it (ckpt_path=auto), or, in a relaunched multirun, skips
+    a job that finished (status ok) and resumes the others from their checkpoints; another run's settings, or a
+    fresh start over a run, are refused in one line (`pelab.harness.run_folder`)."""
+    from pelab.harness.loggers import single_lightning_log_handler
+    from pelab.harness.run_folder import relaunch_decision
     from pelab.harness.signals import preemption_signals
 
     single_lightning_log_handler()
     output_dir = Path(cfg.paths.output_dir)
     signals = preemption_signals()
+    with claim_folder(output_dir):
+        earlier = earlier_summary(output_dir) if launcher_rank() == 0 else {}
+        decision = relaunch_decision(output_dir, resolved_config(cfg), earlier, cfg.get("ckpt_path"), in_multirun())
+        if decision == "skip":  # a relaunched multirun: this job finished earlier
+            log.info("%s finished earlier (status ok, step %s): skipped", output_dir, earlier.get("global_step"))
+            return {**earlier, "skipped": True}
+        if decision == "continue" and cfg.get("ckpt_path") in (None, "", "null"):
+            cfg.ckpt_path = "auto"  # a relaunched multirun resumes its interrupted jobs
+        return train_in(cfg, output_dir, signals)
+
+
+def claim_folder(output_dir: Path) -> Any:
+    """The run folder held by this process (rank 0; the other launcher ranks share it)."""
+    import contextlib
+
+    from pelab.harness.run_folder import claim
+
+    return claim(output_dir) if launcher_rank() == 0 else contextlib.nullcontext()
+
+
+def train_in(cfg: DictConfig, output_dir: Path, signals: tuple[int, ...]) -> dict:
+    """`train` in its claimed folder."""
+    import lightning.pytorch as L
+
+    from pelab.harness.build import build_module, build_trainer, prepare_data, resume_point, trainer_settings
+    from pelab.harness.extension import extension_parent, load_parent_weights
+    from pelab.harness.loggers import log_run_start
+
     with run_task(output_dir, rank=launcher_rank(), signals=signals, name=cfg.name) as task:
         summary = task.summary
         summary["config"] = resolved_config(cfg)

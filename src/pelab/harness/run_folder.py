@@ -1,0 +1,136 @@
+"""One run per folder: a live run holds its folder (a lock file naming its pid), a relaunch continues the same run
+or is refused, and what killed writes left behind is cleared.
+
+- `claim(folder)`: take `.pelab.lock` (atomically); a lock whose pid is alive refuses the launch in one line
+  naming that pid; a lock left by a dead process is taken over. Temporary files of killed writes
+  (`checkpoints/.<name>.tmp-<pid>`, `summary.json.tmp`) are removed once the folder is ours.
+- `relaunch_decision(...)`: what a launch into a folder that already holds a run does -- continue it, skip it
+  (a finished job of a relaunched multirun), or refuse (another run's settings, or a fresh start that would
+  overwrite it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pelab.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+LOCK = ".pelab.lock"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError as err:
+        return err.errno == errno.EPERM  # exists, owned by someone else
+    return True
+
+
+def _holder(lock: Path) -> int | None:
+    try:
+        return int(lock.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@contextlib.contextmanager
+def claim(folder: Path, what: str = "paths.output_dir") -> Iterator[None]:
+    """Hold `folder` for this process while the body runs (see the module doc)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = folder / LOCK
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            pid = _holder(lock)
+            if pid is not None and pid != os.getpid() and pid_alive(pid):
+                raise ConfigError(f"{what}={folder} is in use by a running job (pid {pid}); wait for it, stop it, "
+                                  f"or launch into another folder.") from None
+            lock.unlink(missing_ok=True)  # a dead holder's (or an unreadable) lock
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        break
+    else:  # pragma: no cover - another process took it between unlink and create
+        raise ConfigError(f"{what}={folder} is being claimed by another job; launch into another folder.")
+    try:
+        remove_stale_temp_files(folder)
+        yield
+    finally:
+        if _holder(lock) == os.getpid():
+            lock.unlink(missing_ok=True)
+
+
+def remove_stale_temp_files(folder: Path) -> list[Path]:
+    """Temporary files of writes a kill interrupted: checkpoint temps of dead processes and a summary temp."""
+    gone = []
+    for tmp in folder.glob("checkpoints/.*.tmp-*"):
+        pid = tmp.name.rpartition("-")[2]
+        if not pid.isdigit() or not pid_alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+            gone.append(tmp)
+    summary_tmp = folder / "summary.json.tmp"
+    if summary_tmp.exists():
+        summary_tmp.unlink()
+        gone.append(summary_tmp)
+    if gone:
+        log.info("removed %d temporary file(s) of interrupted writes: %s", len(gone), ", ".join(p.name for p in gone))
+    return gone
+
+
+# Settings that define what a run trained: a relaunch into its folder must keep them (the others -- trainer.*,
+# eval.*, probes.*, logging, paths -- may change). data.* except the keys that only shape validation / loading.
+DEFINING = ("model", "pe", "tokenizer", "data", "optim", "seed")
+DATA_RUNTIME = ("num_workers", "val_windows", "val_batch_size")
+
+
+def changed_settings(before: dict, now: dict) -> list[str]:
+    """The defining settings (DEFINING) that differ between two resolved configs, as readable differences;
+    keys that only one side has are skipped (a key added to the configs since)."""
+    from pelab.encodings import pe_schema
+    from pelab.model import GPTConfig
+
+    runtime = {"model": set(GPTConfig.RUNTIME_KEYS), "pe": set(pe_schema(now["pe"]).runtime_keys),
+               "data": set(DATA_RUNTIME)}
+    out = []
+    for group in DEFINING:
+        old, new = before.get(group), now.get(group)
+        if not isinstance(old, dict) or not isinstance(new, dict):
+            if old != new and old is not None and new is not None:
+                out.append(f"{group}={old!r} before but {new!r} now")
+            continue
+        for key in sorted(set(old) & set(new) - runtime.get(group, set())):
+            if old[key] != new[key]:
+                out.append(f"{group}.{key}={old[key]!r} before but {new[key]!r} now")
+    return out
+
+
+def relaunch_decision(folder: Path, config: dict, earlier: dict[str, Any], ckpt_path: str | None,
+                      multirun: bool) -> str:
+    """What a launch into `folder`, which holds the run `earlier` left (its summary.json; {} = none), does:
+    "new" (nothing there), "continue" (the same run: resume from its checkpoint, or rerun its evaluation),
+    "skip" (a finished job of a relaunched multirun). Refuses, in one line, a launch with other defining
+    settings and a fresh start over a run (it would overwrite it)."""
+    trained = earlier.get("global_step") or any((folder / "checkpoints").glob("*.ckpt"))
+    if not earlier or (earlier.get("status") != "ok" and not trained):
+        return "new"  # nothing was trained there (e.g. a launch that stopped on a bad setting)
+    diffs = changed_settings(earlier.get("config") or {}, config)
+    if diffs:
+        more = f" (+{len(diffs) - 3} more)" if len(diffs) > 3 else ""
+        raise ConfigError(f"{folder} holds a run with other settings: {'; '.join(diffs[:3])}{more}. Relaunch with "
+                          "its settings to continue it, or launch into another folder (paths.output_dir / "
+                          "hydra.sweep.dir).")
+    if multirun:
+        return "skip" if earlier.get("status") == "ok" else "continue"
+    if ckpt_path in (None, "", "null"):
+        raise ConfigError(f"{folder} holds a run ({earlier.get('status')}, step {earlier.get('global_step', 0)}): "
+                          "relaunch with ckpt_path=auto to continue it, or launch into another folder.")
+    return "continue"
