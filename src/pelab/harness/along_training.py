@@ -12,6 +12,7 @@ training time (`train/tokens_per_sec`). It may score fewer tokens than the final
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -75,7 +76,7 @@ class EvaluationAlongTraining(Callback):
         self.records.append(record)
         log.info("eval.at %.3g (step %d, mid-schedule): %s in %.1f s", record["fraction"], step,
                  ", ".join(f"ppl@{L} {result.ppl(L):.3g}" for L in self.lengths), record["seconds"])
-        pl_module.log_dict({k: v for k, v in metrics.items() if v == v}, rank_zero_only=True)  # NaN: not logged
+        pl_module.log_dict({k: v for k, v in metrics.items() if not math.isnan(v)}, rank_zero_only=True)
         if self.on_point is not None:
             self.on_point(record)
 
