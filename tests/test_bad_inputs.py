@@ -51,6 +51,9 @@ BAD = [
     (["trainer.devices=0"], "trainer.devices"),
     (["seed=-1"], "seed"),
     (["eval.split=dev"], "eval.split"),
+    (["eval.at=[0.5,1.5]"], "eval.at"),
+    (["eval.at=[0]"], "eval.at"),
+    (["eval.tokens=0"], "eval.tokens"),
     # pe: each encoding's own schema (pelab.encodings.resolve_pe_config)
     (["pe=kerple", "pe.variant=bogus"], "pe.variant"),
     (["pe=rope", "pe.frequency_fraction=2"], "pe.frequency_fraction"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import time
 from pathlib import Path
 from typing import ClassVar
@@ -198,3 +199,18 @@ def test_tokens_per_sec_is_tokens_over_wall_time_and_mfu_follows_from_flops_per_
         assert float(r["train/tokens_per_sec"]) == pytest.approx(expected, rel=0.05), r
         mfu = summary["model"]["flops_per_token"] * float(r["train/tokens_per_sec"]) / 1e9
         assert float(r["train/mfu"]) == pytest.approx(mfu, rel=1e-5), r
+
+
+def test_the_schedule_is_linear_warmup_then_cosine_to_its_floor():
+    """The learning-rate curve every budget uses (a cosine per run: a budget comparison is separate runs, each
+    decaying to the floor at its own last step)."""
+    from pelab.harness.module import lr_lambda
+
+    warmup, total, floor = 10, 110, 0.1
+    assert [lr_lambda(s, warmup, total, floor) for s in (0, 4, 9)] == pytest.approx([0.1, 0.5, 1.0])
+    assert lr_lambda(10, warmup, total, floor) == pytest.approx(1.0)  # the peak, then cosine
+    assert lr_lambda(60, warmup, total, floor) == pytest.approx(floor + (1 - floor) / 2)  # halfway: the midpoint
+    assert lr_lambda(35, warmup, total, floor) == pytest.approx(floor + (1 - floor) * (1 + math.cos(math.pi / 4)) / 2)
+    assert lr_lambda(110, warmup, total, floor) == pytest.approx(floor) == lr_lambda(500, warmup, total, floor)
+    # a quarter of a 6,000-step run is not the end of a 1,500-step run: the rate there is still 86% of the peak
+    assert lr_lambda(1500, 75, 6000, floor) > 0.85 > lr_lambda(1500, 75, 1500, floor)

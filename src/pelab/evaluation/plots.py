@@ -99,6 +99,8 @@ def plot_metric_vs_step(
     title: str = "Validation perplexity during training",
     ylabel: str = "validation perplexity (log scale)",
     shade_from: float | None = 0.8,
+    xlabel: str = "training step",
+    markers: Mapping[str, Mapping[int, float]] | None = None,
 ) -> Figure:
     """One line per label of a metric by training step (log y with plain-number ticks); the last
     (1 - shade_from) of the steps shaded: the part of training where a flat curve says it has converged."""
@@ -112,11 +114,13 @@ def plot_metric_vs_step(
         xs, ys = zip(*pts)
         last = max(last, xs[-1])
         ax.plot(xs, ys, label=str(label), markersize=3, **style)
+        if markers and (dots := sorted((x, y) for x, y in markers.get(label, {}).items() if _finite(y))):
+            ax.plot(*zip(*dots), linestyle="none", marker="o", markersize=7, color=style.get("color"))
     if shade_from is not None and last:
         ax.axvspan(shade_from * last, last, color="grey", alpha=0.12, label=f"last {100 - round(100 * shade_from)}%")
     ax.set_yscale("log")
     plain_log_ticks(ax.yaxis)
-    _finish(ax, "training step", ylabel, title, len(curves) + 1)
+    _finish(ax, xlabel, ylabel, title, len(curves) + 1)
     return fig
 
 

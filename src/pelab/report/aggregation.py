@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -346,3 +348,20 @@ def offset_cells(row: Row) -> dict[int, list[dict]]:
         for r in j.probes.get("offset") or []:
             out.setdefault(int(r["prefix"]), []).append(r)
     return dict(sorted(out.items()))
+
+
+def budget_key(row: Row) -> str:
+    """A row's label without its training budget: the setting whose budgets are compared."""
+    return re.sub(r"\s*trainer\.max_steps=\d+", "", row.label).strip()
+
+
+def along_training_points(row: Row, metric: str) -> list[tuple[int, float, str]]:
+    """(training tokens, mean over seeds of `metric`, schedule) at each evaluation point of the row's runs: the
+    eval.at points (mid-schedule) and the end of training."""
+    points: dict[int, list[tuple[float, str]]] = {}
+    for j in row.jobs:
+        for p in j.summary.get("along_training") or []:
+            v = as_float((p.get("metrics") or {}).get(metric))
+            if math.isfinite(v):
+                points.setdefault(int(p["tokens_seen"]), []).append((v, str(p.get("schedule"))))
+    return [(t, statistics.fmean(v for v, _ in vs), vs[0][1]) for t, vs in sorted(points.items())]

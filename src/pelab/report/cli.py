@@ -25,6 +25,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--out", default=None, help="output folder (default: <folder>/report for one folder, else ./report)"
     )
     p.add_argument("--title", default="PELab report")
+    p.add_argument("--baseline", default=None,
+                   help="compare every row against this row label (default: every pair of rows that differ in one "
+                        "setting); its runs must share seeds and evaluation text with the others")
+    p.add_argument("--compare", nargs="+", default=None, metavar="METRIC",
+                   help="the metrics (without @L) of the paired comparisons, one Holm family "
+                        "(default: extrap/ppl extrap/ppl_ratio)")
+    p.add_argument("--compare-lengths", nargs="+", type=int, default=None, metavar="L",
+                   help="compare at these lengths only (default: every length): a smaller family, more power")
     p.add_argument(
         "--wandb",
         action="store_true",
@@ -50,7 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else (Path(args.folders[0]) / "report" if len(args.folders) == 1 else Path("report"))
     )
     try:
-        report = build_report(args.folders, out, args.title)
+        report = build_report(args.folders, out, args.title, baseline=args.baseline, compare=args.compare,
+                              compare_lengths=args.compare_lengths)
     except ReportError as err:
         print(f"pelab.report: {err}", file=sys.stderr)
         return 2

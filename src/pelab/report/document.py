@@ -10,11 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pelab.report.aggregation import OFFSET_KIND, Row, acquired_rows, group_rows, probe_kinds, probe_panel
+from pelab.report.comparisons import COMPARED
+from pelab.report.comparisons import compare as compare_rows
 from pelab.report.discovery import Job, find_jobs
 from pelab.report.figures import make_figures
 from pelab.report.tables import (
     Table,
+    along_training_table,
     common_settings,
+    comparison_tables,
     convergence_table,
     criterion_table,
     evaluation_text,
@@ -46,6 +50,11 @@ ATTENTION_TABLES = {"entropy": "Attention entropy (nats)", "distance": "Mean att
                     "max_logit": "Largest pre-softmax logit (mean over queries)"}
 
 
+def _extrap_lengths(row: Row) -> set[int]:
+    return {int(k.rpartition("@")[2]) for j in row.jobs for k in j.metrics
+            if k.startswith("extrap/ppl@") and k.rpartition("@")[2].isdigit()}
+
+
 def evaluated_on(jobs: Sequence[Job]) -> str:
     """One sentence naming the evaluation text of the jobs (split, blocks, seed), or saying they differ."""
     texts = sorted({evaluation_text(j) for j in jobs if j.extrapolation})
@@ -56,8 +65,11 @@ def evaluated_on(jobs: Sequence[Job]) -> str:
     return "The runs were evaluated on different text (see the Runs table): compare across them with care."
 
 
-def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "PELab report") -> Report:
-    """Read the jobs under `folders`, write `<out>/report.md` and the PNG figures; return the pieces."""
+def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "PELab report",
+                 baseline: str | None = None, compare: Sequence[str] | None = None,
+                 compare_lengths: Sequence[int] | None = None) -> Report:
+    """Read the jobs under `folders`, write `<out>/report.md` and the PNG figures; return the pieces.
+    `baseline`, `compare`, `compare_lengths`: the paired comparisons' family (`pelab.report.comparisons`)."""
     jobs = find_jobs(folders)  # first: a mistyped folder is an error, not an empty <folder>/report
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -123,6 +135,24 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
         [interval_table(rows, "extrap/ppl_ratio", "ppl@L / ppl@training length", digits=3)],
         text="A single run's interval is a paired bootstrap over its evaluation blocks (the blocks' difficulty "
         "cancels).",
+    )
+    comparisons = compare_rows(rows, shown, compare or COMPARED, compare_lengths, baseline) if rows else []
+    section(
+        "Paired comparisons",
+        comparison_tables(comparisons),
+        (),
+        (f"{sum(c.resolved for c in comparisons)} of {len(comparisons)} differences resolved (Holm-adjusted "
+         "paired t tests over seeds, 5%); the others are not resolved at their number of seeds."
+         if comparisons else ""),
+    )
+    longest = max((L for r in rows for L in _extrap_lengths(r)), default=None)
+    along, warnings = along_training_table(rows, f"extrap/ppl_ratio@{longest}") if longest else (None, [])
+    section(
+        "Along training",
+        [along, along_training_table(rows, f"extrap/ppl@{longest}")[0] if along else None],
+        ["along_training"],
+        " ".join(["Extrapolation measured during training (eval.at) and at the end of runs of each budget."]
+                 + [f"**Warning:** {w}" for w in warnings]),
     )
     section(
         "Sliding window",

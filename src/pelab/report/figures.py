@@ -13,6 +13,8 @@ import numpy as np
 from pelab.report.aggregation import (
     Row,
     acquired_rows,
+    along_training_points,
+    budget_key,
     by_length,
     mean_curve,
     probe_kinds,
@@ -91,6 +93,21 @@ def make_figures(rows: Sequence[Row], out: Path) -> dict[str, Path]:
             )
             name = f"probe_{kind}_vs_length{suffix}"
             paths[name] = save_figure(fig, out / f"{name}.png")
+    longest = max((int(k.rpartition("@")[2]) for r in rows for j in r.jobs for k in j.metrics
+                   if k.startswith("extrap/ppl_ratio@") and k.rpartition("@")[2].isdigit()), default=None)
+    along: dict[str, dict[int, float]] = {}  # per setting: the points of its longest run
+    ends: dict[str, dict[int, float]] = {}  # per setting: the end of each budget's runs
+    for r in sorted(rows, key=lambda r: max((j.setting("trainer.max_steps") or 0 for j in r.jobs), default=0)):
+        points = along_training_points(r, f"extrap/ppl_ratio@{longest}") if longest else []
+        if points:
+            along[budget_key(r)] = {t: v for t, v, _ in points}
+            ends.setdefault(budget_key(r), {}).update({t: v for t, v, s in points if s == "end"})
+    if any(len(c) > 1 for c in along.values()):
+        fig = plot_metric_vs_step(along, title=f"ppl@{longest} / ppl@L along training (mean over seeds; line: the "
+                                               "longest runs, mid-schedule; dots: the ends of runs of each budget)",
+                                  ylabel=f"ppl ratio at {longest} (log scale)", shade_from=None,
+                                  xlabel="training tokens", markers=ends)
+        paths["along_training"] = save_figure(fig, out / "along_training.png")
     rows = acquired_rows(rows)[0]
     panels = {r.label: {k: p for k in probe_kinds(rows) if (p := probe_panel(r, k))} for r in rows}
     panels = {k: v for k, v in panels.items() if v}

@@ -19,6 +19,8 @@ from pelab.report.aggregation import (
     Row,
     acquired,
     aggregate,
+    along_training_points,
+    budget_key,
     by_length,
     fmt_number,
     offset_cells,
@@ -26,6 +28,7 @@ from pelab.report.aggregation import (
     probe_panel,
     val_curves,
 )
+from pelab.report.comparisons import Comparison
 from pelab.report.discovery import Job
 
 
@@ -466,3 +469,62 @@ def failures_table(jobs: Sequence[Job]) -> Table:
 def last_line(text: str, width: int) -> str:
     """The last line of an error (the exception itself, after any traceback), cut to `width`."""
     return (text.strip().splitlines() or [""])[-1][:width]
+
+
+# ---------------------------------------------------------------------------------------------
+# paired comparisons and comparisons along training
+
+
+def comparison_tables(comparisons: Sequence[Comparison]) -> list[Table]:
+    """One table per compared metric: a row per pair, a cell per length: the ratio first / second (the mean
+    of the per-seed log differences, exponentiated) with its 95% t interval over the seeds, the Holm-adjusted
+    p-value and the verdict."""
+    tables = []
+    for name in dict.fromkeys(c.metric.rpartition("@")[0] for c in comparisons):
+        these = [c for c in comparisons if c.metric.startswith(name + "@")]
+        lengths = sorted({int(c.metric.rpartition("@")[2]) for c in these})
+        t = Table(f"Paired comparisons: {name}", ["pair"] + [str(L) for L in lengths], [],
+                  caption=(f"{name} of the first over the second, per seed then averaged on the log scale, with its "
+                           "95% t interval over the seeds (same seed = same batches and evaluation blocks), the "
+                           f"Holm-adjusted p over all {len(comparisons)} comparisons of this report, and the verdict: "
+                           "resolved where the adjusted p < 0.05."),
+                  collapsed=len({(c.a.label, c.b.label) for c in these}) > 12)
+        for a, b in dict.fromkeys((c.a.label, c.b.label) for c in these):
+            by_len = {int(c.metric.rpartition("@")[2]): c for c in these if (c.a.label, c.b.label) == (a, b)}
+            t.rows.append([f"{a} / {b}"] + [
+                f"{c.ratio:.3f} [{c.lo:.3f}, {c.hi:.3f}] p_adj={c.p_adj:.2g} {c.verdict()}" if (c := by_len.get(L))
+                else "—" for L in lengths])
+        tables.append(t)
+    return tables
+
+
+def along_training_table(rows: Sequence[Row], metric: str) -> tuple[Table | None, list[str]]:
+    """The metric (e.g. the ratio at the longest length) along training, per setting, at every evaluation point
+    of its runs (mid-schedule points and the ends of runs of each budget), and warnings where the order of the
+    settings differs between the last two budgets (ends of runs only: a mid-schedule point is not the end of a
+    shorter run)."""
+    by_setting: dict[str, dict[tuple[int, str], float]] = {}
+    for r in rows:
+        for tokens, v, schedule in along_training_points(r, metric):
+            by_setting.setdefault(budget_key(r), {})[(tokens, schedule)] = v
+    cols = sorted({c for p in by_setting.values() for c in p}, key=lambda c: (c[0], c[1] == "end"))
+    if not cols or not any(len(p) > 1 for p in by_setting.values()):
+        return None, []
+    t = Table(f"Along training: {metric}", ["setting"] + [f"{c / 1e6:.3g}M{' end' if s == 'end' else ''}"
+                                                          for c, s in cols], [],
+              caption=(f"{metric} (mean over seeds) by training tokens: at the end of a run of that budget (end), or "
+                       "mid-schedule (eval.at: the learning rate is still high there, so it is not the end of a "
+                       "shorter run)."))
+    for s, pts in by_setting.items():
+        t.rows.append([s] + [f"{pts[c]:.3f}" if c in pts else "—" for c in cols])
+    ends = sorted({c for p in by_setting.values() for c, sch in p if sch == "end"})
+    warnings = []
+    if len(ends) >= 2:
+        a, b = ends[-2], ends[-1]
+        both = [s for s, p in by_setting.items() if (a, "end") in p and (b, "end") in p]
+        rank = lambda c: sorted(both, key=lambda s: by_setting[s][(c, "end")])
+        if rank(a) != rank(b):
+            warnings.append(f"The order of the settings by {metric} differs between the last two budgets "
+                            f"({a / 1e6:.3g}M: {', '.join(rank(a))}; {b / 1e6:.3g}M: {', '.join(rank(b))}): "
+                            "a ranking at one budget does not hold at the other.")
+    return t, warnings

@@ -1,0 +1,134 @@
+"""Paired comparisons between settings, and how a comparison moves along training.
+
+Runs with the same seed see the same batches (the data order is a function of seed, step and rank) and, since
+wave 3, are scored on the same evaluation blocks, so two settings run on the same seeds are compared seed by
+seed: the difference of log perplexity (or of log ratio) per seed, a Student-t interval of its mean over the
+seeds (``scipy.stats.ttest_rel``) and a p-value. Every comparison of one report is one family: the p-values are
+Holm-adjusted across it, and a difference is called "resolved" only where the adjusted test rejects at 5%;
+otherwise "not resolved at n seeds". With 3 seeds t(2) = 4.30: only differences large against the seed-to-seed
+spread resolve, as they should.
+
+Which rows are compared: pairs that differ in exactly one of the settings that label the rows (e.g. the
+encoding at one budget, or the budget for one encoding), on the seeds both have (at least two), with the same
+corpus and evaluation text; or every row against a `baseline`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.stats
+
+from pelab.report.aggregation import Row, settings
+from pelab.report.discovery import ReportError
+
+ALPHA = 0.05
+# The metrics compared, by default: on the log scale (perplexities and ratios are positive; a difference of logs
+# is the ratio of the two settings' values).
+COMPARED = ("extrap/ppl", "extrap/ppl_ratio")
+
+
+@dataclass
+class Comparison:
+    a: Row
+    b: Row
+    metric: str  # e.g. "extrap/ppl_ratio@1024"
+    n: int  # seeds
+    ratio: float  # exp(mean log difference): a / b
+    lo: float
+    hi: float
+    p: float
+    p_adj: float = math.nan
+
+    @property
+    def resolved(self) -> bool:
+        return self.p_adj < ALPHA
+
+    def verdict(self) -> str:
+        return "resolved" if self.resolved else f"not resolved at {self.n} seeds"
+
+
+def holm(p: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of a family of p-values (controls the family-wise error rate): the i-th
+    smallest times (m - i), made monotone, capped at 1. (scipy.stats has Benjamini-Hochberg, not Holm.)"""
+    m = len(p)
+    order = sorted(range(m), key=lambda i: p[i])
+    out, running = [math.nan] * m, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return out
+
+
+def paired(a: Row, b: Row, metric: str) -> Comparison | None:
+    """`metric` of a vs b on their common seeds (log scale), or None with fewer than two finite pairs."""
+    by_seed = lambda row: {j.setting("seed"): j.metrics.get(metric, math.nan) for j in row.jobs}
+    va, vb = by_seed(a), by_seed(b)
+    seeds = sorted(s for s in set(va) & set(vb) if va[s] > 0 and vb[s] > 0 and math.isfinite(va[s] + vb[s]))
+    if len(seeds) < 2:
+        return None
+    x, y = np.log([va[s] for s in seeds]), np.log([vb[s] for s in seeds])
+    d = x - y
+    if np.all(d == d[0]):  # identical differences: no spread to test (e.g. a ratio at the training length)
+        return None
+    res = scipy.stats.ttest_rel(x, y)
+    ci = res.confidence_interval(1 - ALPHA)
+    return Comparison(a, b, metric, len(seeds), math.exp(d.mean()), math.exp(ci.low), math.exp(ci.high),
+                      float(res.pvalue))
+
+
+def same_text(a: Row, b: Row) -> bool:
+    """Whether two rows' runs saw the same corpus and were scored on the same evaluation text."""
+    def text(row: Row) -> set:
+        return {(str(((j.summary.get("data") or {}).get("fingerprint") or {}).get("key")),
+                 j.extrapolation.get("split"), j.extrapolation.get("seed"), j.extrapolation.get("blocks"))
+                for j in row.jobs}
+    return len(text(a) | text(b)) == 1
+
+
+def differs_in_one(a: Row, b: Row, keys: Sequence[str]) -> bool:
+    sa, sb = settings(a.jobs[0]), settings(b.jobs[0])
+    return sum(sa.get(k) != sb.get(k) for k in keys if k != "seed") == 1
+
+
+def pairs(rows: Sequence[Row], keys: Sequence[str], baseline: str | None = None) -> list[tuple[Row, Row]]:
+    """The row pairs to compare (see the module doc). A `baseline` that names no row, or whose runs saw other
+    seeds or other text than a row, is a one-line error."""
+    if baseline is not None:
+        base = [r for r in rows if r.label == baseline]
+        if not base:
+            raise ReportError(f"--baseline {baseline!r} names no row; rows: {', '.join(r.label for r in rows)}")
+        out = []
+        for r in rows:
+            if r is base[0]:
+                continue
+            if not same_text(base[0], r) or len(set(base[0].seeds) & set(r.seeds)) < 2:
+                raise ReportError(f"--baseline {baseline!r} cannot be paired with {r.label!r}: other seeds "
+                                  f"({base[0].seeds} vs {r.seeds}) or other data / evaluation text; compare runs "
+                                  "made on the same seeds and corpus")
+            out.append((r, base[0]))  # each row over the baseline
+        return out
+    return [(a, b) for i, a in enumerate(rows) for b in rows[i + 1:]
+            if a.train_length == b.train_length and differs_in_one(a, b, keys) and same_text(a, b)
+            and len(set(a.seeds) & set(b.seeds)) >= 2]
+
+
+def compare(rows: Sequence[Row], keys: Sequence[str], metrics: Sequence[str] = COMPARED,
+            lengths: Sequence[int] | None = None, baseline: str | None = None) -> list[Comparison]:
+    """Every paired comparison of the report (one Holm family): `metrics` (names without @L) at `lengths`
+    (default: every length both rows have)."""
+    out = []
+    for a, b in pairs(rows, keys, baseline):
+        for name in metrics:
+            found = sorted({int(k.rpartition("@")[2]) for j in a.jobs for k in j.metrics
+                            if k.startswith(name + "@") and k.rpartition("@")[2].isdigit()})
+            for L in found if lengths is None else [L for L in found if L in set(lengths)]:
+                c = paired(a, b, f"{name}@{L}")
+                if c is not None:
+                    out.append(c)
+    for c, p in zip(out, holm([c.p for c in out])):
+        c.p_adj = p
+    return out

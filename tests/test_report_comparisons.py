@@ -1,0 +1,105 @@
+"""Paired comparisons over seeds with Holm's adjustment, and the along-training section of the report, on
+hand-built run folders."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import scipy.stats
+
+from pelab import report
+from pelab.report.aggregation import group_rows
+from pelab.report.comparisons import compare, holm
+from pelab.report.discovery import ReportError, find_jobs
+from pelab.summary import write_summary
+
+SEEDS = (0, 1, 2)
+BASE = [2.0, 2.2, 1.9]  # ppl_ratio@1024 of the baseline's three seeds
+# log(other / baseline) per seed: a large steady gap, a small steady one, noise
+DIFFS = {"big": [1.0, 1.01, 0.99], "small": [0.1, 0.13, 0.07], "noise": [0.05, -0.05, 0.02]}
+
+
+def run(folder: Path, pe: str, seed: int, ratio: float, **extra) -> None:
+    cfg = {"pe": {"name": pe}, "model": {"name": "tiny"}, "data": {"seq_len": 128}, "seed": seed,
+           "trainer": {"max_steps": extra.pop("steps", 100)}}
+    write_summary(folder, {"status": "ok", "config": cfg, "data": {"fingerprint": {"key": "corpus"}},
+                           "evaluation": {"extrapolation": {"split": "test", "seed": 0, "blocks": 8}},
+                           "metrics": {"extrap/ppl_ratio@1024": ratio, "extrap/ppl@1024": 10 * ratio}, **extra})
+
+
+@pytest.fixture
+def study(tmp_path):
+    for s, base in zip(SEEDS, BASE):
+        run(tmp_path / f"base_s{s}", "base", s, base)
+        for name, d in DIFFS.items():
+            run(tmp_path / f"{name}_s{s}", name, s, base * math.exp(d[s]))
+    return tmp_path
+
+
+def rows_of(folder: Path):
+    g = group_rows(find_jobs([folder]))
+    return g.rows, g.shown
+
+
+def test_holm_at_hand_computed_points():
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])  # 3 x 0.01; 2 x 0.03; max(0.06, 1 x 0.04)
+    assert holm([0.5, 0.001]) == pytest.approx([0.5, 0.002]) and holm([0.9, 0.8]) == [1.0, 1.0]  # capped at 1
+
+
+def test_resolved_not_resolved_and_resolved_only_before_adjustment(study):
+    rows, shown = rows_of(study)
+    cs = {c.a.label: c for c in compare(rows, shown, ["extrap/ppl_ratio"], baseline="base")}
+    p = {k: scipy.stats.ttest_rel(DIFFS[k], [0, 0, 0]).pvalue for k in DIFFS}
+    assert {k: c.p for k, c in cs.items()} == pytest.approx(p)
+    assert p["big"] < p["small"] < 0.05 < p["noise"]
+    assert cs["big"].resolved and cs["big"].verdict() == "resolved"
+    assert cs["small"].p < 0.05 < cs["small"].p_adj == pytest.approx(2 * p["small"])  # lost to Holm
+    assert cs["small"].verdict() == cs["noise"].verdict() == "not resolved at 3 seeds"
+    # the ratio of the two settings and its t interval, on the log scale
+    assert cs["big"].ratio == pytest.approx(math.exp(1.0)) and cs["big"].lo < math.exp(1.0) < cs["big"].hi
+    md = report.build_report([study], study / "out", baseline="base", compare=["extrap/ppl_ratio"]).markdown
+    assert "1 of 3 differences resolved" in md
+    line = next(x for x in md.splitlines() if x.startswith("| small / base"))
+    assert "not resolved at 3 seeds" in line and "p_adj=0.057" in line
+
+
+def test_every_pair_that_differs_in_one_setting_is_one_family(study):
+    rows, shown = rows_of(study)
+    cs = compare(rows, shown, ["extrap/ppl_ratio", "extrap/ppl"])
+    assert len(cs) == 2 * 6  # 4 rows: 6 pairs, two metrics at one length
+    assert sorted(c.p_adj for c in cs) == pytest.approx(sorted(holm([c.p for c in cs])))
+
+
+def test_a_baseline_with_other_seeds_or_text_is_one_line(study, tmp_path):
+    run(study / "late_s5", "late", 5, 3.0)
+    run(study / "late_s6", "late", 6, 3.1)
+    rows, shown = rows_of(study)
+    with pytest.raises(ReportError, match="cannot be paired with 'late': other seeds"):
+        compare(rows, shown, baseline="base")
+    with pytest.raises(ReportError, match="--baseline 'nobody' names no row"):
+        compare(rows, shown, baseline="nobody")
+
+
+def test_along_training_section_warns_when_the_order_flips_between_budgets(tmp_path):
+    """Two schemes at two budgets: the ratio order at the end of the short runs is reversed at the end of the
+    long ones; the mid-schedule points of the long runs are shown but not used for the warning."""
+    def point(step, ratio, schedule):
+        return {"step": step, "tokens_seen": step * 100, "schedule": schedule,
+                "metrics": {"extrap/ppl_ratio@1024": ratio}}
+
+    for s in (0, 1):
+        for pe, short, long in (("a", 1.5, 3.0), ("b", 2.0, 2.2)):
+            run(tmp_path / f"{pe}_short_s{s}", pe, s, short, steps=100,
+                along_training=[point(50, short * 0.9, "mid-schedule"), point(100, short, "end")])
+            run(tmp_path / f"{pe}_long_s{s}", pe, s, long, steps=400,
+                along_training=[point(100, long * 0.5, "mid-schedule"), point(400, long, "end")])
+    built = report.build_report([tmp_path], tmp_path / "out")
+    assert "**Warning:** The order of the settings by extrap/ppl_ratio@1024 differs between the last two budgets" \
+        in built.markdown
+    table = next(t for t in built.tables if t.title == "Along training: extrap/ppl_ratio@1024")
+    # the long runs' point at 10k tokens is mid-schedule, beside the end of the short runs at 10k
+    assert table.columns == ["setting", "0.005M", "0.01M", "0.01M end", "0.04M end"]
+    assert table.rows == [["a", "1.350", "1.500", "1.500", "3.000"], ["b", "1.800", "1.100", "2.000", "2.200"]]
+    assert "along_training" in built.figures
