@@ -45,6 +45,9 @@ def test_extended_run_starts_from_the_parents_weights_and_records_it(parent, tmp
     (run,) = offline_runs(out)
     configs = [r for r in wandb_records(run) if "extend" in str(r.get("config", ""))]
     assert any('"train_length":32' in str(r).replace(" ", "").replace("'", '"') for r in configs)
+    # the parent's checkpoint artifact is named in the config (offline: W&B declares inputs online only)
+    parent_folder = parent["output_dir"].rstrip("/").rpartition("/")[2]
+    assert wandb_summary(run)["config"]["extend"]["parent_artifact"] == f"model-{parent_folder}:latest"
     hparams = yaml.safe_load((out / "csv" / "hparams.yaml").read_text())
     assert hparams["cfg"]["extend"]["parent"]["train_length"] == 32
     # attention diagnostics (eval.diagnostics.enabled): summary, PNGs, W&B table and plots, the sweep report

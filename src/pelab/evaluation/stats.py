@@ -51,6 +51,24 @@ def mean_interval(values: Sequence[float], level: float = LEVEL, seed: int = 0,
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
+def hierarchical_interval(groups: Sequence[Sequence[float]], level: float = LEVEL, seed: int = 0,
+                          n_resamples: int = N_RESAMPLES) -> tuple[float, float]:
+    """Percentile interval of the mean of group means by a two-level bootstrap: resample the groups (seeds), then
+    the values inside each drawn group (instances). With several seeds the interval holds the seed-to-seed
+    spread as well as the instance sampling; (nan, nan) with fewer than two groups."""
+    gs = [np.asarray(g, dtype=float) for g in groups if len(g)]
+    if len(gs) < 2 or not all(np.isfinite(g).all() for g in gs):
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    stats = np.empty(n_resamples)
+    for i in range(n_resamples):
+        drawn = rng.integers(0, len(gs), len(gs))
+        stats[i] = np.mean([gs[k][rng.integers(0, gs[k].size, gs[k].size)].mean() for k in drawn])
+    a = (1 - level) / 2
+    lo, hi = np.quantile(stats, [a, 1 - a])
+    return float(lo), float(hi)
+
+
 def t_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, float]:
     """Student-t interval of the mean of a few independent values (e.g. one per seed): mean +- t(n-1) s / sqrt(n)
     (``scipy.stats.t``); with 3 values t = 4.30. (nan, nan) with fewer than two or a non-finite value."""

@@ -276,3 +276,24 @@ def log_pe_diagnostics(run: Any, model: Any, train_length: int, output_dir: Path
         media[f"pe/{key}"] = wandb.Image(str(path))
     run.summary.update(scalars)
     run.log({**scalars, **media})
+
+
+def use_parent_checkpoint(run: Any, parent: dict) -> str:
+    """extend.from: the parent's checkpoint as an input artifact of this run, named as Lightning names a run's
+    checkpoints (`model-<parent W&B run id>`, logged with logger.wandb.log_model=true), so that W&B draws the
+    lineage parent -> child. An online run declares it (`use_artifact`, a reference to the file: nothing is
+    uploaded); W&B refuses that offline (wandb 0.31: "Cannot use artifact when in offline mode"), so an offline
+    run only names it in its config (`extend.parent_artifact`). Returns the artifact's name."""
+    import wandb
+
+    path = Path(parent["path"]).resolve()
+    name = f"model-{parent.get('wandb_run_id') or path.parent.parent.name}"
+    run.config.update({"extend": {**dict(run.config.get("extend") or {}), "parent_artifact": f"{name}:latest"}},
+                      allow_val_change=True)
+    if run.settings.mode == "offline":
+        return name
+    artifact = wandb.Artifact(name, type="model", metadata={"step": parent.get("step"), "path": str(path),
+                                                            "train_length": parent.get("train_length")})
+    artifact.add_reference(path.as_uri(), checksum=False)
+    run.use_artifact(artifact)
+    return name

@@ -322,13 +322,13 @@ def probe_outcomes(job: Job, kind: str) -> dict[tuple[float, int], str]:
     }
 
 
-def paired_outcomes(a: Row, b: Row, kind: str) -> dict[int, tuple[list[bool], list[bool]]]:
+def paired_outcomes(a: Row, b: Row, kind: str, seed: Any = None) -> dict[int, tuple[list[bool], list[bool]]]:
     """By length: the outcomes of rows a and b on the same instances. Jobs are paired by seed (seeds both
     rows ran) when they probed the same instances (``pairing_key``); per (seed, depth) cell the common
-    prefix of the two bit strings. Lengths without a common cell are left out."""
+    prefix of the two bit strings. Lengths without a common cell are left out. `seed`: that seed's jobs only."""
     out: dict[int, tuple[list[bool], list[bool]]] = {}
     b_by_seed = {j.setting("seed"): j for j in b.jobs}
-    for ja in a.jobs:
+    for ja in a.jobs if seed is None else [j for j in a.jobs if j.setting("seed") == seed]:
         jb = b_by_seed.get(ja.setting("seed"))
         if jb is None or pairing_key(ja) != pairing_key(jb):
             continue

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pelab.evaluation.stats import mcnemar, t_interval
+from pelab.evaluation.stats import edge_mask, hierarchical_interval, mcnemar, t_interval
 from pelab.report.aggregation import (
     OFFSET_KIND,
     Row,
@@ -25,6 +25,7 @@ from pelab.report.aggregation import (
     fmt_number,
     offset_cells,
     paired_outcomes,
+    probe_outcomes,
     probe_panel,
     val_curves,
 )
@@ -107,7 +108,7 @@ def interval_cell(row: Row, metric: str, digits: int = 2) -> str:
     (the metrics ``<name>_lo@L`` / ``<name>_hi@L``: evaluation blocks or probe instances), "0.85 [0.80, 0.89]";
     with several, the mean over seeds and its t interval over the seeds, "0.85 [0.79, 0.91] (3 seeds)" (for
     perplexities and ratios on the log scale: the geometric mean, i.e. exp of the mean NLL, and an interval
-    that stays positive).
+    that stays positive); probe accuracies and gaps with several seeds: a bootstrap over seeds, then instances.
     Not applicable, diverged and partial cells as ``aggregate`` says them."""
     name, _, length = metric.rpartition("@")
     vals = [j.metrics[metric] for j in row.jobs if metric in j.metrics]
@@ -117,6 +118,13 @@ def interval_cell(row: Row, metric: str, digits: int = 2) -> str:
         if math.isfinite(lo) and math.isfinite(hi):
             return f"{fmt_number(vals[0], digits)} [{fmt_number(lo, digits)}, {fmt_number(hi, digits)}]"
         return fmt_number(vals[0], digits)
+    probe = re.fullmatch(r"probe/([^/]+)/(acc|lim_gap)", name)
+    if probe and len(vals) == len(row.jobs) > 1 and all(math.isfinite(v) for v in vals):
+        groups = [instance_scores(j, probe[1], int(length), probe[2]) for j in row.jobs]
+        if all(len(g) for g in groups):  # seeds, then instances: both kinds of spread
+            lo, hi = hierarchical_interval(groups)
+            mid = statistics.fmean(vals)
+            return f"{fmt_number(mid, digits)} [{fmt_number(lo, digits)}, {fmt_number(hi, digits)}] ({len(vals)} seeds)"
     if len(vals) == len(row.jobs) > 1 and all(math.isfinite(v) for v in vals):
         if name.rpartition("/")[2].startswith("ppl"):  # perplexities and their ratios: on the log scale
             lo, hi = (math.exp(x) for x in t_interval([math.log(v) for v in vals]))
@@ -125,6 +133,20 @@ def interval_cell(row: Row, metric: str, digits: int = 2) -> str:
             (lo, hi), mid = t_interval(vals), statistics.fmean(vals)
         return f"{fmt_number(mid, digits)} [{fmt_number(lo, digits)}, {fmt_number(hi, digits)}] ({len(vals)} seeds)"
     return aggregate(vals, digits)
+
+
+def instance_scores(job: Job, kind: str, length: int, what: str = "acc") -> list[float]:
+    """Per probe instance of one run at one length: its mean outcome over depths (`acc`) or its edges-minus-
+    middle gap (`lim_gap`), from the per-instance outcome bits in summary.json ([] without them)."""
+    cells = {d: bits for (d, L), bits in probe_outcomes(job, kind).items() if L == length}
+    if not cells or len({len(b) for b in cells.values()}) != 1:
+        return []
+    depths = sorted(cells)
+    x = np.array([[c == "1" for c in cells[d]] for d in depths], dtype=float)  # (depths, instances)
+    if what == "acc":
+        return x.mean(axis=0).tolist()
+    edges = edge_mask(depths)
+    return [] if edges is None else (x[edges].mean(axis=0) - x[~edges].mean(axis=0)).tolist()
 
 
 def _lengths(rows: Sequence[Row], name: str) -> list[int]:
@@ -284,17 +306,24 @@ def paired_table(rows: Sequence[Row], kind: str) -> Table | None:
         names = [str(L) for L in cols]
     t = Table(f"{kind}: paired comparisons on the same instances", ["pair"] + names, [],
               caption=(
-                  "Accuracy of the first minus the second, McNemar's exact two-sided p and the number "
-                  "of paired outcomes (seed, depth, instance). The same instance appears at every depth, "
-                  "so pairs are not fully independent: read p as approximate, small p as a real "
-                  "difference only with a clear Δ."),
+                  "Accuracy of the first minus the second over the paired outcomes (seed, depth, instance), n, and "
+                  "McNemar's exact two-sided p of each seed on its own (the instances of a seed are shared by both "
+                  "rows; seeds are separate experiments). The same instance appears at every depth, so pairs are "
+                  "not fully independent: read p as approximate, small p as a real difference only with a clear Δ "
+                  "and the same direction in every seed."),
               collapsed=len(results) > 6)
     for a, b, by_len in results:
+        seeds = sorted(set(a.seeds) & set(b.seeds))
+        per_seed = {s: {L: mcnemar(xa, xb) for L, (xa, xb) in paired_outcomes(a, b, kind, seed=s).items() if xa}
+                    for s in seeds}
         cells = []
         for L in cols:
             r = by_len.get(L)
-            delta = None if r is None else (r["b10"] - r["b01"]) / r["n"]
-            cells.append("—" if r is None else f"{delta:+.2f} (p={r['p']:.2g}, n={r['n']})")
+            if r is None:
+                cells.append("—")
+                continue
+            ps = [f"{per_seed[s][L]['p']:.2g}" for s in seeds if L in per_seed[s]]
+            cells.append(f"{(r['b10'] - r['b01']) / r['n']:+.2f} (p={', '.join(ps)}, n={r['n']})")
         t.rows.append([f"{a.label} vs {b.label}"] + cells)
     return t
 

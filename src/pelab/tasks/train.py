@@ -130,7 +130,7 @@ def main(cfg: DictConfig) -> float:
 def record_parent(task: Task, cfg: DictConfig, parent: dict) -> None:
     """The parent of an extended run in `extend.parent` of its config: summary.json, the W&B config and the
     checkpoints."""
-    from pelab.harness.loggers import guarded
+    from pelab.harness.loggers import guarded, use_parent_checkpoint
 
     cfg.extend.parent = parent
     task.summary["config"] = resolved_config(cfg)
@@ -140,6 +140,7 @@ def record_parent(task: Task, cfg: DictConfig, parent: dict) -> None:
         guarded("config update", task.run.config.update,
                 {"extend": task.summary["config"]["extend"], "pe": task.summary["config"]["pe"]},
                 allow_val_change=True)
+        guarded("parent checkpoint artifact", use_parent_checkpoint, task.run, parent)
 
 
 def fit(trainer: Any, module: Any, datamodule: Any, ckpt_path: str | None, preemption: Any,
