@@ -652,7 +652,9 @@ def test_eval_at_logs_along_training_and_a_kill_between_points_keeps_the_first(t
     killed = summary_of(out)
     assert [p["step"] for p in killed["along_training"]] == [40]
     first = killed["along_training"][0]
-    assert first["schedule"] == "mid-schedule" and first["fraction"] == 0.5 and first["blocks"] == 4
+    # asked for half of 60 steps; run at the nearest validation step, 40 (validation every 20)
+    assert first["schedule"] == "mid-schedule" and first["asked"] == 0.5 and first["fraction"] == pytest.approx(2 / 3)
+    assert first["blocks"] == 4
     res = run_cli([*args, "ckpt_path=auto"], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     s = summary_of(out)

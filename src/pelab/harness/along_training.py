@@ -70,7 +70,8 @@ class EvaluationAlongTraining(Callback):
                                         batch_tokens=int(self.ecfg.get("batch_tokens", 16384)))
         result.split, result.seed = str(self.ecfg["split"]), int(self.ecfg.get("seed", 0))
         metrics = result.metrics()
-        record = {"step": step, "fraction": self.steps[step], "schedule": "mid-schedule",
+        record = {"step": step, "fraction": step / int(trainer.max_steps), "asked": self.steps[step],
+                  "schedule": "mid-schedule",
                   "tokens_seen": int(pl_module.tokens_per_step() * step), "blocks": result.blocks,
                   "split": result.split, "seconds": round(time.perf_counter() - t0, 2), "metrics": metrics}
         self.records.append(record)
