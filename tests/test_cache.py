@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import time
 
 import numpy as np
@@ -65,7 +66,7 @@ def test_env_var_sets_the_default_cache_dir(text_dir, tmp_path, monkeypatch):
     assert cache.path.is_relative_to(tmp_path / "from-env")
 
 
-@pytest.mark.parametrize("damage", ["truncate", "overwrite", "meta"])
+@pytest.mark.parametrize("damage", ["truncate", "overwrite", "meta", "flip_keep_mtime"])
 def test_corrupt_cache_is_detected_and_rebuilt(damage, text_dir, tmp_path):
     corpus = build_corpus(_src(text_dir))
     good = open_cache(corpus, "byte", tmp_path)
@@ -77,6 +78,14 @@ def test_corrupt_cache_is_detected_and_rebuilt(damage, text_dir, tmp_path):
     elif damage == "overwrite":  # same size, different bytes at the head
         with open(path, "r+b") as f:
             f.write(b"\xff\xff" * 100)
+    elif damage == "flip_keep_mtime":  # one byte in the middle, the file's stamp restored (the mtime too)
+        st = path.stat()
+        with open(path, "r+b") as f:
+            f.seek(st.st_size // 2)
+            byte = f.read(1)
+            f.seek(st.st_size // 2)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     else:
         (good.path / "meta.json").write_text("{not json")
     assert verify_entry(good.path) is not None

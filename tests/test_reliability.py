@@ -261,7 +261,7 @@ def test_sigterm_and_ctrl_c_save_stop_and_a_relaunch_continues_exactly(reference
     s2 = summary_of(out)
     assert s2["status"] == "interrupted" and s2["interrupted"]["signal"] == signal.SIGINT
     assert s2["resumed_from"]["step"] == s1["preempted"]["step"] < s2["interrupted"]["step"] < 60
-    assert s2["interrupted"]["step"] == load(last)["global_step"]
+    assert s2["interrupted"]["step"] == load(last)["global_step"] == s2["global_step"]  # the step fields agree
     assert "ckpt_path=auto" in log2 and "Traceback" not in log2 and "KeyboardInterrupt" not in log2
 
     assert train(compose([*RESUME, "ckpt_path=auto"], out))["status"] == "ok"  # the last relaunch, in-process
@@ -665,3 +665,29 @@ def test_eval_at_logs_along_training_and_a_kill_between_points_keeps_the_first(t
     logged = [int(r["step"]) for r in csv_rows(out) if r.get("extrap/ppl@64")]
     validations = sorted({int(r["step"]) for r in csv_rows(out) if r.get("val/ppl")})
     assert logged == [validations[1]]  # the mid-schedule point, logged with the validation at step 40
+
+
+class WorsenAfter(Callback):
+    """A test aid: from step `step` on, noise on the token embeddings before every validation, so that the later
+    validations are worse than the one before."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_validation_start(self, trainer, pl_module):
+        if trainer.global_step >= self.step:
+            with torch.no_grad():
+                pl_module.model.tok_emb.weight.add_(torch.randn_like(pl_module.model.tok_emb.weight))
+
+
+def test_last_ckpt_is_the_last_validation_even_when_validation_got_worse(tmp_path):
+    """Validations after step 20 are made worse: best.ckpt stays at 20 while last.ckpt follows every validation
+    to the end (Lightning alone left it at the last improvement, so eval.py and extend.from read old weights)."""
+    out = tmp_path / "run"
+    s = train(compose([*FAST, "logger=csv", "evaluate_after_fit=false", "trainer.max_steps=40",
+                       "trainer.val_check_interval=10", "+callbacks.worse._target_=test_reliability.WorsenAfter",
+                       "+callbacks.worse.step=30"], out))
+    vals = [float(r["val/ppl"]) for r in csv_rows(out) if r.get("val/ppl")]
+    assert len(vals) == 4 and min(vals) == vals[1] < vals[2] and vals[1] < vals[3]  # best at 20, worse after
+    assert load(out / "checkpoints" / "last.ckpt")["global_step"] == s["global_step"] == 40
+    assert load(out / "checkpoints" / "best.ckpt")["global_step"] == 20

@@ -140,6 +140,8 @@ def run_task(output_dir: Path, *, rank: int = 0, signals: tuple[int, ...] = (), 
         except Preempted as err:  # a clean stop: the checkpoint holds everything trained
             summary["status"] = err.status
             summary[err.status] = {"signal": err.signum, "step": err.step, "ckpt_path": err.ckpt}
+            if err.step is not None:  # the step the run stopped at is the one its checkpoint holds
+                summary["global_step"] = err.step
             log.warning("%s: %s", err.status.capitalize(), err)
         except BaseException as err:
             summary["status"] = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
