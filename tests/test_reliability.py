@@ -634,6 +634,13 @@ def test_a_fresh_launch_over_a_run_is_refused_and_keeps_it(tmp_path):
     with pytest.raises(ConfigError, match="other settings: data.seq_len=32 before but 16 now"):
         train(compose([*args, "data.seq_len=16", "ckpt_path=auto"], tmp_path))
     assert summary_of(tmp_path)["metrics"] == first["metrics"]  # nothing overwritten
+    # a relaunch that fails keeps what the run had measured, its failure recorded beside it
+    with pytest.raises(ConfigError, match="eval.lengths"):
+        train(compose([*args, "ckpt_path=auto", "eval.lengths=[0]"], tmp_path))
+    failed = summary_of(tmp_path)
+    assert failed["status"] == "failed" and "eval.lengths" in failed["error"] and failed["earlier_status"] == "ok"
+    assert failed["metrics"] == first["metrics"] and failed["global_step"] == 10
+    assert [x["status"] for x in failed["launches"]] == ["ok", "failed"]
 
 
 @pytest.mark.slow
