@@ -9,6 +9,7 @@ was built: no token cache, no checkpoint, no model in the summary.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -221,3 +222,29 @@ def test_probe_key_lengths_follow_the_training_mix():
     cfg = compose(["data.recall_key_len=5", "data.recall_value_len=2"])
     assert (cfg.probes.key_len, cfg.probes.value_len) == (5, 2)
     assert compose(["data.recall_key_len=5", "probes.key_len=4"]).probes.key_len == 4  # still settable
+
+
+# -- limits known once the data is built: before the first step ------------------------------------------
+@pytest.mark.parametrize("overrides, key", [
+    (["data.seq_len=8192", "eval.lengths=[1]"], "data.seq_len=8192"),  # a training step: 8 x 8192 tokens
+    (["data.batch_size=4096"], "data.batch_size=4096"),
+    (["eval.lengths=[2048]", "eval.batch_tokens=4000000"], "eval.batch_tokens=4000000"),
+])
+def test_a_step_that_cannot_fit_in_memory_is_refused_before_training(overrides, key, tmp_path, monkeypatch):
+    """The estimate of a training step / the evaluation against the memory available (here 0.5 GB, injected):
+    one line naming the setting and the estimate, before the first step."""
+    monkeypatch.setenv("PELAB_AVAILABLE_MEMORY", "5e8")
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)}.* needs about [\d.]+ GB .* more than the 0.5 GB"):
+        train(compose([*FAST, "logger=csv", *overrides], out))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "failed" and "global_step" not in summary and not (out / "checkpoints").exists()
+
+
+def test_an_evaluation_budget_larger_than_the_split_is_refused_before_training(tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"eval.tokens=100000000 is more than the test split holds"):
+        train(compose([*FAST, "logger=csv", "eval.tokens=100000000"], out))
+    with pytest.raises(ConfigError, match=r"eval.split=test has \d+ tokens, fewer than one window"):
+        train(compose([*FAST, "logger=csv", "eval.lengths=[10000000]"], tmp_path / "run2"))
+    assert not (out / "checkpoints").exists()

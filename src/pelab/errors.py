@@ -14,6 +14,10 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be read or does not belong to this run's model/tokenizer."""
 
 
+class OutOfMemory(ValueError):
+    """An allocation that failed during training: the settings to lower and the checkpoint to resume from."""
+
+
 class NonFiniteError(RuntimeError):
     """A non-finite loss or gradient under optim.nonfinite=stop (or more than optim.max_skips skipped)."""
 

@@ -36,22 +36,21 @@ def eval_blocks(datamodule: Any, ecfg: Any, lengths: list[int]) -> torch.Tensor:
     drawn over the whole `eval.split` by `eval.seed` (`spread_blocks`), (K, max(lengths) + 1)."""
     block = max(lengths)
     tokens = datamodule.eval_tokens(ecfg.split)  # the whole split, (n,) int64
-    check_eval_budget(ecfg, block, len(tokens))
+    check_eval_budget(str(ecfg.split), ecfg.get("tokens"), block, len(tokens))
     blocks, _ = spread_blocks(tokens, block, blocks_for_budget(ecfg.get("tokens"), block), int(ecfg.get("seed", 0)))
     return blocks
 
 
-def check_eval_budget(ecfg: Any, block: int, available: int) -> None:
-    """The evaluation budget against the split, once its size is known (before any training): one line naming
-    the setting to change."""
+def check_eval_budget(split: str, tokens: int | None, block: int, available: int, key: str = "eval.tokens") -> None:
+    """An evaluation budget (`tokens` of `split`, in windows of the longest length `block`) against the split, once
+    its size is known (before any training): one line naming the setting to change."""
     if available < block + 1:
-        raise ConfigError(f"eval.split={ecfg.split} has {available} tokens, fewer than one window of the longest "
+        raise ConfigError(f"eval.split={split} has {available} tokens, fewer than one window of the longest "
                           f"eval length {block} (+1); lower eval.lengths or use a larger corpus.")
-    budget = ecfg.get("tokens")
     most = ((available - 1) // block) * block
-    if budget is not None and int(budget) > most:
-        raise ConfigError(f"eval.tokens={budget} is more than the {ecfg.split} split holds in windows of the longest "
-                          f"length {block} ({most} tokens); lower it, or set eval.tokens=null for the whole split.")
+    if tokens is not None and int(tokens) > most:
+        raise ConfigError(f"{key}={tokens} is more than the {split} split holds in windows of the longest "
+                          f"length {block} ({most} tokens); lower it, or set {key}=null for the whole split.")
 
 
 def run_evaluation(

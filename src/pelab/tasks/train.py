@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from pelab import CONF_DIR
 from pelab.tasks.names import in_multirun
@@ -76,21 +76,23 @@ def train_in(cfg: DictConfig, output_dir: Path, signals: tuple[int, ...]) -> dic
         summary = task.summary
         summary["config"] = resolved_config(cfg)
         task.save()
-        # The W&B run before validation, so that a bad job of a sweep shows up there as failed.
-        task.start_wandb((summary["config"].get("logger") or {}).get("wandb"), name=cfg.name,
-                         config=summary["config"], tags=list(cfg.get("tags") or []), notes=cfg.get("notes"))
+        # Every check that needs no data before W&B starts (a bad input costs no W&B connection) ...
         validate_config(cfg)
         parent = extension_parent(cfg)
-        if parent:
-            record_parent(task, cfg, parent)
         precision, world = trainer_settings(cfg)
         ckpt_path, ckpt_vocab = resume_point(cfg, output_dir, summary)
+        task.start_wandb((summary["config"].get("logger") or {}).get("wandb"), name=cfg.name,
+                         config=summary["config"], tags=list(cfg.get("tags") or []), notes=cfg.get("notes"))
+        if parent:
+            record_parent(task, cfg, parent)
         if parent and not ckpt_path:  # a resumed child already holds its own weights
             ckpt_vocab = parent["vocab_size"]
         L.seed_everything(int(cfg.seed), workers=True, verbose=False)
         datamodule = prepare_data(cfg, int(cfg.data.batch_size) // world, summary, ckpt_path or
                                   (parent or {}).get("path"), ckpt_vocab)
         module = build_module(summary, datamodule.vocab_size)
+        # ... and those that need the data (split sizes, vocabulary) before the first step
+        check_before_training(cfg, module, datamodule, world, precision)
         if parent and not ckpt_path:
             load_parent_weights(module, parent["path"])
         task.save()
@@ -127,6 +129,26 @@ def main(cfg: DictConfig) -> float:
 
 
 # -- the steps of train() ------------------------------------------------------------------------------
+def check_before_training(cfg: DictConfig, module: Any, datamodule: Any, world: int, precision: str) -> None:
+    """What needs the data to be checked, before the first step: the evaluation text against its split (the
+    final evaluation and eval.at), the probes' filler, and memory (a training step, the evaluation)."""
+    from pelab.evaluation.extrapolation import resolve_lengths
+    from pelab.evaluation.suite import check_eval_budget
+    from pelab.harness.build import on_cuda
+    from pelab.harness.memory import check_run
+
+    if cfg.get("evaluate_after_fit", True) or (cfg.eval.get("at") or []):
+        length = int(cfg.data.seq_len)
+        longest = max(resolve_lengths(list(cfg.eval.lengths), length) + [length])
+        split, available = str(cfg.eval.split), datamodule.n_tokens(cfg.eval.split)
+        check_eval_budget(split, cfg.eval.get("tokens"), longest, available)
+        if cfg.eval.get("at"):
+            check_eval_budget(split, cfg.eval.get("at_tokens"), longest, available, key="eval.at_tokens")
+    check_run(cfg, module.model, datamodule.vocab_size, int(cfg.data.batch_size) // world, precision,
+              on_cuda(OmegaConf.to_container(cfg.trainer, resolve=True)))
+
+
+
 def record_parent(task: Task, cfg: DictConfig, parent: dict) -> None:
     """The parent of an extended run in `extend.parent` of its config: summary.json, the W&B config and the
     checkpoints."""
@@ -147,9 +169,21 @@ def fit(trainer: Any, module: Any, datamodule: Any, ckpt_path: str | None, preem
         summary: dict) -> dict[str, float]:
     """Train; returns the final val/ and train/ metrics (those saved in the checkpoint when a relaunch has
     no step left to train, e.g. after a preemption during the evaluation)."""
+    from pelab.errors import OutOfMemory
+    from pelab.harness.memory import is_out_of_memory
     from pelab.harness.signals import Preempted
 
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    except Exception as err:
+        if not is_out_of_memory(err):
+            raise
+        last = Path(summary["output_dir"]) / "checkpoints" / "last.ckpt"
+        resume = (f"resume from {last} (step {module.last_ckpt_step}) with ckpt_path=auto"
+                  if module.last_ckpt_step is not None and last.exists() else "no checkpoint was written yet")
+        raise OutOfMemory(f"out of memory at step {trainer.global_step} ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0][:160]}); lower data.batch_size or data.seq_len, then "
+                          f"{resume}.") from err
     if preemption.received is not None:  # signalled during the final validation: last.ckpt is final
         raise Preempted(preemption.received, step=trainer.global_step, ckpt=preemption.ckpt_path)
     summary["start_step"] = module.start_step if module.start_step is not None else module.last_ckpt_step

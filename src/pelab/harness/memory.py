@@ -1,0 +1,131 @@
+"""Will one training step, and the evaluation at the longest length, fit in memory? An estimate, checked before
+the first step: refused in one line naming the setting to lower when it exceeds the memory available, a warning
+above 80%. And an out-of-memory failure during training as one line, not a traceback (or the kernel's kill).
+
+The estimate (bytes; fp32 4, bf16 autocast 2 for activations):
+  weights, gradients and AdamW's two moments    4 x N x 4
+  activations kept for backward, per layer      B x T x (12 D + 3 d_ff) x act   (q, k, v, attention output, MLP,
+                                                                                norms, residuals)
+  attention scores, per layer                   B x H x C x T x 4 x 2           where a path materialises them:
+                                                the explicit / additive-mask paths on CPU (C = attn_chunk_size
+                                                query rows at a time, forward and backward); none for SDPA
+                                                without a bias (flash / memory-efficient kernels)
+  logits, log-softmax and their gradient        3 x B x T x V x 4
+It errs high (calibration: experiments/benchmarks/README.md, "Memory estimate"). The
+memory available: PELAB_AVAILABLE_MEMORY (bytes; the tests set it), else the free CUDA memory of the device, else
+Linux's MemAvailable.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pelab.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+WARN_FRACTION = 0.8
+GB = 1e9
+
+
+def available_memory(cuda: bool = False) -> float | None:
+    """Bytes this process may still allocate, or None where it cannot be told."""
+    if os.environ.get("PELAB_AVAILABLE_MEMORY"):
+        return float(os.environ["PELAB_AVAILABLE_MEMORY"])
+    if cuda:
+        import torch
+
+        return float(torch.cuda.mem_get_info()[0])
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+@dataclass
+class Estimate:
+    parts: dict[str, float]
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+    def describe(self) -> str:
+        big = sorted(self.parts.items(), key=lambda kv: -kv[1])[:3]
+        return ", ".join(f"{k} {v / GB:.1f} GB" for k, v in big)
+
+
+def training_step(n_params: int, batch: int, length: int, d_model: int, d_ff: int, n_layers: int, n_heads: int,
+                  vocab: int, chunk: int, scores_materialised: bool, act_bytes: int = 4) -> Estimate:
+    """The estimate of one training step on one device (`batch`: rows per device); see the module doc."""
+    c = min(chunk, length)
+    return Estimate({
+        "weights + gradients + AdamW": 16.0 * n_params,
+        "activations": float(batch * length * (12 * d_model + 3 * d_ff) * act_bytes * n_layers),
+        "attention scores": float(batch * n_heads * c * length * 4 * 2 * n_layers) if scores_materialised else 0.0,
+        "logits": 3.0 * batch * length * vocab * 4,
+    })
+
+
+def evaluation(n_params: int, windows: int, length: int, d_model: int, d_ff: int, n_heads: int, vocab: int,
+               chunk: int) -> Estimate:
+    """The estimate of one evaluation forward at `length` (no gradients; one layer's activations alive)."""
+    c = min(chunk, length)
+    return Estimate({
+        "weights": 4.0 * n_params,
+        "activations": float(windows * length * (4 * d_model + d_ff) * 4 * 2),
+        "attention scores": float(windows * n_heads * c * length * 4 * 2),
+        "logits": 2.0 * windows * length * vocab * 4,
+    })
+
+
+def check(estimate: Estimate, what: str, fix: str, cuda: bool = False) -> None:
+    """Refuse `estimate` above the memory available (one line: `what` needs about X, `fix`); warn above 80%."""
+    have = available_memory(cuda)
+    if have is None:
+        return
+    need = estimate.total
+    if need > have:
+        raise ConfigError(f"{what} needs about {need / GB:.1f} GB ({estimate.describe()}), more than the "
+                          f"{have / GB:.1f} GB available; {fix}.")
+    if need > WARN_FRACTION * have:
+        log.warning("%s needs about %.1f GB of the %.1f GB available (%s): close to running out of memory",
+                    what, need / GB, have / GB, estimate.describe())
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """A failed allocation PyTorch raised (CUDA or CPU), as opposed to the kernel killing the process."""
+    import torch
+
+    if isinstance(err, torch.OutOfMemoryError | MemoryError):
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text.lower())
+
+
+def check_run(cfg, model, vocab: int, rows_per_device: int, precision: str, cuda: bool) -> None:
+    """The training step and the evaluation at the longest length of a run, against the memory available."""
+    from pelab.evaluation.extrapolation import resolve_lengths
+
+    c, pe = model.config, model.pe
+    n = sum(p.numel() for p in model.parameters())
+    length = int(cfg.data.seq_len)
+    materialised = pe.has_bias or pe.has_content_bias  # the additive-mask / explicit paths
+    act = 2 if str(precision).startswith(("bf16", "16")) else 4
+    step = training_step(n, rows_per_device, length, c.d_model, c.d_ff, c.n_layers, c.n_heads, vocab,
+                         c.attn_chunk_size, materialised, act)
+    check(step, f"a training step at data.seq_len={length} with {rows_per_device} rows per device "
+                f"(data.batch_size={cfg.data.batch_size})",
+          "lower data.batch_size or data.seq_len (or the model's size, model.*)", cuda)
+    if cfg.get("evaluate_after_fit", True):
+        longest = max(resolve_lengths(list(cfg.eval.lengths), length) + [length])
+        windows = max(1, min(64, int(cfg.eval.batch_tokens) // longest))
+        check(evaluation(n, windows, longest, c.d_model, c.d_ff, c.n_heads, vocab, c.attn_chunk_size),
+              f"the evaluation at {longest} tokens ({windows} windows per batch, eval.batch_tokens="
+              f"{cfg.eval.batch_tokens})", "lower the longest eval.lengths or eval.batch_tokens", cuda)
