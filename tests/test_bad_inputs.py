@@ -18,6 +18,7 @@ from hydra.errors import MissingConfigException
 from conftest import CONF_DIR, FAST, compose, run_cli
 from pelab.data.config import LOADER_KEYS
 from pelab.errors import ConfigError, is_user_error
+from pelab.tasks.config import validate
 from pelab.tasks.train import train, validate_config
 
 BAD = [
@@ -140,6 +141,7 @@ BAD_INPUTS = [
     (["trainer.max_steps=0"], "trainer.max_steps"),
     (["eval.lengths=[0,1]"], "eval.lengths"),
     (["probes.lengths=[-1]"], "probes.lengths"),
+    (["probes.lengths=[0]"], "probes.lengths=[0]: probes.lengths entries must be positive"),
     (["trainer=ddp_sim", "data.batch_size=7"], "data.batch_size"),
     (["pe=learned", "pe.max_position=16"], "pe.max_position"),
     (["optim.nonfinite=maybe"], "optim.nonfinite"),
@@ -147,6 +149,7 @@ BAD_INPUTS = [
     (["callbacks.throughput.available_flops=-1"], "callbacks.throughput.available_flops"),
     (["debug.emulate_world_size=3"], "debug.emulate_world_size"),
     (["ckpt_path={tmp}/nothing.ckpt"], "ckpt_path"),
+    (["ckpt_path={tmp}/empty"], "ckpt_path={tmp}/empty is a folder without checkpoints"),
     (["data=text_dir"], "data.path"),
     (["data=text_dir", "data.path={tmp}/missing"], "data.path"),
     (["data=text_dir", "data.path={tmp}/empty"], "data.glob"),
@@ -156,7 +159,7 @@ BAD_INPUTS = [
 @pytest.mark.parametrize("overrides, setting", BAD_INPUTS, ids=[" ".join(o) for o, _ in BAD_INPUTS])
 def test_bad_input_is_a_one_line_error_naming_the_setting_before_training(overrides, setting, tmp_path):
     (tmp_path / "empty").mkdir()
-    out = tmp_path / "run"
+    out, setting = tmp_path / "run", setting.format(tmp=tmp_path)
     cfg = compose([*FAST, "logger=csv", *[o.format(tmp=tmp_path) for o in overrides]], out)
     with pytest.raises(Exception) as err:
         train(cfg)
@@ -248,3 +251,71 @@ def test_an_evaluation_budget_larger_than_the_split_is_refused_before_training(t
     with pytest.raises(ConfigError, match=r"eval.split=test has \d+ tokens, fewer than one window"):
         train(compose([*FAST, "logger=csv", "eval.lengths=[10000000]"], tmp_path / "run2"))
     assert not (out / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("added, message", [
+    ("+foo=1", "+foo is not a setting any config reads"),
+    ("+logger.foo=1", "+logger.foo is not a setting any config reads (did you mean logger."),
+    ("+data.seq_length=256", "+data.seq_length is not a setting any config reads (did you mean data.seq_len?)"),
+])
+def test_an_added_key_no_config_reads_is_refused_naming_the_nearest(added, message):
+    overrides = [*FAST, added]
+    with pytest.raises(ConfigError) as err:
+        validate(compose(overrides), overrides)
+    assert str(err.value).startswith(message) and "+extra.*" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("added", ["+extra.note=hi", "+trainer.gradient_clip_val=1", "+hydra.job.env_set.X=1",
+                                   "+callbacks.mine._target_=lightning.pytorch.callbacks.Timer"])
+def test_the_documented_additions_pass(added):
+    overrides = [*FAST, added]
+    validate(compose(overrides), overrides)
+
+
+# -- before Hydra starts the job: the environment, every bad value of a sweep, the folders ---------------
+def _one_error_line(out) -> str:
+    errors = [line for line in out.stderr.splitlines() if line.startswith("Error: ")]
+    assert out.returncode == 1 and len(errors) == 1 and "Traceback" not in out.stderr + out.stdout, out.stderr[-2000:]
+    return errors[0]
+
+
+def test_a_sweep_with_several_unknown_values_names_them_all(tmp_path):
+    out = run_cli(["-m", "pe=rope,bogus,alibi,bogus2", f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path,
+                  timeout=120)
+    line = _one_error_line(out)
+    assert "pe=bogus, pe=bogus2" in line and "known pe: alibi" in line
+    assert not (tmp_path / "sweep").exists()  # no job started
+
+
+@pytest.mark.parametrize("env, setting", [({"WANDB_MODE": ""}, "WANDB_MODE=''"),
+                                          ({"WANDB_MODE": "sometimes"}, "WANDB_MODE='sometimes'"),
+                                          ({"PELAB_OUTPUT_DIR": "{file}"}, "PELAB_OUTPUT_DIR="),
+                                          ({"PELAB_CACHE_DIR": "{file}/cache"}, "PELAB_CACHE_DIR=")])
+def test_environment_variables_are_input_too(env, setting, tmp_path):
+    (tmp_path / "a_file").write_text("not a folder")
+    env = {k: v.format(file=tmp_path / "a_file") for k, v in env.items()}
+    out = run_cli([*FAST], cwd=tmp_path, timeout=120, env=env)
+    assert setting in _one_error_line(out)
+
+
+def test_a_run_folder_that_cannot_be_made_is_one_line_naming_the_setting(tmp_path):
+    (tmp_path / "a_file").write_text("not a folder")
+    out = run_cli([*FAST, f"hydra.run.dir={tmp_path / 'a_file' / 'run'}"], cwd=tmp_path, timeout=120)
+    line = _one_error_line(out)
+    assert "hydra.run.dir" in line and "is not a folder" in line
+
+
+def test_a_full_disk_anywhere_in_the_chain_is_one_line_naming_the_path():
+    import errno
+
+    from pelab.tasks.preflight import os_error_line
+
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device", "/runs/x/checkpoints/last.ckpt")
+        except OSError as inner:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 123") from inner
+    except RuntimeError as err:
+        line = os_error_line(err)
+    assert line.startswith("No space left on device writing /runs/x/checkpoints/last.ckpt")
+    assert "hydra.run.dir" in line and os_error_line(RuntimeError("other")) is None

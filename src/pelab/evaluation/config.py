@@ -54,7 +54,7 @@ class ProbesConfig:
 
 def check_lengths(key: str, lengths: Any, train_length: int) -> None:
     try:
-        resolve_lengths(list(lengths), train_length)
+        resolve_lengths(list(lengths), train_length, key)
     except (ValueError, TypeError) as err:
         raise ConfigError(f"{key}={show(lengths)}: {err}; use positive multiples of data.seq_len "
                           "(<= 64) or token counts (> 64).") from err

@@ -50,7 +50,7 @@ MAX_LENGTH_MULTIPLE = 64
 # lengths, token budget, window plans
 
 
-def resolve_lengths(lengths: Sequence[int | float], train_length: int) -> list[int]:
+def resolve_lengths(lengths: Sequence[int | float], train_length: int, key: str = "eval.lengths") -> list[int]:
     """Evaluation lengths in tokens, sorted and unique.
 
     Rule: a value ``v <= 64`` is a multiple of the training length (``round(v * train_length)``; fractions
@@ -63,21 +63,21 @@ def resolve_lengths(lengths: Sequence[int | float], train_length: int) -> list[i
     for v in lengths:
         v = float(v)
         if not math.isfinite(v) or v <= 0:
-            raise ValueError(f"eval.lengths entries must be positive, got {v}")
+            raise ValueError(f"{key} entries must be positive, got {v}")
         if v <= MAX_LENGTH_MULTIPLE:
             n = round(v * train_length)
         else:
             if v != int(v):
                 raise ValueError(
-                    f"eval.lengths entry {v} is > {MAX_LENGTH_MULTIPLE}, so it is read as an absolute token "
+                    f"{key} entry {v} is > {MAX_LENGTH_MULTIPLE}, so it is read as an absolute token "
                     "count and must be an integer"
                 )
             n = int(v)
         if n < 1:
-            raise ValueError(f"eval.lengths entry {v} resolves to {n} tokens at train_length={train_length}")
+            raise ValueError(f"{key} entry {v} resolves to {n} tokens at train_length={train_length}")
         out.add(n)
     if not out:
-        raise ValueError("eval.lengths is empty")
+        raise ValueError(f"{key} is empty")
     return sorted(out)
 
 

@@ -82,8 +82,14 @@ def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> str | None:
     if ckpt_path == "auto":
         newest = newest_checkpoint(output_dir)
         return str(newest) if newest else None
+    if Path(ckpt_path).is_dir():  # a run folder: its newest checkpoint
+        newest = newest_checkpoint(Path(ckpt_path))
+        if newest is None:
+            raise ConfigError(f"ckpt_path={ckpt_path} is a folder without checkpoints (checkpoints/last.ckpt); pass "
+                              "a .ckpt file, a run folder that has one, 'auto' or null.")
+        return str(newest)
     if not Path(ckpt_path).is_file():
-        raise ConfigError(f"ckpt_path={ckpt_path} does not exist; pass a .ckpt file, 'auto' or null.")
+        raise ConfigError(f"ckpt_path={ckpt_path} does not exist; pass a .ckpt file, a run folder, 'auto' or null.")
     return ckpt_path
 
 

@@ -12,6 +12,7 @@ name, ...) and the Trainer takes any Lightning keyword.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -92,9 +93,61 @@ def check_extend(cfg: DictConfig) -> None:
          "must be true or false.")
 
 
-def validate(cfg: DictConfig) -> dict[str, Any]:
+# Where a `+key=value` may add a key no config has: Hydra's own, and a namespace for the user's own keys.
+FREE_NAMESPACES = ("hydra", "extra")
+TYPED_GROUPS = ("model", "pe", "eval", "probes", "optim")  # their schemas name an unknown key themselves
+
+
+def check_additions(cfg: DictConfig, overrides: list[str]) -> None:
+    """`+key=value` overrides that add a key no config reads: one line naming each, with the nearest known keys
+    (Hydra's own typo hint sends users to `+`, which accepts anything). Allowed: config groups (`+experiment=`),
+    `hydra.*`, `extra.*` (the user's own keys), any keyword of Lightning's Trainer under `trainer.`, and new
+    `_target_` entries of `callbacks.` / `logger.` (and keys of entries that exist)."""
+    import difflib
+    import inspect
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from pelab import CONF_DIR
+
+    bad = []
+    for o in OverridesParser.create().parse_overrides(overrides):
+        key = o.key_or_group
+        parts = key.split(".")
+        if not o.is_add() or parts[0] in FREE_NAMESPACES or parts[0] in TYPED_GROUPS:
+            continue
+        if (Path(CONF_DIR) / Path(*parts)).is_dir():  # a config group choice, e.g. +experiment=recall
+            continue
+        if parts[0] == "trainer" and len(parts) > 1:
+            import lightning.pytorch as L
+
+            known = set(inspect.signature(L.Trainer.__init__).parameters) - {"self"}
+            if parts[1] in known:
+                continue
+            candidates = [f"trainer.{k}" for k in sorted(known)]
+        elif parts[0] in ("callbacks", "logger") and len(parts) > 2 and (
+                parts[2] == "_target_" or OmegaConf.select(cfg, f"{parts[0]}.{parts[1]}._target_") is not None):
+            continue
+        else:
+            group = OmegaConf.select(cfg, parts[0]) if len(parts) > 1 else None
+            candidates = ([f"{parts[0]}.{k}" for k in group] if OmegaConf.is_dict(group)
+                          else [str(k) for k in cfg if k != key])
+        near = difflib.get_close_matches(key, [c for c in candidates if c != key], n=3, cutoff=0.6)
+        bad.append(f"+{key} is not a setting any config reads" + (f" (did you mean {', '.join(near)}?)" if near
+                                                                   else ""))
+    if bad:
+        raise ConfigError("; ".join(bad) + ". Your own keys go under +extra.*; Hydra's under hydra.*.")
+
+
+def validate(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, Any]:
     """Type and range-check every group of a train config; return the typed groups ("run" = the top-level
-    keys, "model" the GPTConfig, "pe" the resolved encoding config). Cheap: no data, no model."""
+    keys, "model" the GPTConfig, "pe" the resolved encoding config). Cheap: no data, no model. `overrides`:
+    the command line's (default: Hydra's record of them), checked for keys no config reads."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if overrides is None and HydraConfig.initialized():
+        overrides = list(HydraConfig.get().overrides.task)
+    check_additions(cfg, overrides or [])
     model = resolved_value(cfg, "model")
     if not isinstance(model, dict):
         typed_group(GPTConfig, model, "model")  # the one-line error for a missing / non-group model

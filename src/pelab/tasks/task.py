@@ -220,9 +220,12 @@ def quiet_third_party() -> None:
 def report_user_error(err: BaseException) -> None:
     """Print a deliberate error as `Error: <message>` (one line) and exit 1; in a multirun re-raise it.
     Returns for any other exception (the caller re-raises it with its traceback)."""
-    if not is_user_error(err):
+    from pelab.tasks.preflight import os_error_line
+
+    line = os_error_line(err)  # a full disk or a read-only place: one line, whatever raised it
+    if line is None and not is_user_error(err):
         return
-    line = " ".join(str(err).split())
+    line = line or " ".join(str(err).split())
     if in_multirun():
         log.error("Error: %s", line)
         raise err

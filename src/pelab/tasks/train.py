@@ -124,8 +124,17 @@ def train_in(cfg: DictConfig, output_dir: Path, signals: tuple[int, ...]) -> dic
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
-def main(cfg: DictConfig) -> float:
+def hydra_main(cfg: DictConfig) -> float:
     return objective(cli_main(train, cfg), cfg.optimized_metric)
+
+
+def main() -> None:
+    """`python train.py` / `pelab-train`: the checks that need no config job (environment, group choices,
+    writable folders), then Hydra's job."""
+    from pelab.tasks.preflight import preflight
+
+    preflight(CONF_DIR)
+    hydra_main()
 
 
 # -- the steps of train() ------------------------------------------------------------------------------

@@ -1,0 +1,123 @@
+"""What `python train.py` checks before Hydra starts the job, each a one-line error naming the setting:
+
+- the environment: `WANDB_MODE` set but empty or unknown; `PELAB_OUTPUT_DIR` / `PELAB_CACHE_DIR` not writable;
+- the command line's config group choices: every value of every group of a multirun (`-m pe=rope,bogus,alibi`
+  names all the unknown ones, where Hydra names the first);
+- the run (or sweep) folder and the token cache folder writable (Hydra's own logging would otherwise fail with a
+  traceback ending in "Unable to configure handler 'file'").
+
+And, for errors during a run, `os_error_line`: a full disk, a read-only folder or a missing permission anywhere in
+an exception's chain, as one line naming the path and the setting that moves it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+from pathlib import Path
+
+from pelab.errors import ConfigError
+
+WANDB_MODES = ("online", "offline", "disabled", "dryrun", "run")
+WHERE = {"cache": "PELAB_CACHE_DIR or paths.cache_dir", "output": "hydra.run.dir / hydra.sweep.dir, "
+         "paths.output_root or PELAB_OUTPUT_DIR"}
+
+
+def check_environment() -> None:
+    mode = os.environ.get("WANDB_MODE")
+    if mode is not None and mode not in WANDB_MODES:
+        raise ConfigError(f"WANDB_MODE={mode!r} (environment) is not a W&B mode; set it to one of "
+                          f"{', '.join(WANDB_MODES[:3])}, or unset it (unset WANDB_MODE).")
+    for var, what in (("PELAB_OUTPUT_DIR", "output"), ("PELAB_CACHE_DIR", "cache")):
+        if os.environ.get(var):
+            check_writable(Path(os.environ[var]), f"{var}={os.environ[var]} (environment)", what)
+
+
+def check_writable(path: Path, setting: str, what: str) -> None:
+    """`path` (or, where it does not exist yet, its nearest existing parent) can take new files."""
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        reason = "is not a folder" if probe.exists() and not probe.is_dir() else "is not writable"
+        raise ConfigError(f"{setting}: {probe} {reason}; point {WHERE[what]} to a writable folder.")
+
+
+def check_command_line(argv: list[str], conf_dir: str) -> None:
+    """Group choices of the command line (every value of a sweep) and the folders the job will write."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from hydra.errors import HydraException
+
+    takes_value = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp",
+                   "--config-dir", "-cd", "--info", "-i", "--experimental-rerun"}
+    args, skip = [], False
+    for a in argv:
+        if skip or a.startswith("-"):
+            skip = not skip and a in takes_value
+            continue
+        args.append(a)
+    if any(a.startswith(("hydra.searchpath", "+hydra.searchpath")) for a in args):
+        return  # groups outside conf/: leave their lookup to Hydra
+    try:
+        parsed = OverridesParser.create().parse_overrides(args)
+    except HydraException:
+        return  # a malformed override: Hydra's own message names it
+    missing, first = [], []
+    for o in parsed:
+        key = o.key_or_group
+        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
+        group = Path(conf_dir) / Path(*key.lstrip("+~").split("/"))
+        if o.is_sweep_override():
+            first.append(f"{o.get_key_element()}={values[0]}")
+        else:
+            first.append(o.input_line)
+        if group.is_dir() and not o.is_delete():
+            missing += [f"{key}={v}" for v in values if isinstance(v, str) and not (group / f"{v}.yaml").is_file()]
+    if missing:
+        options = {m.split("=")[0] for m in missing}
+        known = "; ".join(f"{g}: {', '.join(sorted(p.stem for p in (Path(conf_dir) / g).glob('*.yaml') if not p.stem.startswith('_')))}"
+                          for g in sorted(options))
+        raise ConfigError(f"no config for {', '.join(missing)} (known {known}).")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
+            cfg = compose(config_name="train", overrides=first, return_hydra_config=True)
+    except HydraException:
+        return  # Hydra names it when the job starts
+    finally:
+        GlobalHydra.instance().clear()
+    multirun = "-m" in argv or "--multirun" in argv or cfg.hydra.mode == "MULTIRUN"
+    try:
+        out = Path(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir)
+        cache = Path(cfg.paths.cache_dir)
+    except Exception:  # noqa: BLE001 - an interpolation only Hydra's own run resolves: its error is clear
+        return
+    check_writable(out, "hydra.sweep.dir" if multirun else "hydra.run.dir", "output")
+    check_writable(cache, "paths.cache_dir", "cache")
+
+
+def os_error_line(err: BaseException) -> str | None:
+    """One line for a full disk / a read-only or forbidden place anywhere in `err`'s chain, else None."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT):
+            where = f" writing {err.filename}" if err.filename else ""
+            what = "cache" if err.filename and "cache" in str(err.filename) else "output"
+            return f"{os.strerror(err.errno)}{where}; free space there, or point {WHERE[what]} elsewhere."
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def preflight(conf_dir: str) -> None:
+    """The checks above, for `python train.py` / `pelab-train` (exit 1 with one `Error:` line)."""
+    try:
+        check_environment()
+        check_command_line(sys.argv[1:], conf_dir)
+    except ConfigError as err:
+        print(f"Error: {' '.join(str(err).split())}", file=sys.stderr, flush=True)
+        sys.exit(1)
