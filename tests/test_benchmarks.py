@@ -130,3 +130,25 @@ def test_gpu_check_parses_and_its_python_pieces_run_on_cpu(tmp_path):
     assert [(r["scheme"], r["length"]) for r in memory] == [("alibi", 64), ("kerple", 64)]
     assert all("error" not in r and 3.0 < r["nll_per_token"] < 5.5 for r in memory)
     assert report["train"]["status"] is None and report["probe_speed"]["error"]  # sections not run: said so
+
+
+@pytest.mark.parametrize("study", ["length_extrapolation", "lost_in_the_middle", "context_extension"])
+def test_gpu_study_plans_reach_twenty_tokens_per_parameter(study):
+    """The GPU versions of the studies (unrun: no GPU lent): every scheme and seed, >= 20 tokens per parameter."""
+    out = subprocess.run([sys.executable, str(ROOT / "experiments/gpu/run_study.py"), study, "--plan"],
+                         capture_output=True, text=True, check=True, timeout=60).stdout
+    plan = json.loads(out[: out.index("}") + 1])
+    assert plan["tokens_per_param"] >= 20 and plan["runs"] == len(out.strip().splitlines()) - len(
+        out[: out.index("}") + 1].splitlines())
+
+
+@pytest.mark.slow
+def test_gpu_study_runner_smoke_on_cpu(tmp_path):
+    """The runner's machinery on the CPU: two tiny parents of the context-extension study, then two children
+    (extend.from each parent), in parallel processes; every run finishes."""
+    res = subprocess.run([sys.executable, str(ROOT / "experiments/gpu/run_study.py"), "context_extension",
+                          "--cpu-smoke", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600,
+                         check=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    summaries = list((tmp_path / "context_extension").rglob("summary.json"))
+    assert len(summaries) == 4 and all(json.loads(p.read_text())["status"] == "ok" for p in summaries)
