@@ -92,7 +92,8 @@ def _probe_counts(summary: dict, variant: str) -> dict[tuple[str, int], int]:
     """(kind, length) -> instances scored, from the evaluation's probe rows (summed over depths)."""
     ev = summary.get(f"evaluation/{variant}" if variant else "evaluation") or {}
     counts: dict[tuple[str, int], int] = {}
-    for row in (ev.get("probes") or {}).get("rows") or []:
+    probes = ev.get("probes") or {}
+    for row in (probes.get("rows") or []) + (probes.get("offset") or []):
         if isinstance(row.get("n"), (int, float)):
             key = (str(row["kind"]), int(row["length"]))
             counts[key] = counts.get(key, 0) + int(row["n"])
@@ -137,20 +138,20 @@ def _interval(values: dict, lo: str, hi: str, width: int = 0) -> str:
 
 
 def result_table(summary: dict) -> str:
-    """The few lines a run ends with: val ppl; ppl, ratio (and sliding ppl) at each evaluated length; probe
-    accuracy per kind and length with its interval and n where the metrics have them; the run folder and
-    how to view / upload the W&B run. Read from the summary's metrics, whatever their variants."""
+    """The few lines a run ends with, at most 80 columns, leading with what the run trained for: retrieval (the
+    criterion's verdict and the probes: accuracy per kind and length with its interval and n) first when the run
+    trained on recall rows, the text perplexity (val/ppl, then ppl and ratio at each evaluated length with their
+    intervals) first otherwise and never for a run that saw no text; the run folder and how to view / upload the
+    W&B run. Read from the summary's metrics, whatever their variants."""
     m = summary.get("metrics") or {}
+    cfg = summary.get("config") or {}
+    mix = float(((cfg.get("data") or {}).get("recall_mix")) or 0.0)
     step = summary.get("global_step")
     lines = [f"Result of {summary.get('name') or 'the run'} ({summary.get('status')}"
              + (f", step {step}" if step is not None else "") + f", {summary.get('wall_seconds', 0):.0f} s)"]
     if parent := summary.get("extended_from"):
         lines.append(f"  extended from {parent.get('name')} (step {parent.get('step')}, trained at "
-                     f"L={parent.get('train_length')}): {parent.get('path')}")
-    if "val/ppl" in m:
-        lines.append(f"  val/ppl {_num(m['val/ppl'])}" + (f" {_interval(m, 'val/ppl_lo', 'val/ppl_hi')}"
-                                                          if "val/ppl_lo" in m else "")
-                     + (f"  (val/loss {_num(m['val/loss'], '.4f')})" if "val/loss" in m else ""))
+                     f"L={parent.get('train_length')})")
     extrap: dict[tuple[str, int], dict[str, Any]] = {}
     probes: dict[tuple[str, str, int], dict[str, Any]] = {}
     for key, value in m.items():
@@ -158,35 +159,53 @@ def result_table(summary: dict) -> str:
             extrap.setdefault((e["variant"] or "", int(e["length"])), {})[e["stat"]] = value
         elif p := _PROBE.match(key):
             probes.setdefault((p["variant"] or "", p["kind"], int(p["length"])), {})[p["stat"]] = value
-    if extrap:
-        named = any(v for v, _ in extrap)
-        ex = (summary.get("evaluation") or {}).get("extrapolation") or {}
-        if ex.get("blocks"):
-            lines.append(f"  {ex.get('split')} split: {ex['blocks']} blocks of {max(ex.get('lengths') or [0])} "
-                         "tokens; [95% interval], bootstrap over blocks")
-        lines.append("  " + ("scaling      " if named else "") + "length       ppl [95% interval]        ratio"
-                     " [95% interval]   sliding")
-        for (variant, length), s in sorted(extrap.items()):
-            ppl = f"{_num(s.get('ppl')):>9} {_interval(s, 'ppl_lo', 'ppl_hi', 18)}"
-            ratio = f"{_num(s.get('ppl_ratio')):>6} {_interval(s, 'ppl_ratio_lo', 'ppl_ratio_hi', 14)}"
-            lines.append("  " + (f"{variant or '-':<12} " if named else "") + f"{length:>6} {ppl} {ratio}"
-                         f" {_num(s.get('ppl_sliding')):>9}")
-    if probes:
-        named = any(v for v, _, _ in probes)
-        counts = {v: _probe_counts(summary, v) for v, _, _ in probes}
-        lines.append("  " + ("scaling      " if named else "") + "probe        length   acc   interval          n")
-        for (variant, kind, length), s in sorted(probes.items()):
-            interval = (f"[{_num(s['acc_lo'])}, {_num(s['acc_hi'])}]" if "acc_lo" in s and "acc_hi" in s else "")
-            n = s.get("n", counts[variant].get((kind, length)))
-            lines.append("  " + (f"{variant or '-':<12} " if named else "") + f"{kind:<12} {length:>6} "
-                         f"{_num(s.get('acc')):>5}   {interval:<16} {_num(n, '.0f') if n is not None else ''}")
-    lines += _retrieval_lines(summary, m)
+    text = _text_lines(summary, m, extrap) if mix < 1.0 else [
+        "  text: not measured (data.recall_mix=1: the model was trained on recall rows only)"]
+    retrieval = _retrieval_lines(summary, m) + _probe_lines(summary, probes)
+    lines += (retrieval + text) if mix > 0 else (text + retrieval)
     lines.append(f"  run folder: {summary.get('output_dir')}")
     w = summary.get("wandb") or {}
     if w.get("mode") == "offline" and w.get("dir"):
         # every launch of a resumed run is one offline folder of the same run id: upload them all
-        lines.append(f"  W&B (offline): view `wandb leet {w['dir']}`, upload `wandb sync "
-                     f"{Path(w['dir']).parent}/offline-run-*`")
+        lines.append(f"  W&B (offline): wandb leet {w['dir']}")
+        lines.append(f"  upload: wandb sync {Path(w['dir']).parent}/offline-run-*")
     elif w.get("url"):
         lines.append(f"  W&B: {w['url']}")
     return "\n".join(lines)
+
+
+def _text_lines(summary: dict, m: dict, extrap: dict) -> list[str]:
+    lines = []
+    if "val/ppl" in m:
+        lines.append(f"  val/ppl {_num(m['val/ppl'])}" + (f" {_interval(m, 'val/ppl_lo', 'val/ppl_hi')}"
+                                                          if "val/ppl_lo" in m else "")
+                     + (f"  (val/loss {_num(m['val/loss'], '.4f')})" if "val/loss" in m else ""))
+    if not extrap:
+        return lines
+    named = any(v for v, _ in extrap)
+    ex = (summary.get("evaluation") or {}).get("extrapolation") or {}
+    if ex.get("blocks"):
+        lines.append(f"  text, {ex.get('split')} split: {ex['blocks']} blocks of {max(ex.get('lengths') or [0])} "
+                     "tokens, [95% interval]")
+    lines.append("  " + ("scaling      " if named else "") + "length       ppl [95% interval]        ratio"
+                 " [95% interval]   sliding")
+    for (variant, length), s in sorted(extrap.items()):
+        ppl = f"{_num(s.get('ppl')):>9} {_interval(s, 'ppl_lo', 'ppl_hi', 18)}"
+        ratio = f"{_num(s.get('ppl_ratio')):>6} {_interval(s, 'ppl_ratio_lo', 'ppl_ratio_hi', 14)}"
+        lines.append("  " + (f"{variant or '-':<12} " if named else "") + f"{length:>6} {ppl} {ratio}"
+                     f" {_num(s.get('ppl_sliding')):>9}")
+    return lines
+
+
+def _probe_lines(summary: dict, probes: dict) -> list[str]:
+    if not probes:
+        return []
+    named = any(v for v, _, _ in probes)
+    counts = {v: _probe_counts(summary, v) for v, _, _ in probes}
+    lines = ["  " + ("scaling      " if named else "") + "probe        length   acc   interval          n"]
+    for (variant, kind, length), s in sorted(probes.items()):
+        interval = (f"[{_num(s['acc_lo'])}, {_num(s['acc_hi'])}]" if "acc_lo" in s and "acc_hi" in s else "")
+        n = s.get("n", counts[variant].get((kind, length)))
+        lines.append("  " + (f"{variant or '-':<12} " if named else "") + f"{kind:<12} {length:>6} "
+                     f"{_num(s.get('acc')):>5}   {interval:<16} {_num(n, '.0f') if n is not None else '?'}")
+    return lines
