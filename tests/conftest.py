@@ -46,6 +46,14 @@ FAST = [
     "eval.tokens=256",
     "probes.samples=2",
     "probes.lengths=[1]",
+    # what these tests were written against (the default run has moved to a retrieval recipe since)
+    "probes.kinds=[kv,passkey]",
+    "eval.protocols=[nonoverlap,sliding]",
+    "data.recall_kinds=[kv,passkey]",
+    "data.recall_loss=all",
+    "data.recall_curriculum=null",
+    "optim.lr=2e-3",
+    "optim.betas=[0.9,0.95]",
 ]
 
 

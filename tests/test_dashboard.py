@@ -36,7 +36,7 @@ def test_dashboard_spec_names_exactly_the_metrics_the_runs_log(sweep, capsys):
 def test_dashboard_builds_workspace_objects_offline():
     ws = pytest.importorskip("wandb_workspaces.workspaces")
     layout = dashboard.from_config(["data.seq_len=128"])
-    assert layout["lengths"] == [128, 256, 512, 1024, 2048] and layout["kinds"] == ["kv", "passkey"]
+    assert layout["lengths"] == [128, 256, 512, 1024] and layout["kinds"] == ["mqar"]  # the default run's
     spec = dashboard.dashboard_spec(group="sweep-1", **layout)
     workspace = dashboard.build_workspace(spec, "someone", "pelab")
     assert isinstance(workspace, ws.Workspace)

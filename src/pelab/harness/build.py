@@ -8,6 +8,7 @@ The Trainer, its callbacks and loggers, and the DataModule are instantiated from
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,29 @@ def trainer_settings(cfg: DictConfig) -> tuple[str, int]:
         raise ConfigError("debug.emulate_world_size emulates several ranks in one process; "
                           "use it with one device (trainer=cpu) or drop it.")
     return precision, world
+
+
+def set_threads(setting: Any, recorded: dict | None, world: int) -> dict:
+    """torch's CPU threads for this run, applied, with how they were chosen (summary.json -> threads).
+
+    A resumed run takes the count it recorded (CPU float sums depend on it); else a number given is used,
+    OMP_NUM_THREADS when set, or `auto`: the cores left free by the 1-minute load average at the start, shared
+    by the `world` processes of this machine (at least 1). A second job beside a running one thus takes the
+    free core instead of two threads fighting over it."""
+    cores = os.cpu_count() or 1
+    if recorded and recorded.get("used"):
+        n, how = int(recorded["used"]), "resumed: the count this run started with"
+    elif setting != "auto":
+        n, how = int(setting), f"threads={setting}"
+    elif os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
+        n, how = int(os.environ["OMP_NUM_THREADS"]), "OMP_NUM_THREADS"
+    else:
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+        n = max(1, (cores - round(load)) // world)
+        how = f"auto: {cores} cores, 1-minute load {load:.2f}, {world} process(es)"
+    torch.set_num_threads(n)
+    log.info("CPU threads: %d (%s)", n, how)
+    return {"used": n, "chosen_by": how}
 
 
 def on_cuda(tcfg: dict) -> bool:

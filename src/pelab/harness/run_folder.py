@@ -107,7 +107,10 @@ def changed_settings(before: dict, now: dict) -> list[str]:
             if old != new and old is not None and new is not None:
                 out.append(f"{group}={old!r} before but {new!r} now")
             continue
-        for key in sorted(set(old) & set(new) - runtime.get(group, set())):
+        skip = runtime.get(group, set())
+        if group == "data" and not old.get("recall_mix") and not new.get("recall_mix"):
+            skip = skip | {k for k in old if k.startswith("recall_")}  # no recall rows: their settings act on nothing
+        for key in sorted(set(old) & set(new) - skip):
             if old[key] != new[key]:
                 out.append(f"{group}.{key}={old[key]!r} before but {new[key]!r} now")
     return out

@@ -38,6 +38,7 @@ IGNORED_KEYS = (
     "hydra.",
     "compile",  # speed settings: the same model and math up to float rounding
     "matmul_precision",  # (and a run made before a speed key existed must not become its own row)
+    "threads",
     "model.attn_backend",  # the attention path: same math, tested against the reference attention
     "evaluate_after_fit",
     "datamodule.",  # the DataModule's arguments repeat data.*

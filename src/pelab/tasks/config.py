@@ -51,6 +51,7 @@ class RunConfig:
     ckpt_path: str | None
     compile: bool
     matmul_precision: str
+    threads: Any
     evaluate_after_fit: bool
     debug: DebugConfig
 
@@ -69,6 +70,8 @@ def check_run(r: DictConfig, batch_size: int) -> None:
     need(bool(r.optimized_metric), "optimized_metric", r.optimized_metric, "must name a metric, e.g. val/ppl.")
     need(r.matmul_precision in MATMUL_PRECISIONS, "matmul_precision", r.matmul_precision,
          f"must be one of {', '.join(MATMUL_PRECISIONS)} (torch.set_float32_matmul_precision).")
+    need(r.threads == "auto" or (is_int(r.threads) and r.threads >= 1), "threads", r.threads,
+         "must be auto (the cores free at the start) or a positive number of CPU threads.")
     nan_at = r.debug.inject_nan_at_step
     steps = list(nan_at) if OmegaConf.is_list(nan_at) else ([] if nan_at is None else [nan_at])
     need(all(is_int(s) and s >= 0 for s in steps), "debug.inject_nan_at_step", nan_at,

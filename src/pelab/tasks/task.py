@@ -156,7 +156,7 @@ def run_task(output_dir: Path, *, rank: int = 0, signals: tuple[int, ...] = (), 
 
 # What a relaunch into the same run folder keeps from the summary the earlier launch left, until it knows
 # better: a relaunch that fails early still shows what the run had measured, beside its own failure.
-CARRIED = ("global_step", "metrics", "data", "model", "along_training")
+CARRIED = ("global_step", "metrics", "data", "model", "along_training", "threads")
 
 
 def earlier_summary(output_dir: Path) -> dict[str, Any]:

@@ -52,7 +52,13 @@ def train(cfg: DictConfig) -> dict:
             return {**earlier, "skipped": True}
         if decision == "continue" and cfg.get("ckpt_path") in (None, "", "null"):
             cfg.ckpt_path = "auto"  # a relaunched multirun resumes its interrupted jobs
-        return train_in(cfg, output_dir, signals)
+        import torch
+
+        threads = torch.get_num_threads()
+        try:
+            return train_in(cfg, output_dir, signals)
+        finally:
+            torch.set_num_threads(threads)  # the run's count (`threads`) is its own, not the caller's
 
 
 def claim_folder(output_dir: Path) -> Any:
@@ -68,7 +74,8 @@ def train_in(cfg: DictConfig, output_dir: Path, signals: tuple[int, ...]) -> dic
     """`train` in its claimed folder."""
     import lightning.pytorch as L
 
-    from pelab.harness.build import build_module, build_trainer, prepare_data, resume_point, trainer_settings
+    from pelab.harness.build import (build_module, build_trainer, prepare_data, resume_point, set_threads,
+                                     trainer_settings)
     from pelab.harness.extension import extension_parent, load_parent_weights
     from pelab.harness.loggers import log_run_start
 
@@ -81,6 +88,8 @@ def train_in(cfg: DictConfig, output_dir: Path, signals: tuple[int, ...]) -> dic
         parent = extension_parent(cfg)
         precision, world = trainer_settings(cfg)
         ckpt_path, ckpt_vocab = resume_point(cfg, output_dir, summary)
+        summary["threads"] = set_threads(cfg.get("threads", "auto"), summary.get("threads") if ckpt_path else None,
+                                         world)
         task.start_wandb((summary["config"].get("logger") or {}).get("wandb"), name=cfg.name,
                          config=summary["config"], tags=list(cfg.get("tags") or []), notes=cfg.get("notes"))
         if parent:
