@@ -44,8 +44,8 @@ def test_a_retrieval_only_run_does_not_headline_an_untrained_text_perplexity():
     table = result_table(recall_run(1.0))
     assert table == """Result of rope-recall-L128-s2 (ok, step 300, 64 s)
   retrieval criterion met at step 300 (in-window accuracy 0.984)
-  probe        length   acc   interval          n
-  mqar            128  0.98   [0.96, 0.99]     200
+  probe        length   acc   interval          n (x depths)
+  mqar            128  0.98   [0.96, 0.99]     40x5
   mqar_offset     256  0.50   [0.40, 0.60]     100
   text: not measured (data.recall_mix=1: the model was trained on recall rows only)
   run folder: outputs/runs/y"""
@@ -56,6 +56,6 @@ def test_a_mixed_run_leads_with_retrieval_then_text_and_fits_80_columns():
     table = result_table({**recall_run(0.25), "wandb": {"mode": "offline", "dir": "outputs/runs/y/wandb/offline-run-1"}})
     lines = table.splitlines()
     assert lines[1].startswith("  retrieval criterion met") and any(x.startswith("  val/ppl 16208.10") for x in lines)
-    assert lines.index("  probe        length   acc   interval          n") < next(
+    assert lines.index("  probe        length   acc   interval          n (x depths)") < next(
         i for i, x in enumerate(lines) if x.startswith("  val/ppl"))
     assert max(len(x) for x in [*lines, *result_table(text_run()).splitlines()]) <= 80

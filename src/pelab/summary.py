@@ -88,16 +88,16 @@ def _num(x: Any, fmt: str = ".2f") -> str:
     return "n/a" if math.isnan(x) else format(x, fmt)
 
 
-def _probe_counts(summary: dict, variant: str) -> dict[tuple[str, int], int]:
-    """(kind, length) -> instances scored, from the evaluation's probe rows (summed over depths)."""
+def _probe_counts(summary: dict, variant: str) -> dict[tuple[str, int], str]:
+    """(kind, length) -> the instances scored, from the evaluation's probe rows: `40x5` when the same 40
+    instances were asked at 5 depths (the instances are the independent unit of the interval), else the count."""
     ev = summary.get(f"evaluation/{variant}" if variant else "evaluation") or {}
-    counts: dict[tuple[str, int], int] = {}
+    cells: dict[tuple[str, int], list[int]] = {}
     probes = ev.get("probes") or {}
     for row in (probes.get("rows") or []) + (probes.get("offset") or []):
         if isinstance(row.get("n"), (int, float)):
-            key = (str(row["kind"]), int(row["length"]))
-            counts[key] = counts.get(key, 0) + int(row["n"])
-    return counts
+            cells.setdefault((str(row["kind"]), int(row["length"])), []).append(int(row["n"]))
+    return {key: (f"{n[0]}x{len(n)}" if len(n) > 1 and len(set(n)) == 1 else str(sum(n))) for key, n in cells.items()}
 
 
 def retrieval_acquired(metrics: dict) -> bool | None:
@@ -202,10 +202,10 @@ def _probe_lines(summary: dict, probes: dict) -> list[str]:
         return []
     named = any(v for v, _, _ in probes)
     counts = {v: _probe_counts(summary, v) for v, _, _ in probes}
-    lines = ["  " + ("scaling      " if named else "") + "probe        length   acc   interval          n"]
+    lines = ["  " + ("scaling      " if named else "") + "probe        length   acc   interval          n (x depths)"]
     for (variant, kind, length), s in sorted(probes.items()):
         interval = (f"[{_num(s['acc_lo'])}, {_num(s['acc_hi'])}]" if "acc_lo" in s and "acc_hi" in s else "")
-        n = s.get("n", counts[variant].get((kind, length)))
+        n = _num(s["n"], ".0f") if "n" in s else counts[variant].get((kind, length), "?")
         lines.append("  " + (f"{variant or '-':<12} " if named else "") + f"{kind:<12} {length:>6} "
-                     f"{_num(s.get('acc')):>5}   {interval:<16} {_num(n, '.0f') if n is not None else '?'}")
+                     f"{_num(s.get('acc')):>5}   {interval:<16} {n}")
     return lines
