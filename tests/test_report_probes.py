@@ -119,3 +119,16 @@ def test_runs_that_did_not_acquire_retrieval_are_labelled_and_not_plotted(tmp_pa
     assert "left out of the probe tables and figures: nope (seed 0)." in built.markdown
     _, summary = _table(built.markdown, "mqar: summary at the training length")
     assert {r[0]: r[2] for r in summary}["nope"] == "1.00 [0.72, 1.00]"  # only the seed that acquired it
+
+
+def test_the_report_recomputes_probe_intervals_from_the_outcomes_a_summary_keeps():
+    """A run scored before the all-pass rule (a bootstrap claiming [1.00, 1.00] from 40 instances) reads as it
+    would today: Wilson over its 40 instances, from the outcomes in its summary."""
+    from pelab.report.discovery import probe_intervals
+
+    ev = _result({128: "1" * 40, 256: "10" * 20}).to_dict()
+    stale = {"probe/mqar/acc@128": 1.0, "probe/mqar/acc_lo@128": 1.0, "probe/mqar/acc_hi@128": 1.0}
+    fresh = probe_intervals({"metrics": stale, "evaluation": {"probes": ev}})
+    assert (fresh["probe/mqar/acc_lo@128"], fresh["probe/mqar/acc_hi@128"]) == pytest.approx(stats.wilson(40, 40))
+    assert fresh["probe/mqar/acc_lo@256"] < 0.5 < fresh["probe/mqar/acc_hi@256"]
+    assert probe_intervals({"metrics": stale}) == {}  # no outcomes kept: the summary's own numbers stand

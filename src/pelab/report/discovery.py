@@ -48,7 +48,8 @@ class Job:
 
     @cached_property
     def metrics(self) -> dict[str, float]:
-        return {k: as_float(v) for k, v in (self.summary.get("metrics") or {}).items() if _numeric(v)}
+        m = {k: as_float(v) for k, v in (self.summary.get("metrics") or {}).items() if _numeric(v)}
+        return {**m, **probe_intervals(self.summary)}
 
     @property
     def train_length(self) -> int | None:
@@ -124,3 +125,21 @@ def read_job(path: Path) -> Job:
     if status == "ok" and not summary.get("metrics"):
         status, error = "failed", "status ok but no metrics in summary.json"
     return Job(path.parent, status, summary, str(error))
+
+
+def probe_intervals(summary: dict) -> dict[str, float]:
+    """The probes' intervals recomputed from the per-instance outcomes a summary keeps (its evaluation's probe
+    rows), by the evaluation's own rule (`stats.depth_summary`): a run scored before a fix to that rule (e.g.
+    [1.00, 1.00] from instances that all passed) reads as it would today. {} where the rows have no outcomes."""
+    from pelab.evaluation.stats import depth_summary, unbits
+
+    cells: dict[tuple[str, int], list[dict]] = {}
+    for row in ((summary.get("evaluation") or {}).get("probes") or {}).get("rows") or []:
+        if row.get("outcomes"):
+            cells.setdefault((str(row["kind"]), int(row["length"])), []).append(row)
+    out: dict[str, float] = {}
+    for (kind, length), rows in cells.items():
+        rows = sorted(rows, key=lambda r: float(r["depth"]))
+        s = depth_summary([float(r["depth"]) for r in rows], [unbits(r["outcomes"]) for r in rows])
+        out.update({f"probe/{kind}/{k}@{length}": v for k, v in s.items() if k not in ("acc", "lim_gap")})
+    return out
