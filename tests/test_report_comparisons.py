@@ -72,6 +72,21 @@ def test_every_pair_that_differs_in_one_setting_is_one_family(study):
     assert sorted(c.p_adj for c in cs) == pytest.approx(sorted(holm([c.p for c in cs])))
 
 
+def test_chosen_pairs_are_a_smaller_family_at_every_value_of_the_other_settings(study):
+    for s, base in zip(SEEDS, BASE):  # a second budget of base and big
+        run(study / f"base_long_s{s}", "base", s, base, steps=400)
+        run(study / f"big_long_s{s}", "big", s, base * math.exp(DIFFS["big"][s]), steps=400)
+    rows, shown = rows_of(study)
+    cs = compare(rows, shown, ["extrap/ppl_ratio"], chosen=["big/base"])
+    assert sorted((c.a.label, c.b.label) for c in cs) == [
+        ("big trainer.max_steps=100", "base trainer.max_steps=100"),
+        ("big trainer.max_steps=400", "base trainer.max_steps=400")]
+    assert all(c.ratio == pytest.approx(math.exp(1.0)) for c in cs)
+    assert [c.p_adj for c in cs] == pytest.approx(holm([c.p for c in cs]))  # a family of two, not of every pair
+    with pytest.raises(ReportError, match="--pairs 'big/nobody' matches no pair"):
+        compare(rows, shown, chosen=["big/nobody"])
+
+
 def test_a_baseline_with_other_seeds_or_text_is_one_line(study, tmp_path):
     run(study / "late_s5", "late", 5, 3.0)
     run(study / "late_s6", "late", 6, 3.1)

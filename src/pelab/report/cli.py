@@ -33,6 +33,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "(default: extrap/ppl extrap/ppl_ratio)")
     p.add_argument("--compare-lengths", nargs="+", type=int, default=None, metavar="L",
                    help="compare at these lengths only (default: every length): a smaller family, more power")
+    p.add_argument("--pairs", nargs="+", default=None, metavar="A/B",
+                   help="compare only these pairs of rows (A, B: the first words of row labels, e.g. sinusoidal/rope; "
+                        "at every value of the other settings): the claims a study set out to test, one family")
     p.add_argument(
         "--wandb",
         action="store_true",
@@ -59,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         report = build_report(args.folders, out, args.title, baseline=args.baseline, compare=args.compare,
-                              compare_lengths=args.compare_lengths)
+                              compare_lengths=args.compare_lengths, pairs=args.pairs)
     except ReportError as err:
         print(f"pelab.report: {err}", file=sys.stderr)
         return 2

@@ -94,9 +94,29 @@ def differs_in_one(a: Row, b: Row, keys: Sequence[str]) -> bool:
     return sum(sa.get(k) != sb.get(k) for k in keys if k != "seed") == 1
 
 
-def pairs(rows: Sequence[Row], keys: Sequence[str], baseline: str | None = None) -> list[tuple[Row, Row]]:
-    """The row pairs to compare (see the module doc). A `baseline` that names no row, or whose runs saw other
-    seeds or other text than a row, is a one-line error."""
+def named(label: str, name: str) -> bool:
+    """Whether a row label is `name` or starts with it as its first words ("rope" names "rope trainer.max_steps=1500")."""
+    return label == name or label.startswith(name + " ")
+
+
+def pairs(rows: Sequence[Row], keys: Sequence[str], baseline: str | None = None,
+          chosen: Sequence[str] | None = None) -> list[tuple[Row, Row]]:
+    """The row pairs to compare (see the module doc); `chosen` ("A/B" each) keeps the pairs of rows named A and
+    B (`named`), e.g. the claims a study set out to test: a smaller family, more power. A `baseline` that names
+    no row, or whose runs saw other seeds or other text than a row, and a chosen pair that matches none, are
+    one-line errors."""
+    if chosen:
+        every = pairs(rows, keys)
+        out = []
+        for spec in chosen:
+            a_name, sep, b_name = spec.partition("/")
+            found = [(a, b) for a, b in every if named(a.label, a_name) and named(b.label, b_name)]
+            found += [(b, a) for a, b in every if named(b.label, a_name) and named(a.label, b_name)]
+            if not sep or not found:
+                raise ReportError(f"--pairs {spec!r} matches no pair of rows on the same seeds and text (A/B, "
+                                  f"A and B the first words of row labels); rows: {', '.join(r.label for r in rows)}")
+            out += found
+        return out
     if baseline is not None:
         base = [r for r in rows if r.label == baseline]
         if not base:
@@ -117,11 +137,12 @@ def pairs(rows: Sequence[Row], keys: Sequence[str], baseline: str | None = None)
 
 
 def compare(rows: Sequence[Row], keys: Sequence[str], metrics: Sequence[str] = COMPARED,
-            lengths: Sequence[int] | None = None, baseline: str | None = None) -> list[Comparison]:
+            lengths: Sequence[int] | None = None, baseline: str | None = None,
+            chosen: Sequence[str] | None = None) -> list[Comparison]:
     """Every paired comparison of the report (one Holm family): `metrics` (names without @L) at `lengths`
-    (default: every length both rows have)."""
+    (default: every length both rows have), of the pairs `pairs` picks."""
     out = []
-    for a, b in pairs(rows, keys, baseline):
+    for a, b in pairs(rows, keys, baseline, chosen):
         for name in metrics:
             found = sorted({int(k.rpartition("@")[2]) for j in a.jobs for k in j.metrics
                             if k.startswith(name + "@") and k.rpartition("@")[2].isdigit()})

@@ -67,9 +67,9 @@ def evaluated_on(jobs: Sequence[Job]) -> str:
 
 def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "PELab report",
                  baseline: str | None = None, compare: Sequence[str] | None = None,
-                 compare_lengths: Sequence[int] | None = None) -> Report:
+                 compare_lengths: Sequence[int] | None = None, pairs: Sequence[str] | None = None) -> Report:
     """Read the jobs under `folders`, write `<out>/report.md` and the PNG figures; return the pieces.
-    `baseline`, `compare`, `compare_lengths`: the paired comparisons' family (`pelab.report.comparisons`)."""
+    `baseline`, `compare`, `compare_lengths`, `pairs`: the paired comparisons' family (`pelab.report.comparisons`)."""
     jobs = find_jobs(folders)  # first: a mistyped folder is an error, not an empty <folder>/report
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -136,7 +136,7 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
         text="A single run's interval is a paired bootstrap over its evaluation blocks (the blocks' difficulty "
         "cancels).",
     )
-    comparisons = compare_rows(rows, shown, compare or COMPARED, compare_lengths, baseline) if rows else []
+    comparisons = compare_rows(rows, shown, compare or COMPARED, compare_lengths, baseline, pairs) if rows else []
     section(
         "Paired comparisons",
         comparison_tables(comparisons),
