@@ -7,7 +7,6 @@ import pytest
 from omegaconf import OmegaConf
 
 import pelab.tasks.names  # noqa: F401  the resolver of the run name (${pelab.sweep_suffix:})
-
 from conftest import compose
 
 

@@ -324,12 +324,13 @@ def test_the_result_table_says_when_retrieval_was_not_learned():
 
     capped = {"config": {"trainer": {"max_steps": 3000}, "callbacks": {"retrieval_criterion": {"threshold": 0.95}}},
               "metrics": {"train/retrieval_acc": 0.922, "train/steps_to_criterion": "nan"}}
+    assert max(map(len, result_table(capped).splitlines())) <= 80
     assert ("retrieval NOT acquired: the in-window criterion (0.95) was not reached by the cap (step 3000; last "
-            "in-window accuracy 0.922)") in result_table(capped)
+            "in-window accuracy 0.922)") in " ".join(result_table(capped).split())
     # no criterion (the main job): a kind whose in-window interval does not clear the copy baseline is named
     plain = {"metrics": {"probe/kv/acc_hi@128": 0.12, "probe/passkey/acc_hi@128": 0.9},
              "evaluation": {"probes": {"train_length": 128, "copy": {"kv": 0.125, "passkey": 0.2}}}}
-    table = result_table(plain)
+    table = " ".join(result_table(plain).split())  # folded to 80 columns
     assert "kv: in-window accuracy is not above copying" in table and "passkey:" not in table
 
 

@@ -8,6 +8,7 @@ import os
 import platform
 import re
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -126,7 +127,8 @@ def _retrieval_lines(summary: dict, m: dict) -> list[str]:
         hi = m.get(f"probe/{kind}/acc_hi@{L}")
         if hi is not None and math.isfinite(as_float(copy)) and as_float(hi) <= as_float(copy):
             out.append(f"  {kind}: in-window accuracy is not above copying a random context value "
-                       f"({as_float(copy):.3f}): retrieval was not learned (experiment=recall trains it)")
+                       f"({as_float(copy):.3f}): retrieval was not learned (recall rows train it: "
+                       "data.recall_mix, experiment=recall)")
     return out
 
 
@@ -161,7 +163,10 @@ def result_table(summary: dict) -> str:
             probes.setdefault((p["variant"] or "", p["kind"], int(p["length"])), {})[p["stat"]] = value
     text = _text_lines(summary, m, extrap) if mix < 1.0 else [
         "  text: not measured (data.recall_mix=1: the model was trained on recall rows only)"]
-    retrieval = _retrieval_lines(summary, m) + _probe_lines(summary, probes)
+    # sentences folded to the table's 80 columns
+    retrieval = [w for line in _retrieval_lines(summary, m)
+                 for w in textwrap.wrap(line.strip(), 80, initial_indent="  ", subsequent_indent="    ")]
+    retrieval += _probe_lines(summary, probes)
     lines += (retrieval + text) if mix > 0 else (text + retrieval)
     lines.append(f"  run folder: {summary.get('output_dir')}")
     w = summary.get("wandb") or {}

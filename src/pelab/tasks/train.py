@@ -74,8 +74,14 @@ def train_in(cfg: DictConfig, output_dir: Path, signals: tuple[int, ...]) -> dic
     """`train` in its claimed folder."""
     import lightning.pytorch as L
 
-    from pelab.harness.build import (build_module, build_trainer, prepare_data, resume_point, set_threads,
-                                     trainer_settings)
+    from pelab.harness.build import (
+        build_module,
+        build_trainer,
+        prepare_data,
+        resume_point,
+        set_threads,
+        trainer_settings,
+    )
     from pelab.harness.extension import extension_parent, load_parent_weights
     from pelab.harness.loggers import log_run_start
 
