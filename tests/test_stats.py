@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from pelab.evaluation import stats
@@ -55,6 +56,23 @@ def test_depth_summary_gap_is_the_mean_of_per_instance_gaps_with_a_paired_interv
     two = stats.depth_summary([0.0, 1.0], [[True, False], [True, True]])
     assert math.isnan(two["lim_gap"]) and two["acc"] == 0.75
     assert math.isnan(stats.depth_summary(depths, [[True], [True, False], [True]])["acc"])  # unpaired
+
+
+def test_depth_mean_interval_is_never_narrower_than_wilson_over_every_outcome():
+    """One miss among 200 instances x 5 depths: the bootstrap over instances resamples one imperfect instance and
+    claims [0.997, 1.000] (printed [1.00, 1.00]); the interval is at least Wilson's for 999 of 1,000 outcomes.
+    Away from the boundary (instances correlated across depths) the bootstrap is the wider one and stands."""
+    depths = [0.0, 0.25, 0.5, 0.75, 1.0]
+    outcomes = [[True] * 200 for _ in depths]
+    outcomes[2][7] = False
+    s = stats.depth_summary(depths, outcomes)
+    assert s["acc"] == pytest.approx(0.999) and s["acc_lo"] == pytest.approx(stats.wilson(999, 1000)[0])
+    assert f"{s['acc_lo']:.2f}" == "0.99" and s["acc_hi"] == 1.0
+    rng = np.random.default_rng(0)
+    easy = rng.random(200) < 0.5  # an instance is easy or hard at every depth
+    correlated = [list(easy ^ (rng.random(200) < 0.1)) for _ in depths]
+    s = stats.depth_summary(depths, correlated)
+    assert (s["acc_lo"], s["acc_hi"]) == stats.mean_interval(np.mean(correlated, axis=0))
 
 
 def test_bootstrap_interval_of_a_mean_at_a_hand_computed_case():
