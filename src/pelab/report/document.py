@@ -14,6 +14,7 @@ from pelab.report.comparisons import COMPARED
 from pelab.report.comparisons import compare as compare_rows
 from pelab.report.discovery import Job, find_jobs
 from pelab.report.figures import make_figures
+from pelab.report.probe_tables import offset_table, paired_table, probe_tables
 from pelab.report.tables import (
     Table,
     along_training_table,
@@ -26,9 +27,6 @@ from pelab.report.tables import (
     interval_table,
     metadata_table,
     metric_table,
-    offset_table,
-    paired_table,
-    probe_tables,
 )
 
 REPORT_FILE = "report.md"

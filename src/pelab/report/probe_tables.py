@@ -1,0 +1,182 @@
+"""Rendering, the probes' tables: retrieval at the training length, paired McNemar comparisons on the same
+instances, mqar_offset (position vs distance), and each kind's tables by length."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from pelab.evaluation.stats import mcnemar
+from pelab.report.aggregation import (
+    OFFSET_KIND,
+    Row,
+    aggregate,
+    offset_cells,
+    paired_outcomes,
+    probe_panel,
+)
+from pelab.report.tables import (
+    Table,
+    _in_window,
+    _lengths,
+    _seed_values,
+    interval_cell,
+    interval_table,
+    metric_table,
+    probe_notes,
+)
+
+
+def falls_to_copy(row: Row, kind: str) -> str:
+    """The shortest probed length whose mean accuracy's 95% interval reaches down to copying a random value
+    of the context (1/N for mqar): where retrieval is no better than that baseline. "—": never within the
+    probed lengths."""
+    panel = probe_panel(row, kind)
+    if panel is None or not np.isfinite(panel["copy"]):
+        return "—"
+    for L in _lengths([row], f"probe/{kind}/acc_lo"):
+        lo = [j.metrics[f"probe/{kind}/acc_lo@{L}"] for j in row.jobs if f"probe/{kind}/acc_lo@{L}" in j.metrics]
+        if lo and float(np.mean(lo)) <= panel["copy"]:
+            return str(L)
+    return "—"
+
+
+def probe_summary_table(rows: Sequence[Row], kind: str) -> Table:
+    """Per row at the training length: accuracy and lim_gap with intervals, the error split and the gold's
+    rank; over lengths: the effective length (longest with accuracy >= 0.9) and the AUC."""
+    cols = ["encoding", "L", "accuracy", "lim_gap", "effective length", "AUC", "at copy baseline from",
+            "other value", "not in context", "gold rank"]
+    t = Table(f"{kind}: summary at the training length", cols, [], caption=(
+        "accuracy and lim_gap (edges − middle) at the training length with 95% intervals (one seed; paired "
+        "bootstrap over instances) or mean ± std (several seeds); effective length = the longest length with "
+        "accuracy ≥ 0.9; AUC = area under accuracy vs log2(length / training length), in [0, 1]; at copy "
+        "baseline from = the shortest length whose 95% interval reaches the copy baseline; errors: the "
+        "fraction of instances answered with another value of the context / with something not in it; gold "
+        "rank = mean rank of the gold among the context's values (1 = best)."))
+    for r in rows:
+        L = _in_window(r, kind)
+        if L is None:
+            continue
+        m = f"probe/{kind}/{{}}@{L}"
+        t.rows.append([
+            r.label, str(L), interval_cell(r, m.format("acc")), interval_cell(r, m.format("lim_gap")),
+            _seed_values(r, f"probe/{kind}/effective_length", lambda v: str(int(v)) if v > 0 else "none"),
+            aggregate([j.metrics[f"probe/{kind}/auc"] for j in r.jobs if f"probe/{kind}/auc" in j.metrics]),
+            falls_to_copy(r, kind),
+            *(aggregate([j.metrics[m.format(x)] for j in r.jobs if m.format(x) in j.metrics])
+              for x in ("other_in_context", "not_in_context", "rank")),
+        ])
+    return t
+
+
+def paired_table(rows: Sequence[Row], kind: str) -> Table | None:
+    """Every pair of rows with the same training length, compared on the same instances: per length the
+    accuracy difference (first − second) and McNemar's exact p over the paired (seed, depth, instance)
+    outcomes. None when no pair shares instances."""
+    lengths: set[int] = set()
+    results = []
+    for i, a in enumerate(rows):
+        for b in rows[i + 1 :]:
+            if a.train_length != b.train_length:
+                continue
+            by_len = {L: mcnemar(xa, xb) for L, (xa, xb) in paired_outcomes(a, b, kind).items() if xa}
+            if by_len:
+                lengths |= set(by_len)
+                results.append((a, b, by_len))
+    if not results:
+        return None
+    cols = sorted(lengths)
+    train_length = results[0][0].train_length
+    if kind == OFFSET_KIND and train_length:  # its lengths are (m + 1) x the training length
+        names = [f"prefix {L // train_length - 1}×L" for L in cols]
+    else:
+        names = [str(L) for L in cols]
+    t = Table(f"{kind}: paired comparisons on the same instances", ["pair"] + names, [],
+              caption=(
+                  "Accuracy of the first minus the second over the paired outcomes (seed, depth, instance), n, and "
+                  "McNemar's exact two-sided p of each seed on its own (the instances of a seed are shared by both "
+                  "rows; seeds are separate experiments). The same instance appears at every depth, so pairs are "
+                  "not fully independent: read p as approximate, small p as a real difference only with a clear Δ "
+                  "and the same direction in every seed."),
+              collapsed=len(results) > 6)
+    for a, b, by_len in results:
+        seeds = sorted(set(a.seeds) & set(b.seeds))
+        per_seed = {s: {L: mcnemar(xa, xb) for L, (xa, xb) in paired_outcomes(a, b, kind, seed=s).items() if xa}
+                    for s in seeds}
+        cells = []
+        for L in cols:
+            r = by_len.get(L)
+            if r is None:
+                cells.append("—")
+                continue
+            ps = [f"{per_seed[s][L]['p']:.2g}" for s in seeds if L in per_seed[s]]
+            cells.append(f"{(r['b10'] - r['b01']) / r['n']:+.2f} (p={', '.join(ps)}, n={r['n']})")
+        t.rows.append([f"{a.label} vs {b.label}"] + cells)
+    return t
+
+
+def offset_table(rows: Sequence[Row]) -> Table | None:
+    """mqar_offset: accuracy with the gold pair at a fixed distance from the query after a filler prefix of
+    m × the training length, one column per m (absolute position grows, distance does not)."""
+    cells = {r.label: offset_cells(r) for r in rows}
+    prefixes = sorted({m for c in cells.values() for m in c})
+    if not prefixes:
+        return None
+    seeds = "seeds" if any(len(r.jobs) > 1 for r in rows) else "seed"
+    cols = ["encoding", seeds] + [f"prefix {m}×L" for m in prefixes]
+    t = Table(f"{OFFSET_KIND}: position vs distance", cols,
+              [], caption=(
+                  "Accuracy (95% Wilson interval with one seed, mean ± std over seeds) with the gold pair at "
+                  "the same distance from its query as in training and m × L filler tokens before the "
+                  "haystack: a drop here is absolute position, not distance."))
+    for r in rows:
+        line = []
+        for m in prefixes:
+            recs = cells[r.label].get(m, [])
+            accs = [float(x["acc"]) for x in recs]
+            if len(recs) == 1 and math.isfinite(accs[0]):
+                line.append(f"{accs[0]:.2f} [{float(recs[0]['lo']):.2f}, {float(recs[0]['hi']):.2f}]")
+            else:
+                line.append(aggregate(accs))
+        t.rows.append([r.label, ",".join(map(str, r.seeds))] + line)
+    return t
+
+
+def probe_tables(rows: Sequence[Row], kind: str) -> list[Table]:
+    """Per kind: a summary at the training length, accuracy (mean over depths) by length, the
+    lost-in-the-middle gap by length, the gold's log-probability, paired comparisons between rows, and
+    one depth x length table per row."""
+    out: list[Table | None] = [probe_summary_table(rows, kind)]
+    acc = interval_table(rows, f"probe/{kind}/acc", f"{kind}: accuracy (mean over depths)")
+    if acc is not None:
+        acc.notes += probe_notes(rows, kind)
+    gap = interval_table(rows, f"probe/{kind}/lim_gap", f"{kind}: lost-in-the-middle gap (edges − middle)")
+    # informative where accuracy sits at chance: how much probability the gold answer gets
+    logprob = metric_table(
+        rows,
+        f"probe/{kind}/logprob@{{L}}",
+        f"{kind}: mean log-probability of the gold answer tokens (mean over depths)",
+    )
+    out += [acc, gap, logprob, paired_table(rows, kind)]
+    for r in rows:
+        p = probe_panel(r, kind)
+        if p is None:
+            continue
+        t = Table(
+            f"{kind} — {r.label}: accuracy by depth × length (mean over {p['n']} seed(s))",
+            ["depth"] + [f"{L}" + ("*" if L == r.train_length else "") for L in p["lengths"]],
+            [],
+            collapsed=True,
+        )
+        for d, line in zip(p["depths"], p["grid"]):
+            t.rows.append(
+                [f"{100 * d:.0f}%"] + [("n/a" if not math.isfinite(v) else f"{v:.2f}") for v in line]
+            )
+        out.append(t)
+    return [t for t in out if t is not None and t.rows]
+
+
+# ---------------------------------------------------------------------------------------------
+# metadata and failures
