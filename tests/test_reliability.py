@@ -335,7 +335,7 @@ def test_preempted_during_evaluation_the_relaunch_reports_the_training_metrics(t
 def test_an_evaluation_failure_keeps_the_training_metrics(tmp_path, monkeypatch):
     # Bad settings are refused before the first step now, so the failure is injected into the evaluation itself
     # (what a crash there, e.g. a lost file system, looks like to the task).
-    import pelab.evaluation.suite as suite
+    from pelab.evaluation import suite
 
     def broken(*args, **kwargs):
         raise ValueError("evaluation broke")
@@ -715,20 +715,38 @@ def test_threads_auto_takes_the_free_cores_and_a_number_wins(monkeypatch):
 
     import torch
 
-    from pelab.harness.build import set_threads
+    from pelab.harness import build
 
     before = torch.get_num_threads()
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
-    monkeypatch.setattr(os, "getloadavg", lambda: (2.6, 0.0, 0.0))
+    monkeypatch.setattr(build, "busy_cores", lambda: (2.6, "2.6 cores busy"))
     try:
-        assert set_threads("auto", None, 1)["used"] == 5 == torch.get_num_threads()  # 8 cores, ~3 busy
-        assert set_threads("auto", None, 2)["used"] == 2  # shared by two processes
-        monkeypatch.setattr(os, "getloadavg", lambda: (11.0, 0.0, 0.0))
-        assert set_threads("auto", None, 1)["used"] == 1  # never 0
-        assert set_threads(3, None, 1) == {"used": 3, "chosen_by": "threads=3"}
-        assert set_threads(3, {"used": 2, "chosen_by": "threads=2"}, 1)["used"] == 2  # a resumed run keeps its own
+        assert build.set_threads("auto", None, 1)["used"] == 5 == torch.get_num_threads()  # 8 cores, ~3 busy
+        assert build.set_threads("auto", None, 2)["used"] == 2  # shared by two processes
+        monkeypatch.setattr(build, "busy_cores", lambda: (11.0, "11 cores busy"))
+        assert build.set_threads("auto", None, 1)["used"] == 1  # never 0
+        assert build.set_threads(3, None, 1) == {"used": 3, "chosen_by": "threads=3"}
+        assert build.set_threads(3, {"used": 2, "chosen_by": "threads=2"}, 1)["used"] == 2  # a resumed run keeps its own
         monkeypatch.setenv("OMP_NUM_THREADS", "4")
-        assert set_threads("auto", None, 1) == {"used": 4, "chosen_by": "OMP_NUM_THREADS"}
+        assert build.set_threads("auto", None, 1) == {"used": 4, "chosen_by": "OMP_NUM_THREADS"}
     finally:
         torch.set_num_threads(before)
+
+
+def test_busy_cores_sees_a_busy_process():
+    """A real process spinning on one core is seen (whatever else the machine runs, at least that core is busy)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from pelab.harness.build import busy_cores
+
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        busy, how = busy_cores(1.0)
+    finally:
+        spin.kill()
+    assert 0.6 <= busy <= os.cpu_count() + 0.01 and "cores busy" in how, busy
