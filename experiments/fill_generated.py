@@ -16,7 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"(<!-- generated: python -m pelab\.report (?P<args>[^>]*?) -->\n)(?P<body>.*?)(<!-- end generated -->)",
                    re.S)
-TITLED = re.compile(r"(\*\*(?P<title>[^*\n]+)\*\*\n\n)((?:\|[^\n]*\n)+)")
+# a table under its bold title, with the report's caption paragraph between them or not
+TITLED = re.compile(r"(\*\*(?P<title>[^*\n]+)\*\*\n\n)(?:[^|\n][^\n]*\n\n)?((?:\|[^\n]*\n)+)")
 
 
 def report_tables(markdown: str) -> dict[str, str]:
