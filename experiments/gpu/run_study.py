@@ -53,7 +53,7 @@ STUDIES = {
     # model=recall (d = 128, 2 layers, 2 heads of 64): 0.4 M parameters; batch 32 x 128; a fixed budget, no stop
     "lost_in_the_middle": Study("lost_in_the_middle", "lost_in_the_middle",
                                 ["nope", "sinusoidal", "learned", "rope", "xpos", "t5_bias", "alibi", "fire"], [0, 1],
-                                1500, 400_000, 32 * 128, ["callbacks.retrieval_criterion.stop=false"]),
+                                1000, 400_000, 32 * 128, ["callbacks.retrieval_criterion.stop=false"]),
     # a rope parent at 128 tokens and its children at 512 (none / linear / ntk / yarn); the parent's budget
     "context_extension": Study("context_extension", "context_extension", ["rope"], [0, 1], 1500, 200_000,
                                16 * 128, [], child_steps=400),
