@@ -118,3 +118,38 @@ def test_along_training_section_warns_when_the_order_flips_between_budgets(tmp_p
     assert table.columns == ["setting", "0.005M", "0.01M", "0.01M end", "0.04M end"]
     assert table.rows == [["a", "1.350", "1.500", "1.500", "3.000"], ["b", "1.800", "1.100", "2.000", "2.200"]]
     assert "along_training" in built.figures
+
+
+def test_context_extension_children_read_as_budgets_with_a_training_free_row(tmp_path):
+    """Children of two parents (one per seed) at 0 (extend.eval_before), 50 and 100 fine-tuning steps: the
+    parents' identity does not split the rows, the step-0 evaluation is a row of its own (max_steps 0) with the
+    unprefixed metrics, and runs without eval.at are points along training at the tokens they trained on."""
+    for s in (0, 1):
+        for steps in (50, 100):
+            cfg = {"pe": {"name": "rope", "scaling": {"type": "yarn"}}, "model": {"name": "recall"}, "seed": s,
+                   "data": {"seq_len": 512, "batch_size": 8}, "trainer": {"max_steps": steps},
+                   "extend": {"from": f"/runs/parent_s{s}", "eval_before": steps == 100,
+                              "parent": {"path": f"/runs/parent_s{s}/last.ckpt", "name": f"rope-s{s}", "step": 900}}}
+            metrics = {"extrap/ppl@2048": 6.0 - steps / 100 + s, "extrap/ppl_ratio@2048": 1.5}
+            extra = {}
+            if steps == 100:
+                metrics.update({"extrap/step0/ppl@2048": 9.0 + s, "extrap/step0/ppl_ratio@2048": 2.0})
+                extra["evaluation/step0"] = {"extrapolation": {"split": "test", "seed": 0, "blocks": 8},
+                                             "seconds": {"extrapolation": 2.0}}
+            write_summary(tmp_path / f"yarn_{steps}_s{s}", {
+                "status": "ok", "config": cfg, "global_step": steps, "data": {"fingerprint": {"key": "corpus"}},
+                "evaluation": {"extrapolation": {"split": "test", "seed": 0, "blocks": 8}}, "metrics": metrics,
+                **extra})
+    jobs = find_jobs([tmp_path])
+    free = [j for j in jobs if j.folder.name.endswith("@step0")]
+    assert len(jobs) == 6 and sorted(j.folder.name for j in free) == ["yarn_100_s0@step0", "yarn_100_s1@step0"]
+    assert {j.metrics["extrap/ppl@2048"] for j in free} == {9.0, 10.0} and all(j.setting("trainer.max_steps") == 0
+                                                                              for j in free)
+    rows, shown = rows_of(tmp_path)
+    assert [(r.label, r.seeds) for r in rows] == [
+        ("rope trainer.max_steps=0", [0, 1]), ("rope trainer.max_steps=50", [0, 1]),
+        ("rope trainer.max_steps=100", [0, 1])]
+    table = next(t for t in report.build_report([tmp_path], tmp_path / "out").tables
+                 if t.title == "Along training: extrap/ppl@2048")
+    assert table.columns == ["setting", "0M end", "0.205M end", "0.41M end"]  # 8 x 512 tokens a step
+    assert table.rows == [["rope", "9.500", "6.000", "5.500"]]

@@ -1,146 +1,92 @@
-"""Context extension study (experiment=context_extension): a rope parent at L = 128, four children fine-tuned
-from its weights at 512 tokens with pe.scaling.type none / linear (PI) / ntk / yarn, and one table putting
-training-free (the parent's weights under each scaling, before any step: extend.eval_before) and fine-tuned
-perplexity side by side at 1-16 x 128 tokens.
+"""Context extension study v3 (experiments/context_extension/README.md): per seed, a rope parent at L = 128
+(experiment=context_extension, the default run), then from its weights
 
-    OMP_NUM_THREADS=1 python experiments/context_extension/run.py --out outputs/context_extension
-    python experiments/context_extension/run.py --out DIR --table-only    # the table of finished runs
-    python experiments/context_extension/run.py --figure experiments/context_extension/results.md  # its plot
+  - the four scalings (none / linear = PI / ntk / yarn, factor 4) fine-tuned at 512 tokens for each of --steps
+    fine-tuning steps (separate runs: each step count is the end of its own schedule), the longest run also
+    scoring the parent's weights under its scaling before the first step (the "training-free" row, step 0);
+  - the control arm: the parent trained on for the same steps at its own length (no scaling).
 
-Extra arguments after `--` go to every train.py command (e.g. `-- logger=csv`).
+Each seed is one stream of jobs (parent, then its children); --workers streams run side by side. A relaunch with
+the same --out skips what finished and resumes what was interrupted. Then the report reads the folder:
+
+    OMP_NUM_THREADS=1 python experiments/context_extension/run.py --out outputs/context_extension_v3
+    python -m pelab.report outputs/context_extension_v3 --out experiments/context_extension/v3/report
+
+Extra arguments after `--` go to every train.py command (e.g. `-- model=micro` for a smoke run).
+The v2 study (one seed, text only, no control) ran with this script at commit 723b496.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
 import json
-import math
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SCALINGS = ("none", "linear", "ntk", "yarn")
-LENGTHS = (128, 256, 512, 1024, 2048)
+SCALINGS = "none,linear,ntk,yarn"
+CONTROL = ["data.seq_len=128", "data.batch_size=32", "pe.scaling.type=none"]  # the parent's length and batch
 
 
-def train(args: list[str], multirun: bool = False) -> None:
-    cmd = [sys.executable, str(ROOT / "train.py"), *(["-m"] if multirun else []), "experiment=context_extension", *args]
-    print("+", " ".join(cmd[1:]), flush=True)
-    subprocess.run(cmd, check=True)
+def finished(folder: Path) -> bool:
+    summary = folder / "summary.json"
+    return summary.is_file() and json.loads(summary.read_text()).get("status") == "ok"
 
 
-def read(folder: Path) -> dict:
-    return json.loads((folder / "summary.json").read_text())
+def train(args: list[str], log: Path) -> None:
+    """One train.py launch, its output appended to `log`; raises on failure (the stream stops, the others go on)."""
+    cmd = [sys.executable, str(ROOT / "train.py"), *args]
+    with log.open("a") as fh:
+        fh.write("+ " + " ".join(cmd[1:]) + "\n")
+        fh.flush()
+        subprocess.run(cmd, check=True, stdout=fh, stderr=subprocess.STDOUT)
 
 
-def fmt(x: float | str | None) -> str:
-    x = float("nan") if x is None else float(x)
-    return "n/a" if math.isnan(x) else f"{x:.2f}"
-
-
-def table(out: Path, child_steps: int) -> str:
-    """Markdown: one row per (scaling, regime); columns: ppl at each length (x the parent's length)."""
-    parent = read(out / "parent")
-    children = {}
-    for folder in sorted((out / "children").glob("*/")):
-        if (folder / "summary.json").is_file():
-            s = read(folder)
-            children[s["config"]["pe"]["scaling"]["type"]] = s
-    L = parent["config"]["data"]["seq_len"]
-    head = "| scaling | regime | " + " | ".join(f"{n} ({n // L}x)" for n in LENGTHS) + " |"
-    lines = [head, "|" + "---|" * (len(LENGTHS) + 2)]
-    pm = parent["metrics"]
-    lines.append(f"| (parent) | trained at {L}, {parent['global_step']} steps | "
-                 + " | ".join(fmt(pm.get(f"extrap/ppl@{n}")) for n in LENGTHS) + " |")
-    for scaling in SCALINGS:
-        s = children.get(scaling)
-        if s is None:
-            continue
-        m = s["metrics"]
-        L2 = s["config"]["data"]["seq_len"]
-        lines.append(f"| {scaling} | training-free | " + " | ".join(fmt(m.get(f"extrap/step0/ppl@{n}")) for n in LENGTHS)
-                     + " |")
-        lines.append(f"| {scaling} | fine-tuned at {L2}, {s['global_step']} steps | "
-                     + " | ".join(fmt(m.get(f"extrap/ppl@{n}")) for n in LENGTHS) + " |")
-    factor = next(iter(children.values()))["config"]["pe"]["scaling"]["factor"] if children else "?"
-    notes = [
-        "",
-        f"Perplexity (byte-level, non-overlapping windows) on the same {parent['evaluation']['extrapolation']['n_tokens']}"
-        f" validation tokens at every length; scaling factor {factor}, pe.train_length = {L} (the parent's length).",
-        "`training-free` = the parent's weights under that scaling before any fine-tuning step (extend.eval_before); "
-        "`none` training-free is the parent itself.",
-        f"Wall: parent {parent['wall_seconds']:.0f} s; children "
-        + ", ".join(f"{k} {v['wall_seconds']:.0f} s" for k, v in children.items()) + ".",
-    ]
-    return "\n".join(lines + notes) + "\n"
-
-
-def figure(results_md: Path, png: Path) -> Path:
-    """Perplexity vs length, one line per (scaling, regime), from a table this script wrote."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    lines = [ln for ln in results_md.read_text().splitlines() if ln.startswith("|")][2:]  # skip head + rule
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for i, ln in enumerate(lines):
-        scaling, regime, *cells = [c.strip() for c in ln.strip("|").split("|")]
-        if scaling == "none" and regime == "training-free":
-            continue  # the parent itself (its own row)
-        ys = [float("nan") if c == "n/a" else float(c) for c in cells]
-        tuned = regime.startswith("fine-tuned")
-        color = "k" if scaling.startswith("(") else f"C{SCALINGS.index(scaling)}"
-        ax.plot(LENGTHS[: len(ys)], ys, "-" if tuned or color == "k" else ":", marker="o" if tuned else ".",
-                color=color, label=f"{scaling}, {regime.split(',')[0]}")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(LENGTHS, [str(L) for L in LENGTHS])
-    ax.minorticks_off()
-    ax.axvline(128, color="grey", lw=0.8)
-    ax.axvline(512, color="grey", lw=0.8, ls="--")
-    ax.set(xlabel="evaluation length (tokens; parent L = 128, children fine-tuned at 512)",
-           ylabel="perplexity (byte level)", ylim=(4, 22))
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-    return png
+def stream(out: Path, seed: int, steps: list[int], extra: list[str]) -> str:
+    """Parent, the scalings at the longest budget (with the training-free evaluation), the shorter budgets, the
+    control arm: one seed's jobs in order."""
+    t0 = time.time()
+    log = out / f"s{seed}.log"
+    parent = out / "parents" / f"s{seed}"
+    if not finished(parent):
+        train(["experiment=context_extension", "hydra.mode=RUN", f"seed={seed}", f"hydra.run.dir={parent}",
+               "ckpt_path=auto", *extra], log)
+    child = ["experiment=context_extension_child", f"extend.from={parent}", f"seed={seed}"]
+    longest, shorter = max(steps), sorted(set(steps) - {max(steps)})
+    train([*child, f"trainer.max_steps={longest}", f"hydra.sweep.dir={out / 'children' / f's{seed}'}", *extra], log)
+    if shorter:
+        train([*child, "trainer.max_steps=" + ",".join(map(str, shorter)), "extend.eval_before=false",
+               f"hydra.sweep.dir={out / 'curve' / f's{seed}'}", *extra], log)
+    train([*child, *CONTROL, "trainer.max_steps=" + ",".join(map(str, sorted(set(steps)))),
+           "extend.eval_before=false", f"hydra.sweep.dir={out / 'control' / f's{seed}'}", *extra], log)
+    return f"seed {seed}: {time.time() - t0:.0f} s"
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=ROOT / "outputs" / "context_extension")
-    p.add_argument("--child-steps", type=int, default=200)
-    p.add_argument("--factor", type=float, default=4.0)
-    p.add_argument("--table-only", action="store_true")
-    p.add_argument("--skip-parent", action="store_true", help="reuse OUT/parent (trained already)")
-    p.add_argument("--write", type=Path, default=None, help="also write the table to this file")
-    p.add_argument("--figure", type=Path, default=None,
-                   help="plot a results.md this script wrote (next to it, as .png) and stop")
+    p.add_argument("--out", type=Path, default=ROOT / "outputs" / "context_extension_v3")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--steps", type=int, nargs="+", default=[50, 100, 200, 400])
+    p.add_argument("--workers", type=int, default=2, help="seeds run side by side (one thread each: OMP_NUM_THREADS)")
     args, extra = p.parse_known_args()
-    if args.figure:
-        print(figure(args.figure, args.figure.with_suffix(".png")))
-        return
     extra = [a for a in extra if a != "--"]
     out = args.out.resolve()
-    t0 = time.time()
-    if not args.table_only:
-        if not args.skip_parent:
-            train([f"paths.output_dir={out / 'parent'}", *extra])
-        child_len = 512
-        train([f"extend.from={out / 'parent'}", "extend.eval_before=true", f"data.seq_len={child_len}",
-               # the parent's tokens per step (16 x 128) at 4 x the length; a gentler lr for fine-tuning
-               "data.batch_size=4", f"trainer.max_steps={args.child_steps}",
-               f"trainer.val_check_interval={args.child_steps}", "optim.lr=5e-4", "optim.warmup_steps=20",
-               f"pe.scaling.factor={args.factor}", "pe.scaling.type=" + ",".join(SCALINGS),
-               f"hydra.sweep.dir={out / 'children'}", *extra], multirun=True)
-        print(f"total wall: {time.time() - t0:.0f} s", flush=True)
-    md = table(out, args.child_steps)
-    print(md)
-    if args.write:
-        args.write.write_text(md)
+    out.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    with cf.ThreadPoolExecutor(args.workers) as pool:
+        futures = {pool.submit(stream, out, s, args.steps, extra): s for s in args.seeds}
+        for f in cf.as_completed(futures):
+            try:
+                print(f.result(), flush=True)
+            except subprocess.CalledProcessError as err:
+                failed += 1
+                print(f"seed {futures[f]}: {' '.join(err.cmd[1:3])} failed (exit {err.returncode}); "
+                      f"see {out / f's{futures[f]}.log'}", flush=True)
+    print(f"report: python -m pelab.report {out} --out <report folder>")
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

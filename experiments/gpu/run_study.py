@@ -54,9 +54,10 @@ STUDIES = {
     "lost_in_the_middle": Study("lost_in_the_middle", "lost_in_the_middle",
                                 ["nope", "sinusoidal", "learned", "rope", "xpos", "t5_bias", "alibi", "fire"], [0, 1],
                                 1000, 400_000, 32 * 128, ["callbacks.retrieval_criterion.stop=false"]),
-    # a rope parent at 128 tokens and its children at 512 (none / linear / ntk / yarn); the parent's budget
-    "context_extension": Study("context_extension", "context_extension", ["rope"], [0, 1], 1500, 200_000,
-                               16 * 128, [], child_steps=400),
+    # v3: a rope parent at 128 tokens (the default run: model=recall, text + mqar rows, 900 steps) and its children
+    # at 512 (none / linear / ntk / yarn, experiment=context_extension_child) plus the control arm
+    "context_extension": Study("context_extension", "context_extension", ["rope"], [0, 1], 900, 400_000,
+                               32 * 128, [], child_steps=400),
 }
 
 
@@ -82,21 +83,21 @@ def commands(study: Study, steps: int, out: Path, smoke: bool) -> list[list[str]
 
 
 def child_commands(study: Study, out: Path, smoke: bool) -> list[list[str]]:
-    """Context extension's second stage: from each parent, none / linear / ntk / yarn at 4 x its length, and the
-    control (its own length), the same steps each."""
+    """Context extension's second stage (experiment=context_extension_child): from each parent, none / linear /
+    ntk / yarn at 4 x its length, and the control (its own length, no scaling), the same steps each."""
     steps = 3 if smoke else study.child_steps
-    arms = [("control", ["data.seq_len=32" if smoke else "data.seq_len=128"])]
+    arms = [("control", ["data.seq_len=32" if smoke else "data.seq_len=128",
+                         "data.batch_size=32", "pe.scaling.type=none", "extend.eval_before=false"])]
     for scaling in ("none", "linear", "ntk", "yarn"):
-        arms.append((scaling, ["data.seq_len=128" if smoke else "data.seq_len=512", f"pe.scaling.type={scaling}",
-                               "pe.scaling.factor=4"]))
+        arms.append((scaling, ["data.seq_len=128" if smoke else "data.seq_len=512", f"pe.scaling.type={scaling}"]))
     cmds = []
     for seed in study.seeds:
         parent = out / study.name / f"rope_s{seed}"
         for arm, overrides in arms:
             base = commands(study, steps, out, smoke)[0]
-            base = [x for x in base if not x.startswith(("hydra.run.dir=", "seed=", "data.seq_len="))]
-            cmds.append([*base, f"seed={seed}", f"extend.from={parent}", *overrides,
-                         f"hydra.run.dir={out / study.name / 'children' / f'{arm}_s{seed}'}"])
+            base = [x for x in base if not x.startswith(("hydra.run.dir=", "seed=", "data.seq_len=", "experiment="))]
+            cmds.append([*base, "experiment=context_extension_child", f"seed={seed}", f"extend.from={parent}",
+                         *overrides, f"hydra.run.dir={out / study.name / 'children' / f'{arm}_s{seed}'}"])
     return cmds
 
 

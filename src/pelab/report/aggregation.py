@@ -42,6 +42,12 @@ IGNORED_KEYS = (
     "model.attn_backend",  # the attention path: same math, tested against the reference attention
     "evaluate_after_fit",
     "datamodule.",  # the DataModule's arguments repeat data.*
+    # a child's parent by identity (one per seed): the seed is aggregated over; the parent's step and length stay
+    "extend.from",
+    "extend.eval_before",  # an evaluation of the parent's weights, kept as its own job (training_free_job)
+    "extend.parent.path",
+    "extend.parent.name",
+    "extend.parent.wandb_run_id",
 )
 # Always a row key (each named in the labels only where it varies); pe.name always labels a row.
 BASE_KEYS = ["pe.name", "data.seq_len", "model.name"]
@@ -356,12 +362,19 @@ def budget_key(row: Row) -> str:
     return re.sub(r"\s*trainer\.max_steps=\d+", "", row.label).strip()
 
 
+def end_point(job: Job) -> dict:
+    """A run without eval.at as its one point along training: its final metrics at the tokens it trained on
+    (data.batch_size is the global batch)."""
+    tokens = int(job.summary.get("global_step") or 0) * int(job.setting("data.batch_size") or 0) * (job.train_length or 0)
+    return {"tokens_seen": tokens, "schedule": "end", "metrics": job.metrics}
+
+
 def along_training_points(row: Row, metric: str) -> list[tuple[int, float, str]]:
     """(training tokens, mean over seeds of `metric`, schedule) at each evaluation point of the row's runs: the
     eval.at points (mid-schedule) and the end of training."""
     points: dict[int, list[tuple[float, str]]] = {}
     for j in row.jobs:
-        for p in j.summary.get("along_training") or []:
+        for p in j.summary.get("along_training") or [end_point(j)]:
             v = as_float((p.get("metrics") or {}).get(metric))
             if math.isfinite(v):
                 points.setdefault(int(p["tokens_seen"]), []).append((v, str(p.get("schedule"))))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -111,7 +112,26 @@ def find_jobs(folders: Iterable[str | Path]) -> list[Job]:
                 jobs[job_dir] = read_job(summary) if summary else Job(job_dir, "unfinished", error=UNFINISHED)
     if not jobs:
         raise ReportError(f"no {SUMMARY_FILE} (and no Hydra job folder) under {', '.join(map(str, folders))}")
-    return list(jobs.values())
+    return [j for job in jobs.values() for j in (job, training_free_job(job)) if j is not None]
+
+
+def training_free_job(job: Job) -> Job | None:
+    """A context-extension child evaluated before its first step (extend.eval_before: metrics `extrap/step0/...`,
+    `evaluation/step0`) as a job of its own: the parent's weights under the child's settings, a budget of 0
+    fine-tuning steps, so every table (and the comparisons, along training) reads it like any other budget. Its
+    folder is `<run>@step0` (it has no training log). None for any other job."""
+    before = job.summary.get("evaluation/step0")
+    if job.status != "ok" or not before:
+        return None
+    config = copy.deepcopy(job.config)
+    config.setdefault("trainer", {})["max_steps"] = 0
+    config.setdefault("extend", {})["eval_before"] = False
+    metrics = {k.replace("/step0/", "/", 1): v for k, v in (job.summary.get("metrics") or {}).items()
+               if "/step0/" in k}
+    summary = {**{k: v for k, v in job.summary.items() if not k.startswith(("evaluation", "along_training"))},
+               "config": config, "metrics": metrics, "global_step": 0, "evaluation": before,
+               "wall_seconds": sum((before.get("seconds") or {}).values())}
+    return Job(job.folder.with_name(f"{job.folder.name}@step0"), "ok", summary)
 
 
 def read_job(path: Path) -> Job:
