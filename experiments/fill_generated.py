@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"(<!-- generated: python -m pelab\.report (?P<args>[^>]*?) -->\n)(?P<body>.*?)(<!-- end generated -->)",
-                   re.S)
+                   re.DOTALL)
 # a table under its bold title, with the report's caption paragraph between them or not
 TITLED = re.compile(r"(\*\*(?P<title>[^*\n]+)\*\*\n\n)(?:[^|\n][^\n]*\n\n)?((?:\|[^\n]*\n)+)")
 
@@ -42,7 +42,7 @@ def main() -> None:
         if "<!-- generated:" not in text:
             continue
 
-        def fill(m: re.Match) -> str:
+        def fill(m: re.Match, page: Path = page) -> str:
             if report(shlex.split(m["args"])) != 0:
                 sys.exit(f"{page}: python -m pelab.report {m['args']} failed")
             argv = shlex.split(m["args"])

@@ -139,7 +139,7 @@ def run_cli(args: list[str], cwd: Path, timeout: int = 600, env: dict | None = N
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run(
         [sys.executable, str(ROOT / script), *args],
-        cwd=cwd, env=full_env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
+        cwd=cwd, env=full_env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout, check=False,
     )
 
 
@@ -148,7 +148,7 @@ def wandb_summary(run_path: Path) -> dict:
     wandb_bin = Path(sys.executable).parent / "wandb"
     out = subprocess.run(
         [str(wandb_bin), "leet", "inspect", "--summary", "--json", str(run_path)],
-        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, check=False,
     )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
@@ -159,7 +159,7 @@ def wandb_records(run_path: Path) -> list[dict]:
     wandb_bin = Path(sys.executable).parent / "wandb"
     out = subprocess.run(
         [str(wandb_bin), "leet", "inspect", "--json", str(run_path)],
-        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, check=False,
     )
     assert out.returncode == 0, out.stderr
     return [json.loads(line) for line in out.stdout.splitlines() if line.strip().startswith("{")]

@@ -314,13 +314,13 @@ def test_recall_preset_on_a_micro_model_reaches_its_criterion_and_retrieves(tmp_
     assert summary["global_step"] == steps  # it stopped there
     # the probes (other instances than the criterion's): far above copying one of the 4 values (0.25)
     assert m["probe/mqar/acc_lo@32"] > 0.8, m["probe/mqar/acc@32"]
-    from pelab.summary import result_table
+    from pelab.result_table import result_table
 
     assert f"retrieval criterion met at step {steps:.0f}" in result_table(summary)
 
 
 def test_the_result_table_says_when_retrieval_was_not_learned():
-    from pelab.summary import result_table
+    from pelab.result_table import result_table
 
     capped = {"config": {"trainer": {"max_steps": 3000}, "callbacks": {"retrieval_criterion": {"threshold": 0.95}}},
               "metrics": {"train/retrieval_acc": 0.922, "train/steps_to_criterion": "nan"}}

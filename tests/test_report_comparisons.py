@@ -145,7 +145,7 @@ def test_context_extension_children_read_as_budgets_with_a_training_free_row(tmp
     assert len(jobs) == 6 and sorted(j.folder.name for j in free) == ["yarn_100_s0@step0", "yarn_100_s1@step0"]
     assert {j.metrics["extrap/ppl@2048"] for j in free} == {9.0, 10.0} and all(j.setting("trainer.max_steps") == 0
                                                                               for j in free)
-    rows, shown = rows_of(tmp_path)
+    rows, _ = rows_of(tmp_path)
     assert [(r.label, r.seeds) for r in rows] == [
         ("rope trainer.max_steps=0", [0, 1]), ("rope trainer.max_steps=50", [0, 1]),
         ("rope trainer.max_steps=100", [0, 1])]

@@ -12,8 +12,8 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.image as mpimg  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.image as mpimg
+import matplotlib.pyplot as plt
 
 
 def main(run: Path, out: Path) -> None:

@@ -170,8 +170,8 @@ def train(pe: str, overrides: list[str], out: Path, log_every: int = 100, unscal
     from omegaconf import OmegaConf
 
     from pelab.data.batch import inputs_and_targets
-    from pelab.summary import versions, write_summary
     from pelab.harness.build import build_datamodule, data_record
+    from pelab.summary import versions, write_summary
 
     t0 = time.time()
     cfg = compose_config(pe, overrides, out)

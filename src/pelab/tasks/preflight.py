@@ -49,7 +49,6 @@ def check_command_line(argv: list[str], conf_dir: str) -> None:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
-
     from hydra.errors import HydraException
 
     takes_value = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp",

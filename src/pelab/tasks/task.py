@@ -34,7 +34,8 @@ from omegaconf.errors import MissingMandatoryValue
 
 from pelab.errors import ConfigError, is_user_error
 from pelab.provenance import launch_record, now, provenance
-from pelab.summary import command_line, read_summary, result_table, versions, write_summary
+from pelab.result_table import result_table
+from pelab.summary import command_line, read_summary, versions, write_summary
 from pelab.tasks.names import in_multirun, sweep_group
 
 log = logging.getLogger(__name__)

@@ -1,9 +1,9 @@
-"""The result table a run ends with (pelab.summary.result_table): golden output for a text run, a retrieval-only
+"""The result table a run ends with (pelab.result_table): golden output for a text run, a retrieval-only
 run and a mixed run; at most 80 columns; every probe row with its n."""
 
 from __future__ import annotations
 
-from pelab.summary import result_table
+from pelab.result_table import result_table
 
 EX = {"split": "test", "blocks": 16, "lengths": [128, 256]}
 
