@@ -174,6 +174,31 @@ def test_length_extrapolation_experiment_sweeps_all_encodings_and_seeds():
     assert set(v1.hydra.sweeper.params["pe"].split(",")) == ENCODINGS
 
 
+def test_lost_in_the_middle_v3_trains_every_scheme_the_same_steps():
+    cfg = _compose_hydra(["experiment=lost_in_the_middle"])
+    assert cfg.trainer.max_steps == 1000 and cfg.callbacks.retrieval_criterion.stop is False  # no early stop
+    assert cfg.eval.split == "test" and list(cfg.probes.kinds) == ["mqar", "mqar_offset"] and cfg.probes.samples == 200
+    params = cfg.hydra.sweeper.params
+    assert params["seed"] == "0,1" and len(params["pe"].split(",")) == 9 and set(params["pe"].split(",")) <= ENCODINGS
+    v2 = _compose_hydra(["experiment=lost_in_the_middle_v2"])  # the criterion-stopped study, kept reproducible
+    assert v2.callbacks.retrieval_criterion.get("stop", True) is True  # the callback's default: stop at 0.95
+
+
+def test_context_extension_v3_children_keep_the_parents_tokens_per_step():
+    parent = _compose_hydra(["experiment=context_extension"])
+    default = _compose_hydra([])
+    for key in ("model", "data", "optim", "pe", "tokenizer"):  # the parent is the default run
+        assert parent[key] == default[key], key
+    assert list(parent.eval.lengths) == [128, 256, 512, 1024, 2048] and list(parent.probes.lengths) == [128, 512,
+                                                                                                         1024, 2048]
+    child = _compose_hydra(["experiment=context_extension_child"])
+    assert child.data.seq_len == 4 * parent.data.seq_len and child.pe.scaling.factor == 4
+    assert child.data.seq_len * child.data.batch_size == parent.data.seq_len * parent.data.batch_size
+    assert child.data.recall_mix == parent.data.recall_mix and child.data.recall_curriculum is None
+    assert child.extend.eval_before and child.hydra.sweeper.params["pe.scaling.type"] == "none,linear,ntk,yarn"
+    assert child.eval.lengths == parent.eval.lengths and child.probes == parent.probes
+
+
 @pytest.mark.parametrize("pe", ["t5_bias", "cope"])
 def test_length_extrapolation_preset_is_the_setting_of_the_committed_study(pe):
     """experiment=length_extrapolation_v2 composes to the settings the committed runs of
