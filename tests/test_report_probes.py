@@ -132,3 +132,39 @@ def test_the_report_recomputes_probe_intervals_from_the_outcomes_a_summary_keeps
     assert (fresh["probe/mqar/acc_lo@128"], fresh["probe/mqar/acc_hi@128"]) == pytest.approx(stats.wilson(40, 40))
     assert fresh["probe/mqar/acc_lo@256"] < 0.5 < fresh["probe/mqar/acc_hi@256"]
     assert probe_intervals({"metrics": stale}) == {}  # no outcomes kept: the summary's own numbers stand
+
+
+def test_declared_retrieval_comparisons_hold_only_in_every_seed(tmp_path):
+    """--compare probe/mqar/acc --pairs: per seed a t test over the instances (each the mean of its depths),
+    p = the largest over the seeds, 1 when they disagree in sign; the interval holds the seed spread; a run that
+    did not acquire retrieval is not compared."""
+    from pelab.report.aggregation import group_rows
+    from pelab.report.comparisons import compare, holm
+    from pelab.report.discovery import find_jobs
+
+    n = 60
+    better, worse = "1" * 54 + "0" * 6, "1" * 30 + "0" * 30  # 0.9 vs 0.5, b wrong wherever a is
+    for s in (0, 1):
+        _write(tmp_path / f"alibi_s{s}", "alibi", _result({256: better}), seed=s, **{"train/retrieval_acc": 0.99,
+                                                                                    "train/steps_to_criterion": 300})
+        _write(tmp_path / f"rope_s{s}", "rope", _result({256: worse}), seed=s, **{"train/retrieval_acc": 0.99,
+                                                                                  "train/steps_to_criterion": 300})
+        # seed 0 better than rope, seed 1 worse: no claim
+        _write(tmp_path / f"xpos_s{s}", "xpos", _result({256: better if s == 0 else "0" * n}), seed=s,
+               **{"train/retrieval_acc": 0.99, "train/steps_to_criterion": 300})
+        _write(tmp_path / f"nope_s{s}", "nope", _result({256: better}), seed=s,
+               **{"train/retrieval_acc": 0.5, "train/steps_to_criterion": float("nan")})  # never acquired
+    g = group_rows(find_jobs([tmp_path]))
+    cs = {c.a.label: c for c in compare(g.rows, g.shown, ["probe/mqar/acc"],
+                                        chosen=["alibi/rope", "xpos/rope", "nope/rope"])}
+    assert set(cs) == {"alibi", "xpos"}  # nope never acquired retrieval: not compared
+    a, x = cs["alibi"], cs["xpos"]
+    assert a.scale == "diff" and a.ratio == pytest.approx(0.4) and 0.2 < a.lo < 0.4 < a.hi < 0.6  # instances only
+    assert a.resolved and a.p == pytest.approx(float(__import__("scipy").stats.ttest_1samp(
+        [1.0] * 24 + [0.0] * 36, 0.0).pvalue))  # per instance: 1 where only alibi is right, else 0
+    assert x.p == 1.0 and not x.resolved and x.verdict() == "not resolved at 2 seeds"
+    assert x.lo < 0 < x.hi  # the seed spread is in the interval
+    assert [c.p_adj for c in (a, x)] == pytest.approx(holm([a.p, x.p]))
+    md = report.build_report([tmp_path], tmp_path / "out", compare=["probe/mqar/acc"],
+                             pairs=["alibi/rope", "xpos/rope"]).markdown
+    assert f"| alibi / rope | +0.40 [{a.lo:+.2f}, {a.hi:+.2f}] p_adj=" in md and "resolved = in every seed" in md

@@ -8,6 +8,13 @@ Holm-adjusted across it, and a difference is called "resolved" only where the ad
 otherwise "not resolved at n seeds". With 3 seeds t(2) = 4.30: only differences large against the seed-to-seed
 spread resolve, as they should.
 
+Retrieval accuracy (`--compare probe/<kind>/acc`) is compared on the same probe instances instead: per seed, the
+per-instance difference of the two rows' outcomes (averaged over the depths at which an instance was asked, so the
+instances are the independent unit), a one-sample t test of its mean, and an intersection-union rule across seeds:
+p = the largest per-seed p, and 1 when the seeds disagree in sign, so "resolved" means "in every seed". The
+interval is a two-level bootstrap of the difference (seeds, then instances): it holds the seed-to-seed spread.
+Rows whose runs did not acquire retrieval in-window are not compared (their probes measure nothing learned).
+
 Which rows are compared: pairs that differ in exactly one of the settings that label the rows (e.g. the
 encoding at one budget, or the budget for one encoding), on the seeds both have (at least two), with the same
 corpus and evaluation text; or every row against a `baseline`.
@@ -18,11 +25,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import scipy.stats
 
-from pelab.report.aggregation import Row, settings
+from pelab.evaluation.stats import hierarchical_interval
+from pelab.report.aggregation import Row, acquired_rows, pairing_key, probe_outcomes, settings
 from pelab.report.discovery import ReportError
 
 ALPHA = 0.05
@@ -42,6 +51,7 @@ class Comparison:
     hi: float
     p: float
     p_adj: float = math.nan
+    scale: str = "log"  # log: ratio a / b and its interval; diff: difference a - b (retrieval accuracy)
 
     @property
     def resolved(self) -> bool:
@@ -78,6 +88,40 @@ def paired(a: Row, b: Row, metric: str) -> Comparison | None:
     ci = res.confidence_interval(1 - ALPHA)
     return Comparison(a, b, metric, len(seeds), math.exp(d.mean()), math.exp(ci.low), math.exp(ci.high),
                       float(res.pvalue))
+
+
+def instance_differences(a: Row, b: Row, kind: str, length: int, seed: Any) -> np.ndarray:
+    """Per probe instance of one seed: a's outcome minus b's, averaged over the depths (or prefixes) at which the
+    instance was asked at `length` (instance i is the same at every depth). Empty when the seed's jobs did not
+    probe the same instances."""
+    ja = next((j for j in a.jobs if j.setting("seed") == seed), None)
+    jb = next((j for j in b.jobs if j.setting("seed") == seed), None)
+    if ja is None or jb is None or pairing_key(ja) != pairing_key(jb):
+        return np.empty(0)
+    oa, ob = probe_outcomes(ja, kind), probe_outcomes(jb, kind)
+    cells = sorted(c for c in set(oa) & set(ob) if c[1] == length)
+    if not cells:
+        return np.empty(0)
+    n = min(min(len(oa[c]), len(ob[c])) for c in cells)
+    bits = lambda s: np.frombuffer(s[:n].encode(), dtype=np.uint8) == ord("1")
+    return np.mean([bits(oa[c]).astype(float) - bits(ob[c]) for c in cells], axis=0)
+
+
+def paired_accuracy(a: Row, b: Row, metric: str) -> Comparison | None:
+    """Retrieval accuracy of a vs b on the same instances (see the module doc), or None with fewer than two seeds
+    that probed the same instances."""
+    name, _, length = metric.rpartition("@")
+    kind = name.split("/")[1]
+    groups = [d for s in sorted(set(a.seeds) & set(b.seeds))
+              if (d := instance_differences(a, b, kind, int(length), s)).size >= 2]
+    if len(groups) < 2:
+        return None
+    means = [float(d.mean()) for d in groups]
+    ps = [1.0 if np.all(d == d[0]) else float(scipy.stats.ttest_1samp(d, 0.0).pvalue) for d in groups]
+    same_sign = all(m > 0 for m in means) or all(m < 0 for m in means)
+    lo, hi = hierarchical_interval(groups)
+    return Comparison(a, b, metric, len(groups), float(np.mean(means)), lo, hi, max(ps) if same_sign else 1.0,
+                      scale="diff")
 
 
 def same_text(a: Row, b: Row) -> bool:
@@ -140,14 +184,20 @@ def compare(rows: Sequence[Row], keys: Sequence[str], metrics: Sequence[str] = C
             lengths: Sequence[int] | None = None, baseline: str | None = None,
             chosen: Sequence[str] | None = None) -> list[Comparison]:
     """Every paired comparison of the report (one Holm family): `metrics` (names without @L) at `lengths`
-    (default: every length both rows have), of the pairs `pairs` picks."""
+    (default: every length both rows have), of the pairs `pairs` picks. Retrieval metrics (probe/...) compare
+    the jobs that acquired retrieval in-window only."""
     out = []
+    learned = {id(r): kept for r in rows for kept in acquired_rows([r])[0]}
     for a, b in pairs(rows, keys, baseline, chosen):
         for name in metrics:
             found = sorted({int(k.rpartition("@")[2]) for j in a.jobs for k in j.metrics
                             if k.startswith(name + "@") and k.rpartition("@")[2].isdigit()})
             for L in found if lengths is None else [L for L in found if L in set(lengths)]:
-                c = paired(a, b, f"{name}@{L}")
+                if name.startswith("probe/"):
+                    c = (paired_accuracy(learned[id(a)], learned[id(b)], f"{name}@{L}")
+                         if id(a) in learned and id(b) in learned else None)
+                else:
+                    c = paired(a, b, f"{name}@{L}")
                 if c is not None:
                     out.append(c)
     for c, p in zip(out, holm([c.p for c in out])):

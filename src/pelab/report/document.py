@@ -140,7 +140,7 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
         comparison_tables(comparisons),
         (),
         (f"{sum(c.resolved for c in comparisons)} of {len(comparisons)} differences resolved (Holm-adjusted "
-         "paired t tests over seeds, 5%); the others are not resolved at their number of seeds."
+         "paired tests, 5%); the others are not resolved at their number of seeds."
          if comparisons else ""),
     )
     longest = max((L for r in rows for L in _extrap_lengths(r)), default=None)

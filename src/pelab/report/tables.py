@@ -355,16 +355,23 @@ def comparison_tables(comparisons: Sequence[Comparison]) -> list[Table]:
     for name in dict.fromkeys(c.metric.rpartition("@")[0] for c in comparisons):
         these = [c for c in comparisons if c.metric.startswith(name + "@")]
         lengths = sorted({int(c.metric.rpartition("@")[2]) for c in these})
+        diff = these[0].scale == "diff"
+        caption = (f"{name} of the first minus the second on the same instances, the mean over seeds of each seed's "
+                   "mean per-instance difference, with its 95% two-level bootstrap interval (seeds, then instances); "
+                   "the Holm-adjusted p (per seed a t test over the instances; the largest p over the seeds, 1 when "
+                   "they disagree in sign: resolved = in every seed)" if diff else
+                   f"{name} of the first over the second, per seed then averaged on the log scale, with its 95% t "
+                   "interval over the seeds (same seed = same batches and evaluation blocks), the Holm-adjusted p")
         t = Table(f"Paired comparisons: {name}", ["pair"] + [str(L) for L in lengths], [],
-                  caption=(f"{name} of the first over the second, per seed then averaged on the log scale, with its "
-                           "95% t interval over the seeds (same seed = same batches and evaluation blocks), the "
-                           f"Holm-adjusted p over all {len(comparisons)} comparisons of this report, and the verdict: "
+                  caption=(f"{caption} over all {len(comparisons)} comparisons of this report, and the verdict: "
                            "resolved where the adjusted p < 0.05."),
                   collapsed=len({(c.a.label, c.b.label) for c in these}) > 12)
+        fmt = (lambda c: f"{c.ratio:+.2f} [{c.lo:+.2f}, {c.hi:+.2f}]") if diff else (
+            lambda c: f"{c.ratio:.3f} [{c.lo:.3f}, {c.hi:.3f}]")
         for a, b in dict.fromkeys((c.a.label, c.b.label) for c in these):
             by_len = {int(c.metric.rpartition("@")[2]): c for c in these if (c.a.label, c.b.label) == (a, b)}
             t.rows.append([f"{a} / {b}"] + [
-                f"{c.ratio:.3f} [{c.lo:.3f}, {c.hi:.3f}] p_adj={c.p_adj:.2g} {c.verdict()}" if (c := by_len.get(L))
+                f"{fmt(c)} p_adj={c.p_adj:.2g} {c.verdict()}" if (c := by_len.get(L))
                 else "—" for L in lengths])
         tables.append(t)
     return tables
