@@ -2,7 +2,7 @@
 schemes and seeds, several runs sharing one H200 at once, sized to finish in --minutes (default 8).
 
     python experiments/gpu/run_study.py length_extrapolation --out outputs/gpu   # 6 schemes x 3 seeds
-    python experiments/gpu/run_study.py lost_in_the_middle --out outputs/gpu     # 6 schemes x 2 seeds, fixed budget
+    python experiments/gpu/run_study.py lost_in_the_middle --out outputs/gpu     # 9 schemes x 2 seeds, fixed budget
     python experiments/gpu/run_study.py context_extension --out outputs/gpu      # parents + 4 scalings x 2 seeds
     python experiments/gpu/run_study.py <study> --plan                           # print the commands and the sizing
     python experiments/gpu/run_study.py <study> --cpu-smoke --out /tmp/smoke     # the same machinery, tiny, on CPU
@@ -52,7 +52,7 @@ STUDIES = {
                                   800_000, 16 * 128, ["probes.enabled=false", "eval.at=[0.25,0.5]"]),
     # model=recall (d = 128, 2 layers, 2 heads of 64): 0.4 M parameters; batch 32 x 128; a fixed budget, no stop
     "lost_in_the_middle": Study("lost_in_the_middle", "lost_in_the_middle",
-                                ["nope", "sinusoidal", "learned", "rope", "xpos", "t5_bias", "alibi", "fire"], [0, 1],
+                                ["rope", "alibi", "nope", "sinusoidal", "learned", "t5_bias", "xpos", "kerple", "fire"], [0, 1],
                                 1000, 400_000, 32 * 128, ["callbacks.retrieval_criterion.stop=false"]),
     # v3: a rope parent at 128 tokens (the default run: model=recall, text + mqar rows, 900 steps) and its children
     # at 512 (none / linear / ntk / yarn, experiment=context_extension_child) plus the control arm
