@@ -153,3 +153,14 @@ def test_context_extension_children_read_as_budgets_with_a_training_free_row(tmp
                  if t.title == "Along training: extrap/ppl@2048")
     assert table.columns == ["setting", "0M end", "0.205M end", "0.41M end"]  # 8 x 512 tokens a step
     assert table.rows == [["rope", "9.500", "6.000", "5.500"]]
+
+
+def test_a_pair_of_whole_labels_may_differ_in_several_settings(study):
+    for s, base in zip(SEEDS, BASE):  # big at another budget: differs from base in two settings
+        run(study / f"big_long_s{s}", "big", s, base * math.exp(DIFFS["big"][s] + 0.5), steps=400)
+    rows, shown = rows_of(study)
+    assert not [c for c in compare(rows, shown, ["extrap/ppl_ratio"]) if
+                {c.a.label, c.b.label} == {"big trainer.max_steps=400", "base trainer.max_steps=100"}]
+    cs = compare(rows, shown, ["extrap/ppl_ratio"], chosen=["big trainer.max_steps=400/base trainer.max_steps=100"])
+    assert [(c.a.label, c.b.label) for c in cs] == [("big trainer.max_steps=400", "base trainer.max_steps=100")]
+    assert cs[0].ratio == pytest.approx(math.exp(1.5))

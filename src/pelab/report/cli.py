@@ -34,8 +34,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compare-lengths", nargs="+", type=int, default=None, metavar="L",
                    help="compare at these lengths only (default: every length): a smaller family, more power")
     p.add_argument("--pairs", nargs="+", default=None, metavar="A/B",
-                   help="compare only these pairs of rows (A, B: the first words of row labels, e.g. sinusoidal/rope; "
-                        "at every value of the other settings): the claims a study set out to test, one family")
+                   help="compare only these pairs of rows (A, B: the first words of row labels, e.g. sinusoidal/rope, "
+                        "at every value of the other settings; or two whole row labels, quoted, for one pair that "
+                        "differs in several settings): the claims a study set out to test, one family")
     p.add_argument(
         "--wandb",
         action="store_true",

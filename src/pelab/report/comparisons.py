@@ -82,7 +82,8 @@ def paired(a: Row, b: Row, metric: str) -> Comparison | None:
         return None
     x, y = np.log([va[s] for s in seeds]), np.log([vb[s] for s in seeds])
     d = x - y
-    if np.all(d == d[0]):  # identical differences: no spread to test (e.g. a ratio at the training length)
+    if np.ptp(d) <= 1e-9 * max(1.0, float(np.abs(d).max())):  # identical differences (up to rounding): no spread
+        # to test (e.g. a ratio at the training length)
         return None
     res = scipy.stats.ttest_rel(x, y)
     ci = res.confidence_interval(1 - ALPHA)
@@ -146,14 +147,24 @@ def named(label: str, name: str) -> bool:
 def pairs(rows: Sequence[Row], keys: Sequence[str], baseline: str | None = None,
           chosen: Sequence[str] | None = None) -> list[tuple[Row, Row]]:
     """The row pairs to compare (see the module doc); `chosen` ("A/B" each) keeps the pairs of rows named A and
-    B (`named`), e.g. the claims a study set out to test: a smaller family, more power. A `baseline` that names
+    B (`named`: at every value of the other settings), or, where A and B are two whole row labels, that one pair
+    even if it differs in more than one setting (e.g. a fine-tuned child against its control arm): the claims a
+    study set out to test, a smaller family, more power. A `baseline` that names
     no row, or whose runs saw other seeds or other text than a row, and a chosen pair that matches none, are
     one-line errors."""
     if chosen:
         every = pairs(rows, keys)
+        by_label = {r.label: r for r in rows}
         out = []
         for spec in chosen:
             a_name, sep, b_name = spec.partition("/")
+            if a_name in by_label and b_name in by_label:  # two whole labels: that pair, whatever else differs
+                a, b = by_label[a_name], by_label[b_name]
+                found = [(a, b)] if same_text(a, b) and len(set(a.seeds) & set(b.seeds)) >= 2 else []
+                out += found
+                if not found:
+                    raise ReportError(f"--pairs {spec!r}: the two rows do not share two seeds and the evaluation text")
+                continue
             found = [(a, b) for a, b in every if named(a.label, a_name) and named(b.label, b_name)]
             found += [(b, a) for a, b in every if named(b.label, a_name) and named(a.label, b_name)]
             if not sep or not found:
