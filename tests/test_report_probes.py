@@ -168,3 +168,33 @@ def test_declared_retrieval_comparisons_hold_only_in_every_seed(tmp_path):
     md = report.build_report([tmp_path], tmp_path / "out", compare=["probe/mqar/acc"],
                              pairs=["alibi/rope", "xpos/rope"]).markdown
     assert f"| alibi / rope | +0.40 [{a.lo:+.2f}, {a.hi:+.2f}] p_adj=" in md and "resolved = in every seed" in md
+
+
+def _by_depth(bits: dict[float, str], length: int = 256) -> ProbeResult:
+    """mqar at one length with its own outcome bits at each depth."""
+    res = ProbeResult(kinds=["mqar"], depths=DEPTHS, lengths=[length], train_length=128)
+    for d in DEPTHS:
+        b = bits[d]
+        c = res.cells[("mqar", d, length)] = ProbeCell("mqar", d, length, chance=1 / 64, chance_copy=1 / 8)
+        c.n, c.outcomes, c.acc = len(b), b, b.count("1") / len(b)
+        c.lo, c.hi = stats.wilson(b.count("1"), len(b))
+    return res
+
+
+def test_depth_curve_shape_names_u_recency_and_flat_with_intervals(tmp_path):
+    from pelab.report.probe_tables import curve_shape
+
+    n = 100
+    hi, mid, lo = "1" * 90 + "0" * 10, "1" * 50 + "0" * 50, "1" * 10 + "0" * 90
+    _write(tmp_path / "nope", "nope", _by_depth({0.0: hi, 0.5: mid, 1.0: hi}))  # both edges above the middle
+    _write(tmp_path / "rope", "rope", _by_depth({0.0: lo, 0.5: mid, 1.0: hi}))  # rising towards the query
+    _write(tmp_path / "alibi", "alibi", _by_depth({0.0: "1" * n, 0.5: "1" * n, 1.0: "1" * n}))  # all retrieved
+    built = report.build_report([tmp_path], tmp_path / "out")
+    header, rows = _table(built.markdown, "mqar: shape of the depth curve")
+    assert header == ["encoding", "seeds", "256"]
+    cells = {r[0]: r[2] for r in rows}
+    assert cells["nope"].startswith("U: +0.40 [") and cells["rope"].startswith("recency: -0.40 [")
+    # every instance retrieved at every depth: no difference, and a Wilson-sized interval, not [0, 0]
+    assert cells["alibi"].startswith("flat: +0.00 [-0.04, +0.04] / +0.00 [-0.04, +0.04]")
+    assert curve_shape((-0.3, -0.4, -0.2), (-0.3, -0.4, -0.2)) == "∩"
+    assert curve_shape((0.2, 0.1, 0.3), (0.0, -0.1, 0.1)) == "primacy"

@@ -69,6 +69,22 @@ def hierarchical_interval(groups: Sequence[Sequence[float]], level: float = LEVE
     return float(lo), float(hi)
 
 
+def difference_interval(groups: Sequence[Sequence[float]], seed: int = 0) -> tuple[float, float, float]:
+    """(mean, lo, hi) of per-instance differences in [-1, 1], one group per seed: the mean of the seeds' means, a
+    two-level bootstrap over seeds then instances with several seeds, a bootstrap over the instances with one; when
+    every instance of every seed gave the same difference, the bound of ``uniform_gap_interval`` (a bootstrap
+    would claim no uncertainty)."""
+    gs = [np.asarray(g, dtype=float) for g in groups if len(g)]
+    if not gs:
+        return float("nan"), float("nan"), float("nan")
+    mean = float(np.mean([g.mean() for g in gs]))
+    values = np.concatenate(gs)
+    if values.min() == values.max():
+        return (mean, *uniform_gap_interval(mean, values.size))
+    lo, hi = hierarchical_interval(gs, seed=seed) if len(gs) > 1 else mean_interval(gs[0], seed=seed)
+    return mean, lo, hi
+
+
 def t_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, float]:
     """Student-t interval of the mean of a few independent values (e.g. one per seed): mean +- t(n-1) s / sqrt(n)
     (``scipy.stats.t``); with 3 values t = 4.30. (nan, nan) with fewer than two or a non-finite value."""

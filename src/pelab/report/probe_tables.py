@@ -8,13 +8,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pelab.evaluation.stats import mcnemar
+from pelab.evaluation.stats import difference_interval, mcnemar
 from pelab.report.aggregation import (
     OFFSET_KIND,
     Row,
     aggregate,
     offset_cells,
     paired_outcomes,
+    probe_outcomes,
     probe_panel,
 )
 from pelab.report.tables import (
@@ -144,6 +145,70 @@ def offset_table(rows: Sequence[Row]) -> Table | None:
     return t
 
 
+def edge_differences(row: Row, kind: str, length: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per seed, per instance: the outcome at the first depth (the start of the context, farthest from the query)
+    minus the mean over the interior depths, and the same for the last depth (nearest the query). Empty where a
+    seed probed fewer than three depths at `length`."""
+    first, last = [], []
+    for j in row.jobs:
+        o = probe_outcomes(j, kind)
+        depths = sorted(d for d, L in o if L == length)
+        if len(depths) < 3:
+            continue
+        n = min(len(o[(d, length)]) for d in depths)
+        x = np.array([[c == "1" for c in o[(d, length)][:n]] for d in depths], dtype=float)  # (depths, instances)
+        middle = x[1:-1].mean(axis=0)
+        first.append(x[0] - middle)
+        last.append(x[-1] - middle)
+    return first, last
+
+
+def curve_shape(first: tuple[float, float, float], last: tuple[float, float, float]) -> str:
+    """The depth curve from its two edge-minus-middle differences (mean, lo, hi): U where both edges are above the
+    middle (both intervals above 0), primacy / recency where only the first / last is, a dip the other way (∩)
+    where both are below, flat where neither interval excludes 0."""
+    up = (first[1] > 0, last[1] > 0)
+    down = (first[2] < 0, last[2] < 0)
+    if all(up):
+        return "U"
+    if all(down):
+        return "∩"
+    if up[0] and not up[1]:
+        return "primacy"
+    if up[1] and not up[0]:
+        return "recency"
+    return "flat" if not any(down) else ("falls at the start" if down[0] else "falls at the end")
+
+
+def shape_table(rows: Sequence[Row], kind: str) -> Table | None:
+    """Per row and length: the shape of the accuracy-by-depth curve (curve_shape) and the two edge-minus-middle
+    differences with their 95% intervals (per instance, the same instances at every depth; seeds, then instances,
+    with several seeds)."""
+    cells: dict[str, dict[int, str]] = {}
+    lengths: set[int] = set()
+    for r in rows:
+        for L in sorted({L for j in r.jobs for _, L in probe_outcomes(j, kind)}):
+            first, last = edge_differences(r, kind, L)
+            if not first:
+                continue
+            f, la = difference_interval(first), difference_interval(last)
+            cells.setdefault(r.label, {})[L] = (f"{curve_shape(f, la)}: {f[0]:+.2f} [{f[1]:+.2f}, {f[2]:+.2f}] / "
+                                                f"{la[0]:+.2f} [{la[1]:+.2f}, {la[2]:+.2f}]")
+            lengths.add(L)
+    if not cells:
+        return None
+    cols = sorted(lengths)
+    t = Table(f"{kind}: shape of the depth curve", ["encoding", "seeds"] + [str(L) for L in cols], [], caption=(
+        "Accuracy at the first depth (start of the context, farthest from the query) minus the interior depths' "
+        "mean / at the last depth (nearest the query) minus the interior mean, per instance, with 95% intervals "
+        "(several seeds: seeds, then instances). U = both edges above the middle; primacy / recency = only the "
+        "first / last; flat = neither interval excludes 0."))
+    for r in rows:
+        if r.label in cells:
+            t.rows.append([r.label, ",".join(map(str, r.seeds))] + [cells[r.label].get(L, "—") for L in cols])
+    return t
+
+
 def probe_tables(rows: Sequence[Row], kind: str) -> list[Table]:
     """Per kind: a summary at the training length, accuracy (mean over depths) by length, the
     lost-in-the-middle gap by length, the gold's log-probability, paired comparisons between rows, and
@@ -159,7 +224,7 @@ def probe_tables(rows: Sequence[Row], kind: str) -> list[Table]:
         f"probe/{kind}/logprob@{{L}}",
         f"{kind}: mean log-probability of the gold answer tokens (mean over depths)",
     )
-    out += [acc, gap, logprob, paired_table(rows, kind)]
+    out += [acc, gap, shape_table(rows, kind) if kind != OFFSET_KIND else None, logprob, paired_table(rows, kind)]
     for r in rows:
         p = probe_panel(r, kind)
         if p is None:
