@@ -114,11 +114,17 @@ def test_runs_that_did_not_acquire_retrieval_are_labelled_and_not_plotted(tmp_pa
     _write(runs / "2", "nope", right, seed=1, **{"train/retrieval_acc": 0.96, "train/steps_to_criterion": 2900.0})
     built = report.build_report([runs], tmp_path / "out")
     header, rows = _table(built.markdown, "Retrieval training: the in-window criterion")
-    assert header == ["encoding", "seeds", "steps to criterion", "in-window accuracy at stop"]
-    assert rows == [["rope", "0", "350", "0.970"], ["nope", "0,1", "not acquired (cap 3000), 2900", "0.130, 0.960"]]
+    assert header == ["encoding", "seeds", "steps to criterion", "in-window accuracy at the end"]
+    assert rows == [["rope", "0", "350", "0.970"],
+                    ["nope", "0,1", "not acquired (by step 3000), 2900", "0.130, 0.960"]]
+    assert "training stops once it reaches the threshold" in built.markdown  # the callback's default, stop=true
     assert "left out of the probe tables and figures: nope (seed 0)." in built.markdown
     _, summary = _table(built.markdown, "mqar: summary at the training length")
     assert {r[0]: r[2] for r in summary}["nope"] == "1.00 [0.72, 1.00]"  # only the seed that acquired it
+    # the seed that never acquired it: in a table of its own, after the others
+    _, own = _table(built.markdown, "mqar, not acquired: accuracy (mean over depths)")
+    assert [(r[0], r[1], r[2]) for r in own] == [("nope", "0", "**0.00 [0.00, 0.28]**")]
+    assert built.markdown.index("## Runs that did not acquire retrieval") > built.markdown.index("## Probe: mqar")
 
 
 def test_the_report_recomputes_probe_intervals_from_the_outcomes_a_summary_keeps():

@@ -261,6 +261,17 @@ def acquired(job: Job) -> bool | None:
     return retrieval_acquired(job.metrics)
 
 
+def not_acquired_rows(rows: Sequence[Row]) -> list[Row]:
+    """The rows restricted to jobs that did not acquire retrieval in-window: shown in tables of their own, never
+    beside (or compared with) the runs that learned it."""
+    out = []
+    for r in rows:
+        jobs = [j for j in r.jobs if acquired(j) is False]
+        if jobs:
+            out.append(Row(r.label, r.train_length, jobs))
+    return out
+
+
 def acquired_rows(rows: Sequence[Row]) -> tuple[list[Row], list[str]]:
     """The rows restricted to jobs that acquired retrieval in-window (or had no criterion), and the labels
     of the jobs left out: their probes beyond the window measure nothing learned, so they are not plotted or

@@ -9,12 +9,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pelab.report.aggregation import OFFSET_KIND, Row, acquired_rows, group_rows, probe_kinds, probe_panel
+from pelab.report.aggregation import (
+    OFFSET_KIND,
+    Row,
+    acquired_rows,
+    group_rows,
+    not_acquired_rows,
+    probe_kinds,
+    probe_panel,
+)
 from pelab.report.comparisons import COMPARED
 from pelab.report.comparisons import compare as compare_rows
 from pelab.report.discovery import Job, find_jobs
 from pelab.report.figures import make_figures
-from pelab.report.probe_tables import offset_table, paired_table, probe_tables
+from pelab.report.probe_tables import offset_table, paired_table, probe_tables, shape_table
 from pelab.report.tables import (
     Table,
     along_training_table,
@@ -206,6 +214,16 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
     section(
         f"Probe: {OFFSET_KIND} (position vs distance)",
         [offset_table(probed), paired_table(probed, OFFSET_KIND)],
+    )
+    unlearned = not_acquired_rows(rows)
+    section(
+        "Runs that did not acquire retrieval",
+        [t for kind in probe_kinds(unlearned) if kind != OFFSET_KIND for t in (
+            interval_table(unlearned, f"probe/{kind}/acc", f"{kind}, not acquired: accuracy (mean over depths)"),
+            shape_table(unlearned, kind))] if unlearned else [],
+        text=("Their in-window accuracy never reached the criterion, so what they retrieve past the window is not "
+              "read as extrapolation; shown for what they did learn (e.g. the shape of their depth curves)."
+              if unlearned else ""),
     )
     section("Probe heatmaps", [], ["probe_heatmaps"])
     if ok:

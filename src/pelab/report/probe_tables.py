@@ -202,7 +202,8 @@ def shape_table(rows: Sequence[Row], kind: str) -> Table | None:
         "Accuracy at the first depth (start of the context, farthest from the query) minus the interior depths' "
         "mean / at the last depth (nearest the query) minus the interior mean, per instance, with 95% intervals "
         "(several seeds: seeds, then instances). U = both edges above the middle; primacy / recency = only the "
-        "first / last; flat = neither interval excludes 0."))
+        "first / last above it (the other level or below); ∩ = both below; falls at the start / end = one edge below, "
+        "the other level; flat = neither interval excludes 0."))
     for r in rows:
         if r.label in cells:
             t.rows.append([r.label, ",".join(map(str, r.seeds))] + [cells[r.label].get(L, "—") for L in cols])
