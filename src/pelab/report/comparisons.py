@@ -52,12 +52,15 @@ class Comparison:
     p: float
     p_adj: float = math.nan
     scale: str = "log"  # log: ratio a / b and its interval; diff: difference a - b (retrieval accuracy)
+    note: str = ""  # why a declared pair was not tested (then p is NaN and it is not in the Holm family)
 
     @property
     def resolved(self) -> bool:
         return self.p_adj < ALPHA
 
     def verdict(self) -> str:
+        if self.note:
+            return self.note
         return "resolved" if self.resolved else f"not resolved at {self.n} seeds"
 
 
@@ -205,12 +208,15 @@ def compare(rows: Sequence[Row], keys: Sequence[str], metrics: Sequence[str] = C
                             if k.startswith(name + "@") and k.rpartition("@")[2].isdigit()})
             for L in found if lengths is None else [L for L in found if L in set(lengths)]:
                 if name.startswith("probe/"):
-                    c = (paired_accuracy(learned[id(a)], learned[id(b)], f"{name}@{L}")
-                         if id(a) in learned and id(b) in learned else None)
+                    unlearned = [r.label for r in (a, b) if id(r) not in learned]
+                    c = (paired_accuracy(learned[id(a)], learned[id(b)], f"{name}@{L}") if not unlearned else
+                         Comparison(a, b, f"{name}@{L}", 0, math.nan, math.nan, math.nan, math.nan, scale="diff",
+                                    note=f"not compared: {' and '.join(unlearned)} did not acquire retrieval"))
                 else:
                     c = paired(a, b, f"{name}@{L}")
                 if c is not None:
                     out.append(c)
-    for c, p in zip(out, holm([c.p for c in out])):
+    tested = [c for c in out if not c.note]
+    for c, p in zip(tested, holm([c.p for c in tested])):
         c.p_adj = p
     return out

@@ -147,7 +147,8 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
         "Paired comparisons",
         comparison_tables(comparisons),
         (),
-        (f"{sum(c.resolved for c in comparisons)} of {len(comparisons)} differences resolved (Holm-adjusted "
+        (f"{sum(c.resolved for c in comparisons)} of {sum(not c.note for c in comparisons)} differences resolved "
+         "(Holm-adjusted "
          "paired tests, 5%); the others are not resolved at their number of seeds."
          if comparisons else ""),
     )

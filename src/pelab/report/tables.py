@@ -370,7 +370,8 @@ def comparison_tables(comparisons: Sequence[Comparison]) -> list[Table]:
                    f"{name} of the first over the second, per seed then averaged on the log scale, with its 95% t "
                    "interval over the seeds (same seed = same batches and evaluation blocks), the Holm-adjusted p")
         t = Table(f"Paired comparisons: {name}", ["pair"] + [str(L) for L in lengths], [],
-                  caption=(f"{caption} over all {len(comparisons)} comparisons of this report, and the verdict: "
+                  caption=(f"{caption} over all {sum(not c.note for c in comparisons)} comparisons of this report, "
+                           "and the verdict: "
                            "resolved where the adjusted p < 0.05."),
                   collapsed=len({(c.a.label, c.b.label) for c in these}) > 12)
         fmt = (lambda c: f"{c.ratio:+.2f} [{c.lo:+.2f}, {c.hi:+.2f}]") if diff else (
@@ -378,7 +379,7 @@ def comparison_tables(comparisons: Sequence[Comparison]) -> list[Table]:
         for a, b in dict.fromkeys((c.a.label, c.b.label) for c in these):
             by_len = {int(c.metric.rpartition("@")[2]): c for c in these if (c.a.label, c.b.label) == (a, b)}
             t.rows.append([f"{a} / {b}"] + [
-                f"{fmt(c)} p_adj={c.p_adj:.2g} {c.verdict()}" if (c := by_len.get(L))
+                (c.verdict() if c.note else f"{fmt(c)} p_adj={c.p_adj:.2g} {c.verdict()}") if (c := by_len.get(L))
                 else "—" for L in lengths])
         tables.append(t)
     return tables
