@@ -205,3 +205,16 @@ def test_depth_curve_shape_names_u_recency_and_flat_with_intervals(tmp_path):
     assert cells["alibi"].startswith("flat: +0.00 [-0.04, +0.04] / +0.00 [-0.04, +0.04]")
     assert curve_shape((-0.3, -0.4, -0.2), (-0.3, -0.4, -0.2)) == "∩"
     assert curve_shape((0.2, 0.1, 0.3), (0.0, -0.1, 0.1)) == "primacy"
+
+
+def test_several_seeds_that_retrieve_everything_keep_an_interval(tmp_path):
+    """Two seeds, every instance right at every depth: a bootstrap over seeds and instances can only redraw 1.0;
+    the cell is Wilson over the seeds' instances together (20 of 20), as one seed's is over its own."""
+    for s in (0, 1):
+        _write(tmp_path / f"alibi_s{s}", "alibi", _result({128: "1" * 10, 256: "1" * 9 + "0"}), seed=s)
+    md = report.build_report([tmp_path], tmp_path / "out").markdown
+    _, rows = _table(md, "mqar: accuracy (mean over depths)")
+    lo = stats.wilson(20, 20)[0]
+    assert rows[0][2] == f"**1.00 [{lo:.2f}, 1.00] (2 seeds)**" and lo < 0.9
+    # 9 of 10 instances in each seed: never narrower than Wilson over the 60 outcomes
+    assert rows[0][3].startswith("0.90 [") and float(rows[0][3].split("[")[1].split(",")[0]) <= stats.wilson(54, 60)[0]

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pelab.evaluation.stats import edge_mask, hierarchical_interval, t_interval
+from pelab.evaluation.stats import difference_interval, edge_mask, t_interval, wilson
 from pelab.report.aggregation import (
     Row,
     acquired,
@@ -118,8 +118,17 @@ def interval_cell(row: Row, metric: str, digits: int = 2) -> str:
     if probe and len(vals) == len(row.jobs) > 1 and all(math.isfinite(v) for v in vals):
         groups = [instance_scores(j, probe[1], int(length), probe[2]) for j in row.jobs]
         if all(len(g) for g in groups):  # seeds, then instances: both kinds of spread
-            lo, hi = hierarchical_interval(groups)
+            mid, lo, hi = difference_interval(groups)  # (all instances alike: a bound, not [x, x])
             mid = statistics.fmean(vals)
+            if probe[2] == "acc":  # the rules of one seed (stats.depth_summary), over the seeds' instances together
+                scores = np.concatenate(groups)
+                if scores.min() == scores.max() and scores[0] in (0.0, 1.0):  # all alike: Wilson over the instances
+                    lo, hi = wilson(int(scores[0]) * scores.size, scores.size)
+                else:  # never narrower than Wilson over every outcome
+                    bits = [b for j in row.jobs for (_, L), b in probe_outcomes(j, probe[1]).items()
+                            if L == int(length)]
+                    w_lo, w_hi = wilson(sum(b.count("1") for b in bits), sum(map(len, bits)))
+                    lo, hi = min(lo, w_lo), max(hi, w_hi)
             return f"{fmt_number(mid, digits)} [{fmt_number(lo, digits)}, {fmt_number(hi, digits)}] ({len(vals)} seeds)"
     if len(vals) == len(row.jobs) > 1 and all(math.isfinite(v) for v in vals):
         if name.rpartition("/")[2].startswith("ppl"):  # perplexities and their ratios: on the log scale
