@@ -32,10 +32,12 @@ def _result(bits: dict[int, str], offset: dict[int, str] | None = None) -> Probe
     return res
 
 
-def _write(folder: Path, pe: str, res: ProbeResult, probe_seed: int = 1234, seed: int = 0, **metrics) -> None:
+def _write(folder: Path, pe: str, res: ProbeResult, probe_seed: int = 1234, seed: int = 0, mix: float | None = None,
+           **metrics) -> None:
+    data = {"seq_len": 128} if mix is None else {"seq_len": 128, "recall_mix": mix}
     write_summary(folder, {
         "status": "ok",
-        "config": {"pe": {"name": pe}, "model": {"name": "tiny"}, "data": {"seq_len": 128}, "seed": seed,
+        "config": {"pe": {"name": pe}, "model": {"name": "tiny"}, "data": data, "seed": seed,
                    "probes": {"seed": probe_seed, "samples": 10}, "trainer": {"max_steps": 3000}},
         "data": {"fingerprint": {"key": "f00d"}},
         "metrics": {"val/ppl": 10.0, **res.metrics(), **metrics},
@@ -161,9 +163,12 @@ def test_declared_retrieval_comparisons_hold_only_in_every_seed(tmp_path):
                **{"train/retrieval_acc": 0.99, "train/steps_to_criterion": 300})
         _write(tmp_path / f"nope_s{s}", "nope", _result({256: better}), seed=s,
                **{"train/retrieval_acc": 0.5, "train/steps_to_criterion": float("nan")})  # never acquired
+        _write(tmp_path / f"t5_bias_s{s}", "t5_bias", _result({256: better}), seed=s,  # acquired in seed 0 only
+               **{"train/retrieval_acc": 0.99 if s == 0 else 0.1, "train/steps_to_criterion": 300 if s == 0 else "nan"})
     g = group_rows(find_jobs([tmp_path]))
     cs = {c.a.label: c for c in compare(g.rows, g.shown, ["probe/mqar/acc"],
-                                        chosen=["alibi/rope", "xpos/rope", "nope/rope"])}
+                                        chosen=["alibi/rope", "xpos/rope", "nope/rope", "t5_bias/rope"])}
+    assert cs["t5_bias"].note == "not compared: fewer than two seeds acquired retrieval in both rows"
     assert cs["nope"].note == "not compared: nope did not acquire retrieval" and math.isnan(cs["nope"].p_adj)
     a, x = cs["alibi"], cs["xpos"]
     assert a.scale == "diff" and a.ratio == pytest.approx(0.4) and 0.2 < a.lo < 0.4 < a.hi < 0.6  # instances only
@@ -218,3 +223,15 @@ def test_several_seeds_that_retrieve_everything_keep_an_interval(tmp_path):
     assert rows[0][2] == f"**1.00 [{lo:.2f}, 1.00] (2 seeds)**" and lo < 0.9
     # 9 of 10 instances in each seed: never narrower than Wilson over the 60 outcomes
     assert rows[0][3].startswith("0.90 [") and float(rows[0][3].split("[")[1].split(",")[0]) <= stats.wilson(54, 60)[0]
+
+
+def test_retrieval_only_runs_get_no_perplexity_sections_and_offset_intervals_over_seeds(tmp_path):
+    """data.recall_mix=1 everywhere: no text was trained, so no perplexity table; mqar_offset with two seeds reads
+    an interval over seeds and instances, not mean ± std."""
+    for s in (0, 1):
+        res = _result({128: "1" * 10}, {0: "1" * 10, 3: "1" * 6 + "0" * 4})
+        _write(tmp_path / f"rope_s{s}", "rope", res, seed=s, mix=1.0, **{"extrap/ppl@128": 5e4})
+    md = report.build_report([tmp_path], tmp_path / "out").markdown
+    assert "No run trained on text" in md and "## Perplexity" not in md
+    _, rows = _table(md, f"{OFFSET_KIND}: position vs distance")
+    assert rows[0][2] == f"1.00 [{stats.wilson(20, 20)[0]:.2f}, 1.00] (2 seeds)" and rows[0][3].startswith("0.60 [")

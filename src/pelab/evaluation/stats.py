@@ -85,6 +85,25 @@ def difference_interval(groups: Sequence[Sequence[float]], seed: int = 0) -> tup
     return mean, lo, hi
 
 
+def seeds_accuracy_interval(outcomes: Sequence[Sequence[Sequence[bool]]], seed: int = 0) -> tuple[float, float, float]:
+    """(mean, lo, hi) of an accuracy over several seeds: ``outcomes[s][i][j]`` is seed s, instance j at depth i (one
+    depth for mqar_offset). The rules of one seed (``depth_summary``) over the seeds together: a two-level bootstrap of
+    the instances' mean outcomes (seeds, then instances), never narrower than Wilson over every outcome, and Wilson
+    over the instances when every instance of every seed scored alike."""
+    scores = [np.asarray(o, dtype=float).mean(axis=0) for o in outcomes if len(o) and len(o[0])]
+    if not scores:
+        return float("nan"), float("nan"), float("nan")
+    mean = float(np.mean([s.mean() for s in scores]))
+    pooled = np.concatenate(scores)
+    if pooled.min() == pooled.max() and pooled[0] in (0.0, 1.0):
+        return (mean, *wilson(int(pooled[0]) * pooled.size, pooled.size))
+    lo, hi = hierarchical_interval(scores, seed=seed) if len(scores) > 1 else mean_interval(scores[0], seed=seed)
+    k = sum(int(np.asarray(o, dtype=bool).sum()) for o in outcomes)
+    n = sum(np.asarray(o).size for o in outcomes)
+    w_lo, w_hi = wilson(k, n)
+    return mean, min(lo, w_lo), max(hi, w_hi)
+
+
 def t_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, float]:
     """Student-t interval of the mean of a few independent values (e.g. one per seed): mean +- t(n-1) s / sqrt(n)
     (``scipy.stats.t``); with 3 values t = 4.30. (nan, nan) with fewer than two or a non-finite value."""

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import scipy.stats
 
-from pelab.evaluation.stats import hierarchical_interval
+from pelab.evaluation.stats import difference_interval
 from pelab.report.aggregation import Row, acquired_rows, pairing_key, probe_outcomes, settings
 from pelab.report.discovery import ReportError
 
@@ -123,7 +123,7 @@ def paired_accuracy(a: Row, b: Row, metric: str) -> Comparison | None:
     means = [float(d.mean()) for d in groups]
     ps = [1.0 if np.all(d == d[0]) else float(scipy.stats.ttest_1samp(d, 0.0).pvalue) for d in groups]
     same_sign = all(m > 0 for m in means) or all(m < 0 for m in means)
-    lo, hi = hierarchical_interval(groups)
+    _, lo, hi = difference_interval(groups)  # (no instance differing: a bound, not [0, 0])
     return Comparison(a, b, metric, len(groups), float(np.mean(means)), lo, hi, max(ps) if same_sign else 1.0,
                       scale="diff")
 
@@ -209,9 +209,12 @@ def compare(rows: Sequence[Row], keys: Sequence[str], metrics: Sequence[str] = C
             for L in found if lengths is None else [L for L in found if L in set(lengths)]:
                 if name.startswith("probe/"):
                     unlearned = [r.label for r in (a, b) if id(r) not in learned]
-                    c = (paired_accuracy(learned[id(a)], learned[id(b)], f"{name}@{L}") if not unlearned else
-                         Comparison(a, b, f"{name}@{L}", 0, math.nan, math.nan, math.nan, math.nan, scale="diff",
-                                    note=f"not compared: {' and '.join(unlearned)} did not acquire retrieval"))
+                    c = paired_accuracy(learned[id(a)], learned[id(b)], f"{name}@{L}") if not unlearned else None
+                    if c is None:  # said, not dropped: a declared claim that could not be tested
+                        why = (f"{' and '.join(unlearned)} did not acquire retrieval" if unlearned else
+                               "fewer than two seeds acquired retrieval in both rows")
+                        c = Comparison(a, b, f"{name}@{L}", 0, math.nan, math.nan, math.nan, math.nan, scale="diff",
+                                       note=f"not compared: {why}")
                 else:
                     c = paired(a, b, f"{name}@{L}")
                 if c is not None:

@@ -128,21 +128,28 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
                 md.extend(([f"**{t.title}**", ""] if t.title != heading else []) + [t.markdown(), ""])
         md.extend(f"![{k}]({figures[k].name})" for k in figs)
 
+    # Perplexity is read only where a run trained on text: a retrieval-only run (data.recall_mix=1, loss on the
+    # answers) has no language model to score.
+    text_rows = [r for r in rows if any(float(j.setting("data.recall_mix") or 0.0) < 1.0 for j in r.jobs)]
+    if rows and not text_rows:
+        md += ["", ("No run trained on text (data.recall_mix=1: recall rows only): the perplexity sections are "
+                    "left out.")]
     section(
         "Perplexity vs evaluation length",
-        [interval_table(rows, "extrap/ppl", "Perplexity, non-overlapping windows of L tokens",
+        [interval_table(text_rows, "extrap/ppl", "Perplexity, non-overlapping windows of L tokens",
                         protocol="nonoverlap")],
-        ["ppl_vs_length"],
+        ["ppl_vs_length"] if text_rows else [],
         "Every length scores the same tokens; a window of L tokens sees context back to its own start only. "
         + evaluated_on(ok),
     )
     section(
         "Perplexity ratio",
-        [interval_table(rows, "extrap/ppl_ratio", "ppl@L / ppl@training length", digits=3)],
+        [interval_table(text_rows, "extrap/ppl_ratio", "ppl@L / ppl@training length", digits=3)],
         text="A single run's interval is a paired bootstrap over its evaluation blocks (the blocks' difficulty "
         "cancels).",
     )
-    comparisons = compare_rows(rows, shown, compare or COMPARED, compare_lengths, baseline, pairs) if rows else []
+    metrics = compare or (COMPARED if text_rows else [])  # no perplexity to compare where no run saw text
+    comparisons = compare_rows(rows, shown, metrics, compare_lengths, baseline, pairs) if rows and metrics else []
     section(
         "Paired comparisons",
         comparison_tables(comparisons),
@@ -152,35 +159,35 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
          "paired tests, 5%); the others are not resolved at their number of seeds."
          if comparisons else ""),
     )
-    longest = max((L for r in rows for L in _extrap_lengths(r)), default=None)
-    along, warnings = along_training_table(rows, f"extrap/ppl_ratio@{longest}") if longest else (None, [])
+    longest = max((L for r in text_rows for L in _extrap_lengths(r)), default=None)
+    along, warnings = along_training_table(text_rows, f"extrap/ppl_ratio@{longest}") if longest else (None, [])
     section(
         "Along training",
-        [along, along_training_table(rows, f"extrap/ppl@{longest}")[0] if along else None],
-        ["along_training"],
+        [along, along_training_table(text_rows, f"extrap/ppl@{longest}")[0] if along else None],
+        ["along_training"] if text_rows else [],
         " ".join(["Extrapolation measured during training (eval.at) and at the end of runs of each budget."]
                  + [f"**Warning:** {w}" for w in warnings]),
     )
     section(
         "Sliding window",
-        [interval_table(rows, "extrap/ppl_sliding",
+        [interval_table(text_rows, "extrap/ppl_sliding",
                         "Perplexity, sliding windows of L tokens (stride = training length)", protocol="sliding")],
     )
     section(
         "Bits per byte",
-        [metric_table(rows, "extrap/bpb@{L}", "Bits per byte, non-overlapping windows", digits=3)],
+        [metric_table(text_rows, "extrap/bpb@{L}", "Bits per byte, non-overlapping windows", digits=3)],
     )
     section(
         "Convergence",
-        [convergence_table(rows)],
-        ["val_curve"],
+        [convergence_table(text_rows)],
+        ["val_curve"] if text_rows else [],
         "Is in-window perplexity flat at the end of training? (A comparison made before it is can change "
         "with more steps.)",
     )
     section(
         "Loss by position",
         [],
-        ["loss_by_position"],
+        ["loss_by_position"] if text_rows else [],
         "Mean NLL by position in the window at the longest evaluated length (dashed line: training length).",
     )
     section(

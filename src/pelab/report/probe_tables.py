@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pelab.evaluation.stats import difference_interval, mcnemar
+from pelab.evaluation.stats import difference_interval, mcnemar, seeds_accuracy_interval
 from pelab.report.aggregation import (
     OFFSET_KIND,
     Row,
@@ -129,7 +129,7 @@ def offset_table(rows: Sequence[Row]) -> Table | None:
     cols = ["encoding", seeds] + [f"prefix {m}×L" for m in prefixes]
     t = Table(f"{OFFSET_KIND}: position vs distance", cols,
               [], caption=(
-                  "Accuracy (95% Wilson interval with one seed, mean ± std over seeds) with the gold pair at "
+                  "Accuracy (95% interval: Wilson with one seed; with several, seeds then instances) with the gold pair at "
                   "the same distance from its query as in training and m × L filler tokens before the "
                   "haystack: a drop here is absolute position, not distance."))
     for r in rows:
@@ -137,8 +137,12 @@ def offset_table(rows: Sequence[Row]) -> Table | None:
         for m in prefixes:
             recs = cells[r.label].get(m, [])
             accs = [float(x["acc"]) for x in recs]
+            outcomes = [[[c == "1" for c in x["outcomes"]]] for x in recs if x.get("outcomes")]
             if len(recs) == 1 and math.isfinite(accs[0]):
                 line.append(f"{accs[0]:.2f} [{float(recs[0]['lo']):.2f}, {float(recs[0]['hi']):.2f}]")
+            elif len(outcomes) == len(recs) > 1:  # several seeds: seeds, then instances
+                mean, lo, hi = seeds_accuracy_interval(outcomes)
+                line.append(f"{mean:.2f} [{lo:.2f}, {hi:.2f}] ({len(recs)} seeds)")
             else:
                 line.append(aggregate(accs))
         t.rows.append([r.label, ",".join(map(str, r.seeds))] + line)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pelab.evaluation.stats import difference_interval, edge_mask, t_interval, wilson
+from pelab.evaluation.stats import difference_interval, edge_mask, seeds_accuracy_interval, t_interval
 from pelab.report.aggregation import (
     Row,
     acquired,
@@ -118,17 +118,11 @@ def interval_cell(row: Row, metric: str, digits: int = 2) -> str:
     if probe and len(vals) == len(row.jobs) > 1 and all(math.isfinite(v) for v in vals):
         groups = [instance_scores(j, probe[1], int(length), probe[2]) for j in row.jobs]
         if all(len(g) for g in groups):  # seeds, then instances: both kinds of spread
-            mid, lo, hi = difference_interval(groups)  # (all instances alike: a bound, not [x, x])
+            if probe[2] == "acc":  # the rules of one seed (stats.depth_summary), over the seeds together
+                _, lo, hi = seeds_accuracy_interval([job_outcomes(j, probe[1], int(length)) for j in row.jobs])
+            else:
+                _, lo, hi = difference_interval(groups)  # (all instances alike: a bound, not [x, x])
             mid = statistics.fmean(vals)
-            if probe[2] == "acc":  # the rules of one seed (stats.depth_summary), over the seeds' instances together
-                scores = np.concatenate(groups)
-                if scores.min() == scores.max() and scores[0] in (0.0, 1.0):  # all alike: Wilson over the instances
-                    lo, hi = wilson(int(scores[0]) * scores.size, scores.size)
-                else:  # never narrower than Wilson over every outcome
-                    bits = [b for j in row.jobs for (_, L), b in probe_outcomes(j, probe[1]).items()
-                            if L == int(length)]
-                    w_lo, w_hi = wilson(sum(b.count("1") for b in bits), sum(map(len, bits)))
-                    lo, hi = min(lo, w_lo), max(hi, w_hi)
             return f"{fmt_number(mid, digits)} [{fmt_number(lo, digits)}, {fmt_number(hi, digits)}] ({len(vals)} seeds)"
     if len(vals) == len(row.jobs) > 1 and all(math.isfinite(v) for v in vals):
         if name.rpartition("/")[2].startswith("ppl"):  # perplexities and their ratios: on the log scale
@@ -138,6 +132,13 @@ def interval_cell(row: Row, metric: str, digits: int = 2) -> str:
             (lo, hi), mid = t_interval(vals), statistics.fmean(vals)
         return f"{fmt_number(mid, digits)} [{fmt_number(lo, digits)}, {fmt_number(hi, digits)}] ({len(vals)} seeds)"
     return aggregate(vals, digits)
+
+
+def job_outcomes(job: Job, kind: str, length: int) -> list[list[bool]]:
+    """One run's probe outcomes at one length, a list per depth (mqar_offset: per prefix) over the same instances."""
+    cells = {d: bits for (d, L), bits in probe_outcomes(job, kind).items() if L == length}
+    n = min((len(b) for b in cells.values()), default=0)
+    return [[c == "1" for c in cells[d][:n]] for d in sorted(cells)]
 
 
 def instance_scores(job: Job, kind: str, length: int, what: str = "acc") -> list[float]:
