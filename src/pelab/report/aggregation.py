@@ -261,6 +261,12 @@ def acquired(job: Job) -> bool | None:
     return retrieval_acquired(job.metrics)
 
 
+def trained_on_text(row: Row) -> bool:
+    """Whether any run of the row trained on text (data.recall_mix < 1): a retrieval-only run, loss on the answers,
+    has no language model whose perplexity means anything."""
+    return any(float(j.setting("data.recall_mix") or 0.0) < 1.0 for j in row.jobs)
+
+
 def not_acquired_rows(rows: Sequence[Row]) -> list[Row]:
     """The rows restricted to jobs that did not acquire retrieval in-window: shown in tables of their own, never
     beside (or compared with) the runs that learned it."""

@@ -17,6 +17,7 @@ from pelab.report.aggregation import (
     not_acquired_rows,
     probe_kinds,
     probe_panel,
+    trained_on_text,
 )
 from pelab.report.comparisons import COMPARED
 from pelab.report.comparisons import compare as compare_rows
@@ -130,7 +131,7 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
 
     # Perplexity is read only where a run trained on text: a retrieval-only run (data.recall_mix=1, loss on the
     # answers) has no language model to score.
-    text_rows = [r for r in rows if any(float(j.setting("data.recall_mix") or 0.0) < 1.0 for j in r.jobs)]
+    text_rows = [r for r in rows if trained_on_text(r)]
     if rows and not text_rows:
         md += ["", ("No run trained on text (data.recall_mix=1: recall rows only): the perplexity sections are "
                     "left out.")]
@@ -228,7 +229,7 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
         "Runs that did not acquire retrieval",
         [t for kind in probe_kinds(unlearned) if kind != OFFSET_KIND for t in (
             interval_table(unlearned, f"probe/{kind}/acc", f"{kind}, not acquired: accuracy (mean over depths)"),
-            shape_table(unlearned, kind))] if unlearned else [],
+            shape_table(unlearned, kind, f"{kind}, not acquired: shape of the depth curve"))] if unlearned else [],
         text=("Their in-window accuracy never reached the criterion, so what they retrieve past the window is not "
               "read as extrapolation; shown for what they did learn (e.g. the shape of their depth curves)."
               if unlearned else ""),

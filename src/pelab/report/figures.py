@@ -20,6 +20,7 @@ from pelab.report.aggregation import (
     probe_kinds,
     probe_panel,
     seed_mean,
+    trained_on_text,
     val_curves,
 )
 
@@ -41,18 +42,19 @@ def make_figures(rows: Sequence[Row], out: Path) -> dict[str, Path]:
     for train_length in train_lengths:
         sub = [r for r in rows if r.train_length == train_length]
         suffix = f"_L{train_length}" if len(train_lengths) > 1 else ""
-        ppl = by_length(sub, "extrap/ppl@{L}", seed_mean)
+        text = [r for r in sub if trained_on_text(r)]  # perplexity figures: the runs that saw text
+        ppl = by_length(text, "extrap/ppl@{L}", seed_mean)
         if np.isfinite(ppl.to_numpy(dtype=float)).any():
             curves = {
                 r.label: {int(L): float(p) for L, p in line.items()}
-                for r, (_, line) in zip(sub, ppl.iterrows())
+                for r, (_, line) in zip(text, ppl.iterrows())
             }
             fig = plot_ppl_vs_length(
                 curves, train_length, title=f"Perplexity vs evaluation length (train {train_length})"
             )
             paths[f"ppl_vs_length{suffix}"] = save_figure(fig, out / f"ppl_vs_length{suffix}.png")
         losses = {
-            r.label: mean_curve([j.extrapolation.get("loss_by_position") or [] for j in r.jobs]) for r in sub
+            r.label: mean_curve([j.extrapolation.get("loss_by_position") or [] for j in r.jobs]) for r in text
         }
         losses = {k: v for k, v in losses.items() if v}
         if losses:
@@ -60,7 +62,7 @@ def make_figures(rows: Sequence[Row], out: Path) -> dict[str, Path]:
                 losses, train_length, title=f"Loss by token position (train {train_length})"
             )
             paths[f"loss_by_position{suffix}"] = save_figure(fig, out / f"loss_by_position{suffix}.png")
-        val = {r.label: c.mean(axis=1).dropna().to_dict() for r in sub if not (c := val_curves(r)).empty}
+        val = {r.label: c.mean(axis=1).dropna().to_dict() for r in text if not (c := val_curves(r)).empty}
         if val:
             fig = plot_metric_vs_step(val, title=f"Validation perplexity during training (train {train_length}; "
                                                  "mean over seeds)")
@@ -97,7 +99,8 @@ def make_figures(rows: Sequence[Row], out: Path) -> dict[str, Path]:
                    if k.startswith("extrap/ppl_ratio@") and k.rpartition("@")[2].isdigit()), default=None)
     along: dict[str, dict[int, float]] = {}  # per setting: the points of its longest run
     ends: dict[str, dict[int, float]] = {}  # per setting: the end of each budget's runs
-    for r in sorted(rows, key=lambda r: max((j.setting("trainer.max_steps") or 0 for j in r.jobs), default=0)):
+    for r in sorted([r for r in rows if trained_on_text(r)],
+                    key=lambda r: max((j.setting("trainer.max_steps") or 0 for j in r.jobs), default=0)):
         points = along_training_points(r, f"extrap/ppl_ratio@{longest}") if longest else []
         if points:
             along[budget_key(r)] = {t: v for t, v, _ in points}

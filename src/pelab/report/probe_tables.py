@@ -184,7 +184,7 @@ def curve_shape(first: tuple[float, float, float], last: tuple[float, float, flo
     return "flat" if not any(down) else ("falls at the start" if down[0] else "falls at the end")
 
 
-def shape_table(rows: Sequence[Row], kind: str) -> Table | None:
+def shape_table(rows: Sequence[Row], kind: str, title: str = "") -> Table | None:
     """Per row and length: the shape of the accuracy-by-depth curve (curve_shape) and the two edge-minus-middle
     differences with their 95% intervals (per instance, the same instances at every depth; seeds, then instances,
     with several seeds)."""
@@ -202,7 +202,7 @@ def shape_table(rows: Sequence[Row], kind: str) -> Table | None:
     if not cells:
         return None
     cols = sorted(lengths)
-    t = Table(f"{kind}: shape of the depth curve", ["encoding", "seeds"] + [str(L) for L in cols], [], caption=(
+    t = Table(title or f"{kind}: shape of the depth curve", ["encoding", "seeds"] + [str(L) for L in cols], [], caption=(
         "Accuracy at the first depth (start of the context, farthest from the query) minus the interior depths' "
         "mean / at the last depth (nearest the query) minus the interior mean, per instance, with 95% intervals "
         "(several seeds: seeds, then instances). U = both edges above the middle; primacy / recency = only the "
