@@ -193,7 +193,7 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
     )
     section(
         "Attention diagnostics",
-        [metric_table(rows, f"attn/{stat}@{{L}}", label, digits=3) for stat, label in ATTENTION_TABLES.items()],
+        [interval_table(rows, f"attn/{stat}", label, digits=3) for stat, label in ATTENTION_TABLES.items()],
         [f"attn_{stat}_vs_length" for stat in ATTENTION_TABLES],
         "eval.diagnostics.enabled=true runs (pelab.evaluation.attention_stats): at each length, the queries of its "
         "last position bucket ([L/2, L) past the training length), mean over layers and heads.",
