@@ -346,6 +346,17 @@ def probe_outcomes(job: Job, kind: str) -> dict[tuple[float, int], str]:
     }
 
 
+def outcome_matrix(job: Job, kind: str, length: int) -> tuple[list[float], np.ndarray]:
+    """One run's probe outcomes at one length as (depths, matrix): the depths (mqar_offset: prefixes) in order and
+    a 0/1 float matrix (depths, instances), instance i the same at every depth; cut to the shortest bit string.
+    ([], an empty (0, 0) matrix) where the run has no outcomes at that length."""
+    cells = {d: bits for (d, L), bits in probe_outcomes(job, kind).items() if L == length}
+    depths = sorted(cells)
+    n = min((len(b) for b in cells.values()), default=0)
+    x = np.array([[c == "1" for c in cells[d][:n]] for d in depths], dtype=float).reshape(len(depths), n)
+    return depths, x  # (depths, instances)
+
+
 def paired_outcomes(a: Row, b: Row, kind: str, seed: Any = None) -> dict[int, tuple[list[bool], list[bool]]]:
     """By length: the outcomes of rows a and b on the same instances. Jobs are paired by seed (seeds both
     rows ran) when they probed the same instances (``pairing_key``); per (seed, depth) cell the common

@@ -31,7 +31,7 @@ import numpy as np
 import scipy.stats
 
 from pelab.evaluation.stats import difference_interval
-from pelab.report.aggregation import Row, acquired_rows, pairing_key, probe_outcomes, settings
+from pelab.report.aggregation import Row, acquired_rows, outcome_matrix, pairing_key, settings
 from pelab.report.discovery import ReportError
 
 ALPHA = 0.05
@@ -102,13 +102,13 @@ def instance_differences(a: Row, b: Row, kind: str, length: int, seed: Any) -> n
     jb = next((j for j in b.jobs if j.setting("seed") == seed), None)
     if ja is None or jb is None or pairing_key(ja) != pairing_key(jb):
         return np.empty(0)
-    oa, ob = probe_outcomes(ja, kind), probe_outcomes(jb, kind)
-    cells = sorted(c for c in set(oa) & set(ob) if c[1] == length)
-    if not cells:
+    (da, xa), (db, xb) = outcome_matrix(ja, kind, length), outcome_matrix(jb, kind, length)
+    common = sorted(set(da) & set(db))
+    if not common:
         return np.empty(0)
-    n = min(min(len(oa[c]), len(ob[c])) for c in cells)
-    bits = lambda s: np.frombuffer(s[:n].encode(), dtype=np.uint8) == ord("1")
-    return np.mean([bits(oa[c]).astype(float) - bits(ob[c]) for c in cells], axis=0)
+    n = min(xa.shape[1], xb.shape[1])
+    pick = lambda depths, x: x[[depths.index(d) for d in common], :n]  # (common depths, n)
+    return (pick(da, xa) - pick(db, xb)).mean(axis=0)
 
 
 def paired_accuracy(a: Row, b: Row, metric: str) -> Comparison | None:

@@ -14,6 +14,7 @@ from pelab.report.aggregation import (
     Row,
     aggregate,
     offset_cells,
+    outcome_matrix,
     paired_outcomes,
     probe_outcomes,
     probe_panel,
@@ -155,12 +156,9 @@ def edge_differences(row: Row, kind: str, length: int) -> tuple[list[np.ndarray]
     seed probed fewer than three depths at `length`."""
     first, last = [], []
     for j in row.jobs:
-        o = probe_outcomes(j, kind)
-        depths = sorted(d for d, L in o if L == length)
+        depths, x = outcome_matrix(j, kind, length)  # (depths, instances)
         if len(depths) < 3:
             continue
-        n = min(len(o[(d, length)]) for d in depths)
-        x = np.array([[c == "1" for c in o[(d, length)][:n]] for d in depths], dtype=float)  # (depths, instances)
         middle = x[1:-1].mean(axis=0)
         first.append(x[0] - middle)
         last.append(x[-1] - middle)

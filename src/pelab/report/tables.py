@@ -10,7 +10,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from pelab.evaluation.stats import difference_interval, edge_mask, seeds_accuracy_interval, t_interval
@@ -22,7 +21,7 @@ from pelab.report.aggregation import (
     budget_key,
     by_length,
     fmt_number,
-    probe_outcomes,
+    outcome_matrix,
     val_curves,
 )
 from pelab.report.comparisons import Comparison
@@ -136,19 +135,15 @@ def interval_cell(row: Row, metric: str, digits: int = 2) -> str:
 
 def job_outcomes(job: Job, kind: str, length: int) -> list[list[bool]]:
     """One run's probe outcomes at one length, a list per depth (mqar_offset: per prefix) over the same instances."""
-    cells = {d: bits for (d, L), bits in probe_outcomes(job, kind).items() if L == length}
-    n = min((len(b) for b in cells.values()), default=0)
-    return [[c == "1" for c in cells[d][:n]] for d in sorted(cells)]
+    return outcome_matrix(job, kind, length)[1].astype(bool).tolist()
 
 
 def instance_scores(job: Job, kind: str, length: int, what: str = "acc") -> list[float]:
     """Per probe instance of one run at one length: its mean outcome over depths (`acc`) or its edges-minus-
     middle gap (`lim_gap`), from the per-instance outcome bits in summary.json ([] without them)."""
-    cells = {d: bits for (d, L), bits in probe_outcomes(job, kind).items() if L == length}
-    if not cells or len({len(b) for b in cells.values()}) != 1:
+    depths, x = outcome_matrix(job, kind, length)  # (depths, instances)
+    if not depths:
         return []
-    depths = sorted(cells)
-    x = np.array([[c == "1" for c in cells[d]] for d in depths], dtype=float)  # (depths, instances)
     if what == "acc":
         return x.mean(axis=0).tolist()
     edges = edge_mask(depths)
