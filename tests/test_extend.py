@@ -84,3 +84,24 @@ def test_scaling_child_scales_relative_to_the_parents_length(parent, tmp_path):
                    "pe.scaling.type=yarn", "pe.scaling.factor=4"], tmp_path)
     link = extension_parent(cfg)
     assert link["train_length"] == 32 and cfg.pe.train_length == 32
+
+
+def test_a_finished_scaling_child_is_skipped_by_a_relaunched_multirun(parent, tmp_path):
+    """The child records the pe.train_length it took from its parent; the same launch again (null there) is the
+    same run: skipped when finished, resumed when not, never refused as "other settings"."""
+    from pelab.harness.run_folder import relaunch_decision
+    from pelab.tasks.task import resolved_config
+
+    out = tmp_path / "child"
+    args = [*FAST, "pe=rope", "logger=csv", f"extend.from={parent['output_dir']}", "data.seq_len=64",
+            "pe.scaling.type=linear", "pe.scaling.factor=2", "eval.lengths=[1]", "eval.tokens=256",
+            "probes.enabled=false", "trainer.max_steps=2", "trainer.val_check_interval=2"]
+    done = train(compose(args, out))
+    assert done["status"] == "ok" and done["config"]["pe"]["train_length"] == 32
+    again = resolved_config(compose(args, out))
+    assert again["pe"]["train_length"] is None  # filled from the parent only when the run starts
+    assert relaunch_decision(out, again, read_summary(out), None, multirun=True) == "skip"
+    assert relaunch_decision(out, again, read_summary(out), "auto", multirun=False) == "continue"
+    other = resolved_config(compose([*args, "pe.train_length=64"], out))  # a real change is still refused
+    with pytest.raises(ConfigError, match="pe.train_length=32 before but 64 now"):
+        relaunch_decision(out, other, read_summary(out), None, multirun=True)

@@ -100,6 +100,7 @@ def changed_settings(before: dict, now: dict) -> list[str]:
 
     runtime = {"model": set(GPTConfig.RUNTIME_KEYS), "pe": set(pe_schema(now["pe"]).runtime_keys),
                "data": set(DATA_RUNTIME)}
+    filled = filled_from_parent(before, now)
     out = []
     for group in DEFINING:
         old, new = before.get(group), now.get(group)
@@ -110,10 +111,21 @@ def changed_settings(before: dict, now: dict) -> list[str]:
         skip = runtime.get(group, set())
         if group == "data" and not old.get("recall_mix") and not new.get("recall_mix"):
             skip = skip | {k for k in old if k.startswith("recall_")}  # no recall rows: their settings act on nothing
+        skip = skip | {key for g, key in filled if g == group}
         for key in sorted(set(old) & set(new) - skip):
             if old[key] != new[key]:
                 out.append(f"{group}.{key}={old[key]!r} before but {new[key]!r} now")
     return out
+
+
+def filled_from_parent(before: dict, now: dict) -> set[tuple[str, str]]:
+    """Settings a context-extension child left null and filled from its parent when it ran (`pe.train_length`:
+    pelab.harness.extension): the recorded value is what null resolved to, the same launch again, not a change."""
+    parent = (before.get("extend") or {}).get("parent") or {}
+    recorded, launched = (before.get("pe") or {}), (now.get("pe") or {})
+    if parent and launched.get("train_length") is None and recorded.get("train_length") == parent.get("train_length"):
+        return {("pe", "train_length")}
+    return set()
 
 
 def relaunch_decision(folder: Path, config: dict, earlier: dict[str, Any], ckpt_path: str | None,
