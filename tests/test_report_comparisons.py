@@ -140,19 +140,29 @@ def test_context_extension_children_read_as_budgets_with_a_training_free_row(tmp
                 "status": "ok", "config": cfg, "global_step": steps, "data": {"fingerprint": {"key": "corpus"}},
                 "evaluation": {"extrapolation": {"split": "test", "seed": 0, "blocks": 8}}, "metrics": metrics,
                 **extra})
-    jobs = find_jobs([tmp_path])
+    for s in (0, 1):  # the parents, trained from scratch: the same setting at 900 steps
+        write_summary(tmp_path / f"parent_s{s}", {
+            "status": "ok", "global_step": 900, "data": {"fingerprint": {"key": "corpus"}},
+            "config": {"pe": {"name": "rope", "scaling": {"type": "yarn"}}, "model": {"name": "recall"}, "seed": s,
+                       "data": {"seq_len": 512, "batch_size": 8}, "trainer": {"max_steps": 900}},
+            "evaluation": {"extrapolation": {"split": "test", "seed": 0, "blocks": 8}},
+            "metrics": {"extrap/ppl@2048": 7.0, "extrap/ppl_ratio@2048": 1.5}})
+    jobs = [j for j in find_jobs([tmp_path]) if not j.folder.name.startswith("parent")]
     free = [j for j in jobs if j.folder.name.endswith("@step0")]
     assert len(jobs) == 6 and sorted(j.folder.name for j in free) == ["yarn_100_s0@step0", "yarn_100_s1@step0"]
     assert {j.metrics["extrap/ppl@2048"] for j in free} == {9.0, 10.0} and all(j.setting("trainer.max_steps") == 0
                                                                               for j in free)
     rows, _ = rows_of(tmp_path)
-    assert [(r.label, r.seeds) for r in rows] == [
-        ("rope trainer.max_steps=0", [0, 1]), ("rope trainer.max_steps=50", [0, 1]),
-        ("rope trainer.max_steps=100", [0, 1])]
+    assert {r.label: r.seeds for r in rows} == {
+        "rope trainer.max_steps=0": [0, 1], "rope trainer.max_steps=50": [0, 1],
+        "rope trainer.max_steps=100": [0, 1], "rope trainer.max_steps=900": [0, 1]}
     table = next(t for t in report.build_report([tmp_path], tmp_path / "out").tables
                  if t.title == "Along training: extrap/ppl@2048")
-    assert table.columns == ["setting", "0M end", "0.205M end", "0.41M end"]  # 8 x 512 tokens a step
-    assert table.rows == [["rope", "9.500", "6.000", "5.500"]]
+    # 8 x 512 tokens a step; the children count theirs from the parent's weights, so they are not points of the
+    # parents' own curve (3.69M from scratch)
+    assert table.columns == ["setting", "0M end", "0.205M end", "0.41M end", "3.69M end"]
+    assert sorted(table.rows) == [["rope", "—", "—", "—", "7.000"],
+                                  ["rope (from step 900)", "9.500", "6.000", "5.500", "—"]]
 
 
 def test_a_pair_of_whole_labels_may_differ_in_several_settings(study):

@@ -386,8 +386,12 @@ def offset_cells(row: Row) -> dict[int, list[dict]]:
 
 
 def budget_key(row: Row) -> str:
-    """A row's label without its training budget: the setting whose budgets are compared."""
-    return re.sub(r"\s*trainer\.max_steps=\d+", "", row.label).strip()
+    """A row's label without its training budget: the setting whose budgets are compared. Runs fine-tuned from a
+    parent (extend.from) count their tokens from the parent's weights, so they are a setting of their own, named
+    by the parent's step: a control arm trained on from the parent is not a point of the parent's own curve."""
+    key = re.sub(r"\s*trainer\.max_steps=\d+", "", row.label).strip()
+    parents = {j.setting("extend.parent.step") for j in row.jobs} - {None}
+    return key + (f" (from step {'/'.join(map(str, sorted(parents)))})" if parents else "")
 
 
 def end_point(job: Job) -> dict:

@@ -404,7 +404,8 @@ def along_training_table(rows: Sequence[Row], metric: str) -> tuple[Table | None
         return None, []
     t = Table(f"Along training: {metric}", ["setting"] + [f"{c / 1e6:.3g}M{' end' if s == 'end' else ''}"
                                                           for c, s in cols], [],
-              caption=(f"{metric} (mean over seeds) by training tokens: at the end of a run of that budget (end), or "
+              caption=(f"{metric} (mean over seeds) by training tokens (of a fine-tuned setting: since its parent's "
+                       "weights): at the end of a run of that budget (end), or "
                        "mid-schedule (eval.at: the learning rate is still high there, so it is not the end of a "
                        "shorter run)."))
     for s, pts in by_setting.items():
