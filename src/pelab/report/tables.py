@@ -402,10 +402,13 @@ def along_training_table(rows: Sequence[Row], metric: str) -> tuple[Table | None
     cols = sorted({c for p in by_setting.values() for c in p}, key=lambda c: (c[0], c[1] == "end"))
     if not cols or not any(len(p) > 1 for p in by_setting.values()):
         return None, []
+    # budget_key marks a fine-tuned setting "(from step N)"; only then does the caption need to say so
+    since_parent = (" (of a fine-tuned setting: since its parent's weights)"
+                    if any("(from step" in k for k in by_setting) else "")
     t = Table(f"Along training: {metric}", ["setting"] + [f"{c / 1e6:.3g}M{' end' if s == 'end' else ''}"
                                                           for c, s in cols], [],
-              caption=(f"{metric} (mean over seeds) by training tokens (of a fine-tuned setting: since its parent's "
-                       "weights): at the end of a run of that budget (end), or "
+              caption=(f"{metric} (mean over seeds) by training tokens{since_parent}: at the end of a run of that "
+                       "budget (end), or "
                        "mid-schedule (eval.at: the learning rate is still high there, so it is not the end of a "
                        "shorter run)."))
     for s, pts in by_setting.items():
