@@ -36,9 +36,15 @@ def tables(text: str) -> list[str]:
     return found
 
 
-def test_the_length_extrapolation_section_is_generated():
-    pages = {page for page, _, _ in generated_blocks()}
-    assert {"experiments/README.md", "experiments/length_extrapolation/v3/README.md"} <= pages
+def test_the_studies_findings_are_generated():
+    """The length-extrapolation, retrieval and context-extension findings: the summary page and each study's own."""
+    blocks = generated_blocks()
+    assert {"experiments/README.md", "experiments/length_extrapolation/v3/README.md",
+            "experiments/lost_in_the_middle/README.md", "experiments/context_extension/README.md"} <= {
+        page for page, _, _ in blocks}
+    summary = " ".join(args for page, args, _ in blocks if page == "experiments/README.md")
+    for runs in ("length_extrapolation/v3/runs", "lost_in_the_middle/v3/runs", "context_extension/v3/runs"):
+        assert f"experiments/{runs}" in summary, f"experiments/README.md quotes no generated table of {runs}"
 
 
 @pytest.mark.parametrize("page,args,body", generated_blocks(), ids=lambda x: x if "/" in x else None)
