@@ -3,6 +3,7 @@ hand-built run folders."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -174,3 +175,24 @@ def test_a_pair_of_whole_labels_may_differ_in_several_settings(study):
     cs = compare(rows, shown, ["extrap/ppl_ratio"], chosen=["big trainer.max_steps=400/base trainer.max_steps=100"])
     assert [(c.a.label, c.b.label) for c in cs] == [("big trainer.max_steps=400", "base trainer.max_steps=100")]
     assert cs[0].ratio == pytest.approx(math.exp(1.5))
+
+
+def test_probe_settings_do_not_split_runs_when_no_job_ran_probes(tmp_path):
+    # runs of two commits: model.init differs by design, probes.samples by a changed default while probes are off
+    for s in SEEDS:
+        for init, samples in (("gpt2", 64), ("kaiming", 128)):
+            cfg_extra = {"model": {"name": "tiny", "init": init}, "probes": {"enabled": False, "samples": samples}}
+            folder = tmp_path / f"{init}_s{s}"
+            run(folder, "rope", s, 2.0)
+            summary = (folder / "summary.json")
+            data = json.loads(summary.read_text())
+            data["config"].update(cfg_extra)
+            write_summary(folder, data)
+    rows, shown = rows_of(tmp_path)
+    assert [r.label for r in rows] == ["rope model.init=gpt2", "rope model.init=kaiming"]
+    assert all(len(r.jobs) == 3 for r in rows)
+    # once a job ran probes, their settings are real settings again
+    data = json.loads((tmp_path / "kaiming_s0" / "summary.json").read_text())
+    data["config"]["probes"]["enabled"] = True
+    write_summary(tmp_path / "kaiming_s0", data)
+    assert "probes.samples" in rows_of(tmp_path)[1]

@@ -91,8 +91,11 @@ def _ignored(key: str) -> bool:
 
 
 def varying_keys(frame: pd.DataFrame) -> list[str]:
-    """Settings with more than one value across the jobs, bookkeeping keys excluded."""
-    return [k for k in frame.columns if not _ignored(k) and frame[k].nunique(dropna=False) > 1]
+    """Settings with more than one value across the jobs, bookkeeping keys excluded, and the probes' settings
+    where no job ran probes (a default changed between commits must not split runs that are the same)."""
+    probes_off = "probes.enabled" in frame.columns and not frame["probes.enabled"].fillna(False).astype(bool).any()
+    return [k for k in frame.columns if not _ignored(k) and frame[k].nunique(dropna=False) > 1
+            and not (probes_off and k.startswith("probes."))]
 
 
 def _n_groups(frame: pd.DataFrame, keys: Sequence[str]) -> int:
