@@ -110,6 +110,14 @@ def test_report_figures_are_real_images(sweep, tmp_path):
     assert w > h * 0.8
 
 
+def test_report_of_unchanged_runs_is_the_same_file_dated_by_the_newest_run(sweep, tmp_path):
+    first = report.build_report([sweep], tmp_path / "a").path.read_text()
+    second = report.build_report([sweep], tmp_path / "b").path.read_text()
+    assert first == second  # regenerating a study rewrites nothing
+    ends = [launch["ended_at"] for s in summaries(sweep) for launch in s["launches"]]
+    assert f"the newest run ended {max(ends)[:16].replace('T', ' ')} UTC" in first.splitlines()[2]
+
+
 @pytest.mark.slow
 def test_report_lists_failed_and_unfinished_jobs_and_leaves_them_out(sweep, tmp_path):
     from pelab.errors import ConfigError

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +71,13 @@ def evaluated_on(jobs: Sequence[Job]) -> str:
     return "The runs were evaluated on different text (see the Runs table): compare across them with care."
 
 
+def _newest_launch(jobs: Sequence[Job]) -> str:
+    """When the newest launch ended: a date that follows from the runs, so regenerating an unchanged study
+    rewrites nothing (the clock at generation time would)."""
+    ends = [launch.get("ended_at") for j in jobs for launch in j.summary.get("launches") or [] if launch.get("ended_at")]
+    return f"; the newest run ended {max(ends)[:16].replace('T', ' ')} UTC" if ends else ""
+
+
 def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "PELab report",
                  baseline: str | None = None, compare: Sequence[str] | None = None,
                  compare_lengths: Sequence[int] | None = None, pairs: Sequence[str] | None = None) -> Report:
@@ -89,8 +95,8 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
         f"# {title}",
         "",
         (
-            f"Generated {time.strftime('%Y-%m-%d %H:%M')} from {sources}: "
-            f"{len(jobs)} jobs, {len(ok)} finished, {len(failed)} failed or unfinished."
+            f"From {sources}: {len(jobs)} jobs, {len(ok)} finished, {len(failed)} failed or unfinished"
+            f"{_newest_launch(jobs)}."
         ),
     ]
     if failed:
