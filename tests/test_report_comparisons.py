@@ -92,10 +92,26 @@ def test_a_baseline_with_other_seeds_or_text_is_one_line(study, tmp_path):
     run(study / "late_s5", "late", 5, 3.0)
     run(study / "late_s6", "late", 6, 3.1)
     rows, shown = rows_of(study)
-    with pytest.raises(ReportError, match="cannot be paired with 'late': other seeds"):
+    unpaired = r"'late' \(seeds \[5, 6\]\) and 'base' \(seeds \[0, 1, 2\]\) share 0 seed\(s\)"
+    with pytest.raises(ReportError, match="cannot be paired with 'late': " + unpaired):
         compare(rows, shown, baseline="base")
     with pytest.raises(ReportError, match="--baseline 'nobody' names no row"):
         compare(rows, shown, baseline="nobody")
+    with pytest.raises(ReportError, match="--pairs 'late/base' cannot be compared: " + unpaired):
+        compare(rows, shown, chosen=["late/base"])  # --pairs by whole labels says the same
+
+
+def test_pairs_by_first_words_say_why_rows_that_exist_cannot_be_paired(tmp_path):
+    for s in SEEDS:
+        for steps in (100, 400):
+            run(tmp_path / f"base_{steps}_s{s}", "base", s, 2.0, steps=steps)
+    for s in (2, 6):
+        run(tmp_path / f"late_s{s}", "late", s, 3.0, steps=400)
+    rows, shown = rows_of(tmp_path)
+    with pytest.raises(ReportError, match=r"--pairs 'late/base' cannot be compared: 'late trainer.max_steps=400' "
+                                          r"\(seeds \[2, 6\]\) and 'base trainer.max_steps=400' \(seeds \[0, 1, 2\]\) "
+                                          r"share 1 seed\(s\), a paired test needs 2"):
+        compare(rows, shown, chosen=["late/base"])
 
 
 def test_along_training_section_warns_when_the_order_flips_between_budgets(tmp_path):
@@ -188,7 +204,7 @@ def test_probe_settings_do_not_split_runs_when_no_job_ran_probes(tmp_path):
             data = json.loads(summary.read_text())
             data["config"].update(cfg_extra)
             write_summary(folder, data)
-    rows, shown = rows_of(tmp_path)
+    rows, _shown = rows_of(tmp_path)
     assert [r.label for r in rows] == ["rope model.init=gpt2", "rope model.init=kaiming"]
     assert all(len(r.jobs) == 3 for r in rows)
     # once a job ran probes, their settings are real settings again

@@ -137,6 +137,16 @@ def same_text(a: Row, b: Row) -> bool:
     return len(text(a) | text(b)) == 1
 
 
+def unpaired_because(a: Row, b: Row) -> str:
+    """Why rows a and b admit no paired test ("" when they do): the one reason every option reports."""
+    if not same_text(a, b):
+        return f"{a.label!r} and {b.label!r} saw other data or evaluation text"
+    common = sorted(set(a.seeds) & set(b.seeds))
+    if len(common) < 2:
+        return f"{a.label!r} (seeds {a.seeds}) and {b.label!r} (seeds {b.seeds}) share {len(common)} seed(s), a paired test needs 2"
+    return ""
+
+
 def differs_in_one(a: Row, b: Row, keys: Sequence[str]) -> bool:
     sa, sb = settings(a.jobs[0]), settings(b.jobs[0])
     return sum(sa.get(k) != sb.get(k) for k in keys if k != "seed") == 1
@@ -148,13 +158,14 @@ def named(label: str, name: str) -> bool:
 
 
 def pairs(rows: Sequence[Row], keys: Sequence[str], baseline: str | None = None,
-          chosen: Sequence[str] | None = None) -> list[tuple[Row, Row]]:
+          chosen: Sequence[str] | None = None, everything: bool = False) -> list[tuple[Row, Row]]:
     """The row pairs to compare (see the module doc); `chosen` ("A/B" each) keeps the pairs of rows named A and
     B (`named`: at every value of the other settings), or, where A and B are two whole row labels, that one pair
     even if it differs in more than one setting (e.g. a fine-tuned child against its control arm): the claims a
     study set out to test, a smaller family, more power. A `baseline` that names
     no row, or whose runs saw other seeds or other text than a row, and a chosen pair that matches none, are
-    one-line errors."""
+    one-line errors (`unpaired_because` says why). `everything`: the pairs differing in one setting, pairable or
+    not."""
     if chosen:
         every = pairs(rows, keys)
         by_label = {r.label: r for r in rows}
@@ -163,13 +174,20 @@ def pairs(rows: Sequence[Row], keys: Sequence[str], baseline: str | None = None,
             a_name, sep, b_name = spec.partition("/")
             if a_name in by_label and b_name in by_label:  # two whole labels: that pair, whatever else differs
                 a, b = by_label[a_name], by_label[b_name]
-                found = [(a, b)] if same_text(a, b) and len(set(a.seeds) & set(b.seeds)) >= 2 else []
-                out += found
-                if not found:
-                    raise ReportError(f"--pairs {spec!r}: the two rows do not share two seeds and the evaluation text")
+                if why := unpaired_because(a, b):
+                    raise ReportError(f"--pairs {spec!r} cannot be compared: {why}; compare runs made on the same "
+                                      "seeds and corpus")
+                out.append((a, b))
                 continue
             found = [(a, b) for a, b in every if named(a.label, a_name) and named(b.label, b_name)]
             found += [(b, a) for a, b in every if named(b.label, a_name) and named(a.label, b_name)]
+            near = [(a, b) for a, b in pairs(rows, keys, everything=True)
+                    if {named(a.label, a_name), named(b.label, b_name)} == {True}
+                    or {named(b.label, a_name), named(a.label, b_name)} == {True}]
+            if sep and not found and near:  # the rows exist and differ in one setting, but cannot be paired
+                a, b = near[0] if named(near[0][0].label, a_name) else near[0][::-1]  # A's row first, as asked
+                raise ReportError(f"--pairs {spec!r} cannot be compared: {unpaired_because(a, b)}; compare runs "
+                                  "made on the same seeds and corpus")
             if not sep or not found:
                 raise ReportError(f"--pairs {spec!r} matches no pair of rows on the same seeds and text (A/B, "
                                   f"A and B the first words of row labels); rows: {', '.join(r.label for r in rows)}")
@@ -183,15 +201,14 @@ def pairs(rows: Sequence[Row], keys: Sequence[str], baseline: str | None = None,
         for r in rows:
             if r is base[0]:
                 continue
-            if not same_text(base[0], r) or len(set(base[0].seeds) & set(r.seeds)) < 2:
-                raise ReportError(f"--baseline {baseline!r} cannot be paired with {r.label!r}: other seeds "
-                                  f"({base[0].seeds} vs {r.seeds}) or other data / evaluation text; compare runs "
+            if why := unpaired_because(r, base[0]):
+                raise ReportError(f"--baseline {baseline!r} cannot be paired with {r.label!r}: {why}; compare runs "
                                   "made on the same seeds and corpus")
             out.append((r, base[0]))  # each row over the baseline
         return out
     return [(a, b) for i, a in enumerate(rows) for b in rows[i + 1:]
-            if a.train_length == b.train_length and differs_in_one(a, b, keys) and same_text(a, b)
-            and len(set(a.seeds) & set(b.seeds)) >= 2]
+            if a.train_length == b.train_length and differs_in_one(a, b, keys)
+            and (everything or not unpaired_because(a, b))]
 
 
 def compare(rows: Sequence[Row], keys: Sequence[str], metrics: Sequence[str] = COMPARED,
