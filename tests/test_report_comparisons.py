@@ -193,22 +193,27 @@ def test_a_pair_of_whole_labels_may_differ_in_several_settings(study):
     assert cs[0].ratio == pytest.approx(math.exp(1.5))
 
 
-def test_probe_settings_do_not_split_runs_when_no_job_ran_probes(tmp_path):
-    # runs of two commits: model.init differs by design, probes.samples by a changed default while probes are off
+@pytest.mark.parametrize(("group", "switch", "off", "key", "old", "new"), [
+    ("probes", "enabled", False, "samples", 64, 128),  # probes off: their sample count is no setting
+    ("data", "recall_mix", 0, "recall_loss", "all", "two_means"),  # no recall rows: their loss is no setting
+])
+def test_settings_of_a_part_no_job_used_do_not_split_runs(tmp_path, group, switch, off, key, old, new):
+    # runs of two commits: model.init differs by design; `key`, a default of a part every job left off, changed
+    # after gpt2's first seed
     for s in SEEDS:
-        for init, samples in (("gpt2", 64), ("kaiming", 128)):
-            cfg_extra = {"model": {"name": "tiny", "init": init}, "probes": {"enabled": False, "samples": samples}}
+        for init in ("gpt2", "kaiming"):
+            value = old if (init, s) == ("gpt2", SEEDS[0]) else new
             folder = tmp_path / f"{init}_s{s}"
             run(folder, "rope", s, 2.0)
-            summary = (folder / "summary.json")
-            data = json.loads(summary.read_text())
-            data["config"].update(cfg_extra)
+            data = json.loads((folder / "summary.json").read_text())
+            data["config"].update({"model": {"name": "tiny", "init": init}, group: {switch: off, key: value}})
             write_summary(folder, data)
     rows, _shown = rows_of(tmp_path)
     assert [r.label for r in rows] == ["rope model.init=gpt2", "rope model.init=kaiming"]
     assert all(len(r.jobs) == 3 for r in rows)
-    # once a job ran probes, their settings are real settings again
-    data = json.loads((tmp_path / "kaiming_s0" / "summary.json").read_text())
-    data["config"]["probes"]["enabled"] = True
-    write_summary(tmp_path / "kaiming_s0", data)
-    assert "probes.samples" in rows_of(tmp_path)[1]
+    # once the jobs use the part, its settings are real settings again: gpt2's first seed is a row of its own
+    for folder in tmp_path.iterdir():
+        data = json.loads((folder / "summary.json").read_text())
+        data["config"][group][switch] = 1
+        write_summary(folder, data)
+    assert sorted(len(r.jobs) for r in rows_of(tmp_path)[0]) == [1, 2, 3]

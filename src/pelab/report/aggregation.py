@@ -90,12 +90,24 @@ def _ignored(key: str) -> bool:
     return any(key == p or (p.endswith(".") and key.startswith(p)) for p in IGNORED_KEYS)
 
 
+# (prefix, switch): the settings under prefix act only where the switch is on (probes run, recall rows mixed in)
+SWITCHED = (("probes.", "probes.enabled"), ("data.recall_", "data.recall_mix"),
+            ("datamodule.source.recall_", "datamodule.source.recall_mix"))
+
+
+def _switched_off(frame: pd.DataFrame) -> list[str]:
+    """The prefixes whose switch is off (False, 0 or absent) in every job."""
+    return [prefix for prefix, switch in SWITCHED
+            if switch in frame.columns and not frame[switch].fillna(False).astype(bool).any()]
+
+
 def varying_keys(frame: pd.DataFrame) -> list[str]:
-    """Settings with more than one value across the jobs, bookkeeping keys excluded, and the probes' settings
-    where no job ran probes (a default changed between commits must not split runs that are the same)."""
-    probes_off = "probes.enabled" in frame.columns and not frame["probes.enabled"].fillna(False).astype(bool).any()
+    """Settings with more than one value across the jobs, bookkeeping keys excluded, and the settings of a part
+    no job used (`SWITCHED`: probes where no job ran probes, the recall rows' where none mixed them in): a
+    default changed between commits must not split runs that are the same."""
+    off = tuple(_switched_off(frame))
     return [k for k in frame.columns if not _ignored(k) and frame[k].nunique(dropna=False) > 1
-            and not (probes_off and k.startswith("probes."))]
+            and not (off and k.startswith(off) and k not in {s for _, s in SWITCHED})]
 
 
 def _n_groups(frame: pd.DataFrame, keys: Sequence[str]) -> int:
