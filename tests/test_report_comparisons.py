@@ -114,6 +114,35 @@ def test_pairs_by_first_words_say_why_rows_that_exist_cannot_be_paired(tmp_path)
         compare(rows, shown, chosen=["late/base"])
 
 
+def test_across_budgets_a_claim_holds_only_where_every_budget_resolves_it_one_way(tmp_path):
+    """Declared pairs at two budgets: one steady gap at both, one reversed between them, one at the short budget
+    only, one noise at both, one whose long runs share one seed: each verdict across budgets."""
+    big, noise = DIFFS["big"], DIFFS["noise"]
+    gaps = {"same": (big, big), "flip": (big, [-d for d in big]), "short": (big, noise), "noise": (noise, noise)}
+    for s, base in zip(SEEDS, BASE):
+        for steps in (100, 400):
+            run(tmp_path / f"base_{steps}_s{s}", "base", s, base, steps=steps)
+        for name, (at100, at400) in gaps.items():
+            run(tmp_path / f"{name}_100_s{s}", name, s, base * math.exp(at100[s]), steps=100)
+            run(tmp_path / f"{name}_400_s{s}", name, s, base * math.exp(at400[s]), steps=400)
+        run(tmp_path / f"once_100_s{s}", "once", s, base * math.exp(big[s]), steps=100)
+    run(tmp_path / "once_400_s0", "once", 0, BASE[0] * math.exp(big[0]), steps=400)  # one seed: no paired test
+    rep = report.build_report([tmp_path], tmp_path / "out", compare=["extrap/ppl_ratio"],
+                              pairs=[f"{n}/base" for n in (*gaps, "once")])
+    table = next(t for t in rep.tables if t.title == "Across budgets")
+    cell = {r[0]: r[1] for r in table.rows}
+    assert cell["same / base"].endswith("→ holds at every budget")
+    assert cell["same / base"].startswith(f"100: {math.exp(1.0):.3f} res. · 400: {math.exp(1.0):.3f} res.")
+    assert cell["flip / base"].endswith("→ depends on budget (resolved in both directions)")
+    assert cell["short / base"].endswith("→ depends on budget (resolved at 100 only)")
+    assert cell["noise / base"].endswith("→ not resolved at any budget")
+    assert cell["once / base"].endswith("400: — → depends on budget (resolved at 100 only; not compared at 400)")
+    # one budget: no such table
+    one = report.build_report([tmp_path / "same_100_s0", tmp_path / "same_100_s1", tmp_path / "base_100_s0",
+                               tmp_path / "base_100_s1"], tmp_path / "out1", compare=["extrap/ppl_ratio"])
+    assert "Across budgets" not in [t.title for t in one.tables]
+
+
 def test_along_training_section_warns_when_the_order_flips_between_budgets(tmp_path):
     """Two schemes at two budgets: the ratio order at the end of the short runs is reversed at the end of the
     long ones; the mid-schedule points of the long runs are shown but not used for the warning."""

@@ -26,6 +26,7 @@ from pelab.report.probe_tables import offset_table, paired_table, probe_tables, 
 from pelab.report.tables import (
     Table,
     along_training_table,
+    budget_table,
     common_settings,
     comparison_tables,
     convergence_table,
@@ -159,7 +160,7 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
     comparisons = compare_rows(rows, shown, metrics, compare_lengths, baseline, pairs) if rows and metrics else []
     section(
         "Paired comparisons",
-        comparison_tables(comparisons),
+        [*comparison_tables(comparisons), budget_table(comparisons)],
         (),
         (f"{sum(c.resolved for c in comparisons)} of {sum(not c.note for c in comparisons)} differences resolved "
          "(Holm-adjusted "

@@ -390,6 +390,63 @@ def comparison_tables(comparisons: Sequence[Comparison]) -> list[Table]:
     return tables
 
 
+def _budget(row: Row) -> int | None:
+    steps = {j.setting("trainer.max_steps") for j in row.jobs}
+    return steps.pop() if len(steps) == 1 else None
+
+
+def _direction(c: Comparison) -> int:
+    """+1 where the first row's value is the higher, -1 the lower, 0 equal (ratio on the log scale, else diff)."""
+    x = math.log(c.ratio) if c.scale == "log" else c.ratio
+    return (x > 0) - (x < 0)
+
+
+def budget_verdict(cells: dict[int, Comparison | None]) -> str:
+    """What a declared pair's comparisons at each budget allow a page to claim: "holds at every budget" (resolved
+    at each, in one direction), "depends on budget" (resolved at some, or in both directions; says where), or
+    "not resolved at any budget". A budget whose rows could not be paired counts as not resolved there."""
+    done = {b: c for b, c in cells.items() if c is not None and not c.note}
+    resolved = {b: c for b, c in done.items() if c.resolved}
+    missing = [b for b, c in cells.items() if c is None or c.note]
+    if not resolved:
+        return "not resolved at any budget" + (f" (not compared at {', '.join(map(str, missing))})" if missing else "")
+    if len({_direction(c) for c in resolved.values()}) > 1:
+        return "depends on budget (resolved in both directions)"
+    if len(resolved) == len(cells):
+        return "holds at every budget"
+    return (f"depends on budget (resolved at {', '.join(map(str, resolved))} only"
+            + (f"; not compared at {', '.join(map(str, missing))}" if missing else "") + ")")
+
+
+def budget_table(comparisons: Sequence[Comparison]) -> Table | None:
+    """Where the rows span several training budgets (trainer.max_steps): each declared pair, read across them, one
+    cell per metric and length: the pair's ratio (difference) at each budget with its verdict there, and what holds
+    across budgets (`budget_verdict`). None where every comparison is at one budget."""
+    at_budget = [c for c in comparisons if _budget(c.a) is not None and _budget(c.a) == _budget(c.b)]
+    budgets = sorted({_budget(c.a) for c in at_budget})
+    if len(budgets) < 2:
+        return None
+    metrics = list(dict.fromkeys(c.metric for c in at_budget))
+    t = Table("Across budgets", ["pair"] + metrics, [], caption=(
+        f"Each pair at each training budget (trainer.max_steps: {', '.join(map(str, budgets))}): its ratio (retrieval: "
+        "difference) and whether the adjusted test resolves it there (res. / n.r.; — not compared: fewer than two "
+        "shared seeds), then what holds across budgets: a claim is made only where it holds at every budget."))
+    pairs = dict.fromkeys((budget_key(c.a), budget_key(c.b)) for c in at_budget)
+    for a, b in pairs:
+        cells = []
+        for m in metrics:
+            by_budget: dict[int, Comparison | None] = dict.fromkeys(budgets)
+            for c in at_budget:
+                if (budget_key(c.a), budget_key(c.b), c.metric) == (a, b, m):
+                    by_budget[_budget(c.a)] = c
+            parts = [f"{n}: " + ("—" if c is None or c.note else
+                                 (f"{c.ratio:.3f}" if c.scale == "log" else f"{c.ratio:+.2f}")
+                                 + (" res." if c.resolved else " n.r.")) for n, c in by_budget.items()]
+            cells.append(" · ".join(parts) + f" → {budget_verdict(by_budget)}")
+        t.rows.append([f"{a} / {b}"] + cells)
+    return t
+
+
 def along_training_table(rows: Sequence[Row], metric: str) -> tuple[Table | None, list[str]]:
     """The metric (e.g. the ratio at the longest length) along training, per setting, at every evaluation point
     of its runs (mid-schedule points and the ends of runs of each budget), and warnings where the order of the
