@@ -137,6 +137,12 @@ def test_across_budgets_a_claim_holds_only_where_every_budget_resolves_it_one_wa
     assert cell["short / base"].endswith("→ depends on budget (resolved at 100 only)")
     assert cell["noise / base"].endswith("→ not resolved at any budget")
     assert cell["once / base"].endswith("400: — → depends on budget (resolved at 100 only; not compared at 400)")
+    # the declared pair that could not be tested at 400 is said in the paired table, not dropped, and not tested
+    ratios = next(t for t in rep.tables if t.title == "Paired comparisons: extrap/ppl_ratio")
+    said = {r[0]: r[1] for r in ratios.rows}["once trainer.max_steps=400 / base trainer.max_steps=400"]
+    assert said.startswith("not compared: 'once trainer.max_steps=400' (seeds [0]) and 'base trainer.max_steps=400' "
+                           "(seeds [0, 1, 2]) share 1 seed(s)")
+    assert "over all 9 comparisons" in ratios.caption  # 5 pairs x 2 budgets, less the one not tested
     # one budget: no such table
     one = report.build_report([tmp_path / "same_100_s0", tmp_path / "same_100_s1", tmp_path / "base_100_s0",
                                tmp_path / "base_100_s1"], tmp_path / "out1", compare=["extrap/ppl_ratio"])

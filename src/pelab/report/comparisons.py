@@ -181,17 +181,17 @@ def pairs(rows: Sequence[Row], keys: Sequence[str], baseline: str | None = None,
                 continue
             found = [(a, b) for a, b in every if named(a.label, a_name) and named(b.label, b_name)]
             found += [(b, a) for a, b in every if named(b.label, a_name) and named(a.label, b_name)]
-            near = [(a, b) for a, b in pairs(rows, keys, everything=True)
+            near = [(a, b) if named(a.label, a_name) else (b, a) for a, b in pairs(rows, keys, everything=True)
                     if {named(a.label, a_name), named(b.label, b_name)} == {True}
-                    or {named(b.label, a_name), named(a.label, b_name)} == {True}]
+                    or {named(b.label, a_name), named(a.label, b_name)} == {True}]  # A's row first, as asked
             if sep and not found and near:  # the rows exist and differ in one setting, but cannot be paired
-                a, b = near[0] if named(near[0][0].label, a_name) else near[0][::-1]  # A's row first, as asked
-                raise ReportError(f"--pairs {spec!r} cannot be compared: {unpaired_because(a, b)}; compare runs "
-                                  "made on the same seeds and corpus")
+                raise ReportError(f"--pairs {spec!r} cannot be compared: {unpaired_because(*near[0])}; compare "
+                                  "runs made on the same seeds and corpus")
             if not sep or not found:
                 raise ReportError(f"--pairs {spec!r} matches no pair of rows on the same seeds and text (A/B, "
                                   f"A and B the first words of row labels); rows: {', '.join(r.label for r in rows)}")
-            out += found
+            # and where the claim cannot be tested (e.g. a budget with one seed): said in the tables, not dropped
+            out += found + [p for p in near if p not in found]
         return out
     if baseline is not None:
         base = [r for r in rows if r.label == baseline]
@@ -232,6 +232,9 @@ def compare(rows: Sequence[Row], keys: Sequence[str], metrics: Sequence[str] = C
                                "fewer than two seeds acquired retrieval in both rows")
                         c = Comparison(a, b, f"{name}@{L}", 0, math.nan, math.nan, math.nan, math.nan, scale="diff",
                                        note=f"not compared: {why}")
+                elif why := unpaired_because(a, b):  # a declared pair at a setting whose rows cannot be paired
+                    c = Comparison(a, b, f"{name}@{L}", 0, math.nan, math.nan, math.nan, math.nan,
+                                   note=f"not compared: {why}")
                 else:
                     c = paired(a, b, f"{name}@{L}")
                 if c is not None:

@@ -421,24 +421,25 @@ def budget_verdict(cells: dict[int, Comparison | None]) -> str:
 def budget_table(comparisons: Sequence[Comparison]) -> Table | None:
     """Where the rows span several training budgets (trainer.max_steps): each declared pair, read across them, one
     cell per metric and length: the pair's ratio (difference) at each budget with its verdict there, and what holds
-    across budgets (`budget_verdict`). None where every comparison is at one budget."""
+    across budgets (`budget_verdict`). None where no pair is compared at two budgets."""
     at_budget = [c for c in comparisons if _budget(c.a) is not None and _budget(c.a) == _budget(c.b)]
-    budgets = sorted({_budget(c.a) for c in at_budget})
-    if len(budgets) < 2:
+    of_pair: dict[tuple[str, str], list[Comparison]] = {}
+    for c in at_budget:
+        of_pair.setdefault((budget_key(c.a), budget_key(c.b)), []).append(c)
+    of_pair = {k: cs for k, cs in of_pair.items() if len({_budget(c.a) for c in cs}) > 1}  # read across budgets
+    if not of_pair:
         return None
-    metrics = list(dict.fromkeys(c.metric for c in at_budget))
+    metrics = list(dict.fromkeys(c.metric for cs in of_pair.values() for c in cs))
     t = Table("Across budgets", ["pair"] + metrics, [], caption=(
-        f"Each pair at each training budget (trainer.max_steps: {', '.join(map(str, budgets))}): its ratio (retrieval: "
-        "difference) and whether the adjusted test resolves it there (res. / n.r.; — not compared: fewer than two "
-        "shared seeds), then what holds across budgets: a claim is made only where it holds at every budget."))
-    pairs = dict.fromkeys((budget_key(c.a), budget_key(c.b)) for c in at_budget)
-    for a, b in pairs:
+        "Each pair declared at several training budgets (trainer.max_steps): at each, its ratio (retrieval: "
+        "difference) and whether the adjusted test resolves it there (res. / n.r.; — not compared there, e.g. fewer "
+        "than two shared seeds), then what holds across them: a claim is made only where it holds at every budget."))
+    for (a, b), cs in of_pair.items():
+        budgets = sorted({_budget(c.a) for c in cs})
         cells = []
         for m in metrics:
             by_budget: dict[int, Comparison | None] = dict.fromkeys(budgets)
-            for c in at_budget:
-                if (budget_key(c.a), budget_key(c.b), c.metric) == (a, b, m):
-                    by_budget[_budget(c.a)] = c
+            by_budget.update({_budget(c.a): c for c in cs if c.metric == m})
             parts = [f"{n}: " + ("—" if c is None or c.note else
                                  (f"{c.ratio:.3f}" if c.scale == "log" else f"{c.ratio:+.2f}")
                                  + (" res." if c.resolved else " n.r.")) for n, c in by_budget.items()]
