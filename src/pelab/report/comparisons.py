@@ -233,6 +233,8 @@ def compare(rows: Sequence[Row], keys: Sequence[str], metrics: Sequence[str] = C
                         c = Comparison(a, b, f"{name}@{L}", 0, math.nan, math.nan, math.nan, math.nan, scale="diff",
                                        note=f"not compared: {why}")
                 elif why := unpaired_because(a, b):  # a declared pair at a setting whose rows cannot be paired
+                    if len({j.metrics.get(f"{name}@{L}") for j in (*a.jobs, *b.jobs)}) == 1:
+                        continue  # one value in every run (a ratio at the training length): nothing to compare
                     c = Comparison(a, b, f"{name}@{L}", 0, math.nan, math.nan, math.nan, math.nan,
                                    note=f"not compared: {why}")
                 else:
