@@ -105,9 +105,9 @@ def varying_keys(frame: pd.DataFrame) -> list[str]:
     """Settings with more than one value across the jobs, bookkeeping keys excluded, and the settings of a part
     no job used (`SWITCHED`: probes where no job ran probes, the recall rows' where none mixed them in): a
     default changed between commits must not split runs that are the same."""
-    off = tuple(_switched_off(frame))
+    off, switches = tuple(_switched_off(frame)), {switch for _, switch in SWITCHED}
     return [k for k in frame.columns if not _ignored(k) and frame[k].nunique(dropna=False) > 1
-            and not (off and k.startswith(off) and k not in {s for _, s in SWITCHED})]
+            and not (k.startswith(off) and k not in switches)]
 
 
 def _n_groups(frame: pd.DataFrame, keys: Sequence[str]) -> int:

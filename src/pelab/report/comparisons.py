@@ -220,6 +220,7 @@ def compare(rows: Sequence[Row], keys: Sequence[str], metrics: Sequence[str] = C
     out = []
     learned = {id(r): kept for r in rows for kept in acquired_rows([r])[0]}
     for a, b in pairs(rows, keys, baseline, chosen):
+        unpaired = unpaired_because(a, b)  # a declared pair at a setting whose rows cannot be paired: said, not tested
         for name in metrics:
             found = sorted({int(k.rpartition("@")[2]) for j in a.jobs for k in j.metrics
                             if k.startswith(name + "@") and k.rpartition("@")[2].isdigit()})
@@ -232,11 +233,11 @@ def compare(rows: Sequence[Row], keys: Sequence[str], metrics: Sequence[str] = C
                                "fewer than two seeds acquired retrieval in both rows")
                         c = Comparison(a, b, f"{name}@{L}", 0, math.nan, math.nan, math.nan, math.nan, scale="diff",
                                        note=f"not compared: {why}")
-                elif why := unpaired_because(a, b):  # a declared pair at a setting whose rows cannot be paired
+                elif unpaired:
                     if len({j.metrics.get(f"{name}@{L}") for j in (*a.jobs, *b.jobs)}) == 1:
                         continue  # one value in every run (a ratio at the training length): nothing to compare
                     c = Comparison(a, b, f"{name}@{L}", 0, math.nan, math.nan, math.nan, math.nan,
-                                   note=f"not compared: {why}")
+                                   note=f"not compared: {unpaired}")
                 else:
                     c = paired(a, b, f"{name}@{L}")
                 if c is not None:
