@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from conftest import BPE_SMALL, _dm, _e2e, _src, _words_dir
-from pelab.data import CacheDirError, CacheRebuildWarning, LMDataModule, build_corpus, open_cache
+from pelab.data import LMDataModule, build_corpus, open_cache
 from pelab.data.cache import verify_entry
 from pelab.data.corpora import SPLITS
+from pelab.errors import CacheDirError, CacheRebuildWarning
 
 # ----------------------------------------------------------------------------- cache
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from conftest import _e2e, _src, _words_dir
-from pelab.data import CorpusError, TokenizerError, build_corpus, make_tokenizer, open_cache, split_of
+from pelab.data import build_corpus, make_tokenizer, open_cache, split_of
 from pelab.data.corpora import SPLITS, StdlibCorpus
+from pelab.errors import CorpusError, TokenizerError
 
 # ----------------------------------------------------------------------------- splits
 
@@ -116,7 +117,7 @@ def _latin1_dir(root: Path) -> tuple[Path, list[str]]:
 def test_latin1_files_decode_with_data_encoding_and_bits_per_byte_count_the_files_bytes(tmp_path):
     import warnings as _w
 
-    from pelab.data.corpora import CorpusWarning
+    from pelab.errors import CorpusWarning
 
     folder, texts = _latin1_dir(tmp_path / "latin")
     with _w.catch_warnings():
@@ -145,7 +146,7 @@ def test_latin1_files_decode_with_data_encoding_and_bits_per_byte_count_the_file
 
 
 def test_mixed_folder_skips_binaries_keeps_the_text_splits_and_trains(tmp_path):
-    from pelab.data.corpora import CorpusWarning
+    from pelab.errors import CorpusWarning
     from pelab.tasks.train import train
 
     text = _words_dir(tmp_path / "mixed", 20, 3_000)

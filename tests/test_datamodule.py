@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import _dm, _src
-from pelab.data import DataConfigError, LMDataModule
+from pelab.data import LMDataModule
+from pelab.errors import ConfigError
 from pelab.harness.build import build_datamodule
 
 
@@ -86,7 +87,7 @@ def test_validation_windows_and_eval_tokens(text_dir, tmp_path):
     assert all(b - a >= 16 for a, b in itertools.pairwise(starts)), "targets do not overlap"
     assert torch.equal(dm.eval_tokens("test", 100), dm.eval_tokens("test")[:100])
     assert dm.eval_tokens("val", 50).dtype == torch.int64
-    with pytest.raises(DataConfigError, match="the split has"):
+    with pytest.raises(ConfigError, match="the split has"):
         dm.eval_tokens("val", len(stream) + 1)
     assert next(iter(dm.test_dataloader())).shape == (2, 17)
 
@@ -119,12 +120,12 @@ def test_from_hydra_config(text_dir, tmp_path):
 
 @pytest.mark.parametrize("seq_len", [0, -5])
 def test_seq_len_must_be_positive(seq_len, text_dir, tmp_path):
-    with pytest.raises(DataConfigError, match="data.seq_len"):
+    with pytest.raises(ConfigError, match="data.seq_len"):
         LMDataModule(
             source=_src(text_dir), tokenizer="byte", seq_len=seq_len, batch_size=2, cache_dir=str(tmp_path)
         )
 
 
 def test_seq_len_longer_than_val_split(text_dir, tmp_path):
-    with pytest.raises(DataConfigError, match=r"data.seq_len=100000 .*split has only"):
+    with pytest.raises(ConfigError, match=r"data.seq_len=100000 .*split has only"):
         _dm(text_dir, tmp_path, tokenizer="byte", seq_len=100_000)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from conftest import embed
-from pelab.encodings import PositionOutOfRange, build_encoding
-from pelab.errors import is_user_error
+from pelab.encodings import build_encoding
+from pelab.errors import PositionOutOfRange, is_user_error
 
 
 # ---- sinusoidal --------------------------------------------------------------------------------------------

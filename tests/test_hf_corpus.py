@@ -10,9 +10,10 @@ import random
 import pytest
 
 from conftest import BPE_SMALL, _doc
-from pelab.data import CorpusError, CorpusUnavailable, LMDataModule, build_corpus
+from pelab.data import LMDataModule, build_corpus
 from pelab.data.corpora import SPLITS
 from pelab.data.hf_corpus import _wikitext_articles
+from pelab.errors import CorpusError, CorpusUnavailable
 
 
 def _rows(n: int, rng: random.Random) -> list[dict]:

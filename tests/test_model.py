@@ -14,8 +14,9 @@ from torch import nn
 
 from conftest import embed
 from encoding_inputs import MICRO
-from pelab.encodings import PositionOutOfRange, build_encoding, resolve_pe_config
+from pelab.encodings import build_encoding, resolve_pe_config
 from pelab.encodings.rotary import RoPE
+from pelab.errors import PositionOutOfRange
 from pelab.model import GPT, GPTConfig, build_model
 
 CONF = Path(__file__).resolve().parents[1] / "conf"

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from conftest import kv_pairs
-from pelab.data.recall import RecallLengthError, make_probe_samples, make_recall_batch
+from pelab.data.recall import make_probe_samples, make_recall_batch
 from pelab.data.tokenizer import ByteTokenizer
+from pelab.errors import RecallLengthError
 
 
 def test_too_short_length_is_a_clear_error(byte_tok):

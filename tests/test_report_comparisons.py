@@ -11,9 +11,10 @@ import pytest
 import scipy.stats
 
 from pelab import report
+from pelab.errors import ReportError
 from pelab.report.aggregation import group_rows
 from pelab.report.comparisons import compare, holm
-from pelab.report.discovery import ReportError, find_jobs
+from pelab.report.discovery import find_jobs
 from pelab.summary import write_summary
 
 SEEDS = (0, 1, 2)

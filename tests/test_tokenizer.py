@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from conftest import BPE_SMALL, _dm, _src
-from pelab.data import TokenizerError, build_corpus, make_tokenizer
+from pelab.data import build_corpus, make_tokenizer
 from pelab.data.corpora import SPLITS
 from pelab.data.tokenizer import load_pretrained
+from pelab.errors import TokenizerError
 
 TRICKY = [
     "héllo wörld 日本語 🙂 Ελληνικά\n",

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from conftest import _dm, _src
-from pelab.data import DataConfigError, LMDataModule
+from pelab.data import LMDataModule
+from pelab.errors import ConfigError
 
 
 def test_windows_deterministic_in_seed_step_rank(text_dir, tmp_path):
@@ -55,5 +56,5 @@ def test_recall_mix_hook_is_deterministic(text_dir, tmp_path):
         assert mixed == [True, True] + [False] * 6
         assert torch.equal(x, dm.train_dataset().batch(step))
     assert seen[::2] == [(step, (2, 33)) for step in range(5)]  # the step and the text rows it replaces
-    with pytest.raises(DataConfigError, match="data.recall_mix"):
+    with pytest.raises(ConfigError, match="data.recall_mix"):
         LMDataModule(source=_src(text_dir), tokenizer="byte", seq_len=8, batch_size=2, recall_mix=1.5)

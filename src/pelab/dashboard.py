@@ -28,14 +28,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pelab.errors import DashboardError
+
 GROUP_BY = "pe.name"  # config key the runs are grouped by
 TRAINING_METRICS = ["train/loss", "val/ppl", "val/ppl_lo", "val/ppl_hi", "train/tokens_per_sec", "train/mfu", "train/lr"]
 # Logged only where the device's peak FLOP/s is known (GPUs), never on CPU.
 DEVICE_DEPENDENT = {"train/mfu"}
-
-
-class DashboardError(ValueError):
-    """A setting or a missing optional package; the message says what to do."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,12 +4,12 @@ The DataModule names are loaded lazily, so `import pelab.data.recall` (or corpor
 does not pay for importing Lightning.
 """
 
-from pelab.data.cache import CacheDirError, CacheRebuildWarning, TokenCache, open_cache, resolve_cache_root
-from pelab.data.corpora import SPLITS, CorpusError, CorpusUnavailable, split_of
+from pelab.data.cache import TokenCache, open_cache, resolve_cache_root
+from pelab.data.corpora import SPLITS, split_of
 from pelab.data.sources import build_corpus
-from pelab.data.tokenizer import EOT, ByteTokenizer, HFTokenizer, TokenizerError, make_tokenizer
+from pelab.data.tokenizer import EOT, ByteTokenizer, HFTokenizer, make_tokenizer
 
-_LAZY = {"DataConfigError", "LMDataModule", "RecallMixer", "TrainWindows", "fixed_windows"}
+_LAZY = {"LMDataModule", "RecallMixer", "TrainWindows", "fixed_windows"}
 
 
 def __getattr__(name: str):
@@ -28,16 +28,10 @@ __all__ = [
     "EOT",
     "SPLITS",
     "ByteTokenizer",
-    "CacheDirError",
-    "CacheRebuildWarning",
-    "CorpusError",
-    "CorpusUnavailable",
-    "DataConfigError",
     "HFTokenizer",
     "LMDataModule",
     "RecallMixer",
     "TokenCache",
-    "TokenizerError",
     "TrainWindows",
     "build_corpus",
     "fixed_windows",

@@ -37,23 +37,16 @@ from typing import Any
 
 import numpy as np
 
-from pelab.data.corpora import SPLITS, CorpusError
+from pelab.data.corpora import SPLITS
 from pelab.data.sources import Corpus
 from pelab.data.tokenizer import EOT, Tokenizer, load_tokenizer, make_tokenizer, tokenizer_fingerprint
+from pelab.errors import CacheDirError, CacheRebuildWarning, CorpusError
 
 log = logging.getLogger(__name__)
 
 CACHE_VERSION = 2  # 2: whole-file checksums (`files`), n_bytes = the documents' bytes on disk
 _VERIFIED = "verified.json"
 _CHUNK_BYTES = 4 << 20  # text per encode_batch call
-
-
-class CacheDirError(ValueError):
-    """The cache folder cannot be created or written."""
-
-
-class CacheRebuildWarning(UserWarning):
-    """A cached entry was truncated or inconsistent and is being rebuilt."""
 
 
 def resolve_cache_root(cache_dir: str | os.PathLike | None = None) -> Path:

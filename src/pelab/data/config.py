@@ -17,9 +17,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from pelab.checks import is_int, need, show, typed_group
 from pelab.data.recall import MQAR, MQAR_KINDS, PASSKEY_SINGLE, SINGLE_KINDS, TRAIN_KINDS
 from pelab.data.tokenizer import TOKENIZER_KINDS
-from pelab.errors import is_int, need, show, typed_group
 
 # How the data loader scores synthetic recall rows (see pelab.data.datamodule).
 RECALL_LOSSES = ("all", "answers", "two_means")

@@ -27,19 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from pelab.errors import CorpusError, CorpusWarning
+
 SPLITS = ("train", "val", "test")
-
-
-class CorpusError(ValueError):
-    """Bad data settings (missing folder, no files, unknown field, ...)."""
-
-
-class CorpusUnavailable(CorpusError):
-    """A remote corpus cannot be fetched (offline, unknown name, ...)."""
-
-
-class CorpusWarning(UserWarning):
-    """Some files of a text folder were skipped (binary) or not fully decodable."""
 
 
 # ----------------------------------------------------------------------------- splitting

@@ -27,7 +27,6 @@ from pelab.data.windows import FixedWindows, Mixer, TrainWindows, fixed_windows
 from pelab.errors import ConfigError
 
 # Bad loader settings (seq_len, batch_size, recall_mix, ...): the package's one user-error class.
-DataConfigError = ConfigError
 
 
 class LMDataModule(L.LightningDataModule):
@@ -100,7 +99,7 @@ class LMDataModule(L.LightningDataModule):
         cache = open_cache(build_corpus(self.source_cfg), self.tokenizer_cfg, self.cache_dir)
         for split in SPLITS:
             if cache.n_tokens(split) < self.seq_len + 1:
-                raise DataConfigError(
+                raise ConfigError(
                     f"data.seq_len={self.seq_len} needs windows of {self.seq_len + 1} tokens but the {split} "
                     f"split has only {cache.n_tokens(split)}; lower data.seq_len or use a larger corpus"
                 )
@@ -205,7 +204,7 @@ class LMDataModule(L.LightningDataModule):
         if n_tokens is None:
             n_tokens = len(tokens)
         if not 0 < n_tokens <= len(tokens):
-            raise DataConfigError(
+            raise ConfigError(
                 f"asked for {n_tokens} contiguous {split} tokens but the split has {len(tokens)}; "
                 "evaluate at shorter lengths / fewer windows or use a larger corpus (data.source)"
             )

@@ -10,14 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from pelab.data.corpora import (
-    CorpusError,
-    CorpusUnavailable,
     capped,
     check_split,
     split_of,
     to_plain,
     utf8_sized,
 )
+from pelab.errors import CorpusError, CorpusUnavailable
 
 _VAL_NAMES = ("validation", "valid", "val", "dev")
 _WIKITEXT_TITLE = re.compile(r"^ = [^=].* = *\n?$")  # top-level " = Title = " lines only

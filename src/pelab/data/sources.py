@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pelab.data.corpora import CorpusError, StdlibCorpus, TextDirCorpus
+from pelab.data.corpora import StdlibCorpus, TextDirCorpus
 from pelab.data.hf_corpus import HFCorpus
+from pelab.errors import CorpusError
 
 Corpus = StdlibCorpus | TextDirCorpus | HFCorpus
 SOURCES = ("stdlib", "text_dir", "hf")

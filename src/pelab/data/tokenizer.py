@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from pelab.errors import TokenizerError
+
 EOT = "<|endoftext|>"
 TOKENIZER_KINDS = ("bpe", "byte", "pretrained")
 # BPE merges are learned on at most this much of the train split (spread over it): far faster than the whole
@@ -35,10 +37,6 @@ TOKENIZER_KINDS = ("bpe", "byte", "pretrained")
 DEFAULT_TRAIN_BYTES = 8_000_000
 _COMMON_EOS = (EOT, "</s>", "<eos>", "<|end_of_text|>", "<|eot_id|>", "[SEP]")
 RESERVED_DEFAULT = 64  # keys and values each: conf/tokenizer/*.yaml
-
-
-class TokenizerError(ValueError):
-    """Bad tokenizer settings or an unavailable hub tokenizer."""
 
 
 class _Reserved:

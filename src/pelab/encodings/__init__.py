@@ -7,7 +7,7 @@ Add a scheme: a module with a ``PositionEncoding`` subclass (and its ``Config`` 
 
 from __future__ import annotations
 
-from pelab.encodings.base import PEConfig, PositionEncoding, PositionOutOfRange, PositionState
+from pelab.encodings.base import PEConfig, PositionEncoding, PositionState
 from pelab.encodings.config import (
     available_encodings,
     build_encoding,
@@ -21,7 +21,6 @@ from pelab.encodings.config import (
 __all__ = [
     "PEConfig",
     "PositionEncoding",
-    "PositionOutOfRange",
     "PositionState",
     "available_encodings",
     "build_encoding",

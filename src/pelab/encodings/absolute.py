@@ -7,8 +7,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from pelab.checks import need
 from pelab.encodings.base import PEConfig, PositionEncoding, PositionState, positions_as_float
-from pelab.errors import ConfigError, need
+from pelab.errors import ConfigError
 
 
 class NoPE(PositionEncoding):

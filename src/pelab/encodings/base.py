@@ -31,16 +31,13 @@ import torch
 from omegaconf import MISSING
 from torch import Tensor, nn
 
-from pelab.errors import ConfigError, need
+from pelab.checks import need
+from pelab.errors import ConfigError, PositionOutOfRange
 from pelab.ops import BiasFn, CausalBias, causal_bias, distance_bias
 
 # A (H, T, T) bias (times B for per-batch positions) is materialised once per forward up to this many
 # elements (256 MB in fp32); longer inputs compute it per query chunk inside attention instead.
 MAX_BIAS_ELEMENTS = 64 * 2**20
-
-
-class PositionOutOfRange(ValueError):
-    """A position the encoding cannot represent (e.g. past the end of a learned table)."""
 
 
 @dataclass

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pelab.checks import need
 from pelab.encodings.base import PEConfig, PositionEncoding
-from pelab.errors import need
 
 
 def _distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:

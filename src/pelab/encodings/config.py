@@ -17,8 +17,9 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from pelab import CONF_DIR
+from pelab.checks import typed
 from pelab.encodings.base import PEConfig, PositionEncoding
-from pelab.errors import ConfigError, typed
+from pelab.errors import ConfigError
 
 PE_CONF_DIR = Path(CONF_DIR) / "pe"
 

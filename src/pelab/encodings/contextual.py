@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from pelab.checks import need
 from pelab.encodings.base import PEConfig, PositionEncoding, PositionState
-from pelab.errors import need
 from pelab.ops import future_mask
 
 

@@ -29,8 +29,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from pelab.checks import need
 from pelab.encodings.base import PEConfig, PositionEncoding, PositionState, positions_as_float
-from pelab.errors import need
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pelab.encodings import PositionOutOfRange
+from pelab.errors import PositionOutOfRange
 from pelab.evaluation.common import evaluating, model_device
 
 STATS = ("entropy", "distance", "mass_past_L", "max_logit")

@@ -9,9 +9,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from pelab.checks import need, show
 from pelab.data.corpora import SPLITS
 from pelab.data.recall import MQAR, MQAR_OFFSET, RECALL_KINDS
-from pelab.errors import ConfigError, need, show
+from pelab.errors import ConfigError
 from pelab.evaluation.extrapolation import PROTOCOLS, resolve_lengths
 
 FILLERS = ("val", "sentence")  # probes.filler: real validation text or the classic repeated sentence

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pelab.encodings import PositionOutOfRange
+from pelab.errors import PositionOutOfRange
 from pelab.evaluation import stats
 from pelab.evaluation.common import evaluating, model_device, not_applicable_note, safe_exp, windows_per_batch
 from pelab.summary import json_safe

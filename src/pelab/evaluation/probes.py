@@ -42,12 +42,11 @@ from torch import Tensor, nn
 from pelab.data.recall import (
     MQAR_OFFSET,
     RECALL_KINDS,
-    RecallLengthError,
     RecallSample,
     as_id_list,
     make_probe_samples,
 )
-from pelab.encodings import PositionOutOfRange
+from pelab.errors import PositionOutOfRange, RecallLengthError
 from pelab.evaluation import stats
 from pelab.evaluation.common import evaluating, model_device, not_applicable_note, windows_per_batch
 from pelab.summary import json_safe

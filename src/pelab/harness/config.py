@@ -10,7 +10,7 @@ from typing import Any, get_args
 
 from omegaconf import DictConfig, OmegaConf
 
-from pelab.errors import is_int, need, resolved_value, show, typed_group
+from pelab.checks import is_int, need, resolved_value, show, typed_group
 
 
 @dataclass

@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pelab.checks import typed_group
 from pelab.encodings import PositionEncoding, PositionState
-from pelab.errors import ConfigError, typed_group
+from pelab.errors import ConfigError
 from pelab.model.attention import ATTN_BACKENDS, causal_attention
 from pelab.model.logits import observed_attention
 

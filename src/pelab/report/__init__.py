@@ -25,7 +25,7 @@ over seeds), tables, figures and document (rendering), upload (W&B), cli.
 
 from pelab.report.aggregation import Row, aggregate, group_rows, pe_defaults
 from pelab.report.cli import main
-from pelab.report.discovery import Job, ReportError, find_jobs
+from pelab.report.discovery import Job, find_jobs
 from pelab.report.document import REPORT_FILE, Report, build_report
 from pelab.report.upload import upload_to_wandb
 
@@ -33,7 +33,6 @@ __all__ = [
     "REPORT_FILE",
     "Job",
     "Report",
-    "ReportError",
     "Row",
     "aggregate",
     "build_report",

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pelab.report.discovery import ReportError
+from pelab.errors import ReportError
 from pelab.report.document import build_report
 from pelab.report.tables import last_line
 from pelab.report.upload import upload_to_wandb

@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 import scipy.stats
 
+from pelab.errors import ReportError
 from pelab.evaluation.stats import difference_interval
 from pelab.report.aggregation import Row, acquired_rows, outcome_matrix, pairing_key, settings
-from pelab.report.discovery import ReportError
 
 ALPHA = 0.05
 # The metrics compared, by default: on the log scale (perplexities and ratios are positive; a difference of logs

@@ -12,16 +12,13 @@ from typing import Any
 
 import pandas as pd
 
+from pelab.errors import ReportError
 from pelab.summary import SUMMARY_FILE, as_float, read_summary
 
 # Where a run keeps its Lightning CSV log (logger=csv / wandb+csv), and where a study that copies a run's
 # summary.json keeps the log beside it.
 CSV_LOGS = ("csv/metrics.csv", "metrics.csv")
 UNFINISHED = "no summary.json (still running, or killed before it could write one)"
-
-
-class ReportError(ValueError):
-    """Nothing to report (no summary.json under the given folders)."""
 
 
 @dataclass

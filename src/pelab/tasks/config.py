@@ -18,9 +18,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 import pelab.tasks.names  # noqa: F401  registers the resolver the run name uses (${pelab.sweep_suffix:})
+from pelab.checks import is_int, need, resolved_value, show, typed_group
 from pelab.data.config import LoaderConfig, TokenizerConfig, check_loader, check_reserved, check_tokenizer
 from pelab.encodings import resolve_pe_config
-from pelab.errors import ConfigError, is_int, need, resolved_value, show, typed_group
+from pelab.errors import ConfigError
 from pelab.evaluation.config import EvalConfig, ProbesConfig, check_eval, check_probes
 from pelab.harness.config import (
     OptimConfig,

@@ -21,7 +21,7 @@ from pelab.data.recall.kinds import (
 
 _LAZY = {  # name -> submodule
     "make_probe_samples": "factories", "make_recall_batch": "factories", "OFFSET_DEPTH": "mqar",
-    "PASSKEY_FILLER": "pieces", "as_id_list": "pieces", "RecallLengthError": "sample", "RecallSample": "sample",
+    "PASSKEY_FILLER": "pieces", "as_id_list": "pieces", "RecallSample": "sample",
     "in_space": "spaces",
 }
 
@@ -48,7 +48,6 @@ __all__ = [
     "RECALL_KINDS",
     "SINGLE_KINDS",
     "TRAIN_KINDS",
-    "RecallLengthError",
     "RecallSample",
     "as_id_list",
     "in_space",

@@ -24,8 +24,9 @@ from pelab.data.recall.kv import build_kv, kv_samplers
 from pelab.data.recall.mqar import mqar_probe, mqar_rows
 from pelab.data.recall.passkey import build_passkey
 from pelab.data.recall.pieces import Pieces, as_id_list, pieces_of
-from pelab.data.recall.sample import RecallLengthError, RecallSample, Tokenizer
+from pelab.data.recall.sample import RecallSample, Tokenizer
 from pelab.data.recall.spaces import PASSKEY_MAX, PASSKEY_MIN, PROBE_SPACE, TRAIN_SPACE, reserved_ids
+from pelab.errors import RecallLengthError
 
 
 def _check_depth(depth: float) -> float:

@@ -9,8 +9,8 @@ from typing import Any
 
 from pelab.data.recall.kinds import KV_SINGLE
 from pelab.data.recall.pieces import Pieces
-from pelab.data.recall.sample import RecallLengthError
 from pelab.data.recall.spaces import ANY_SPACE, HexSampler, ReservedSampler, hex_sampler, reserved_ids
+from pelab.errors import RecallLengthError
 
 
 def kv_samplers(pc: Pieces, kind: str, space: str, key_len: int, value_len: int) -> tuple[Any, Any]:

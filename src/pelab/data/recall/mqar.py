@@ -11,8 +11,9 @@ import numpy as np
 
 from pelab.data.recall.kinds import MQAR_OFFSET
 from pelab.data.recall.pieces import Pieces
-from pelab.data.recall.sample import RecallLengthError, RecallSample
+from pelab.data.recall.sample import RecallSample
 from pelab.data.recall.spaces import reserved_ids
+from pelab.errors import RecallLengthError
 
 OFFSET_DEPTH = 0.5  # mqar_offset: the gold's depth inside its window (fixed distance to the query)
 

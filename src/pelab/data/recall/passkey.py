@@ -7,8 +7,8 @@ import random
 from collections.abc import Sequence
 
 from pelab.data.recall.pieces import PASSKEY_FILLER, Pieces
-from pelab.data.recall.sample import RecallLengthError
 from pelab.data.recall.spaces import passkey_in_space
+from pelab.errors import RecallLengthError
 
 
 def _passkey_parts(pc: Pieces, key: str | int) -> tuple[list[int], int, list[int], list[int]]:

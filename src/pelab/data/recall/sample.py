@@ -40,5 +40,3 @@ class RecallSample:
     prefix: int = 0
 
 
-class RecallLengthError(ValueError):
-    """The requested length cannot hold one recall instance."""

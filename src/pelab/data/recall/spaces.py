@@ -9,7 +9,7 @@ import zlib
 from typing import Any
 
 from pelab.data.recall.pieces import Pieces
-from pelab.data.recall.sample import RecallLengthError
+from pelab.errors import RecallLengthError
 
 TRAIN_SPACE, PROBE_SPACE = "train", "probe"
 SPACES = (TRAIN_SPACE, PROBE_SPACE)
