@@ -10,8 +10,6 @@ import json
 import os
 import random
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,45 +23,21 @@ if TYPE_CHECKING:
 # Tests run small tensors: one thread avoids OpenMP spin contention with subprocesses and helpers.
 torch.set_num_threads(1)
 
-ROOT = Path(__file__).resolve().parents[1]
-CONF_DIR = str(ROOT / "conf")  # the configs of this checkout (pelab.CONF_DIR in an editable install)
-
-# Small, fast settings for end-to-end runs: micro model, byte tokenizer, a capped stdlib corpus.
-FAST = [
-    "model=micro",
-    "tokenizer=byte",
-    "data.seq_len=32",
-    "data.recall_mix=0.0",  # 32-token windows are too short for a recall sequence (kv needs 37)
-    "data.batch_size=8",
-    "data.val_windows=16",
-    "trainer=cpu",
-    "trainer.max_steps=30",
-    "trainer.val_check_interval=15",
-    "trainer.log_every_n_steps=5",
-    "optim.warmup_steps=5",
-    "callbacks.progress_bar=false",
-    "eval.lengths=[1,2]",
-    "eval.tokens=256",
-    "probes.samples=2",
-    "probes.lengths=[1]",
-    # what these tests were written against (the default run has moved to a retrieval recipe since)
-    "probes.kinds=[kv,passkey]",
-    "eval.protocols=[nonoverlap,sliding]",
-    "data.recall_kinds=[kv,passkey]",
-    "data.recall_loss=all",
-    "data.recall_curriculum=null",
-    "optim.lr=2e-3",
-    "optim.betas=[0.9,0.95]",
-]
-
-
-def shared_tmp(tmp_path_factory, name: str) -> Path:
-    """A folder every pytest-xdist worker of this session sees (their base temps share a parent)."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):  # one process
-        return tmp_path_factory.mktemp(name)
-    path = tmp_path_factory.getbasetemp().parent / name
-    path.mkdir(exist_ok=True)
-    return path
+# Re-exported for the test files that still import them from here (moving to `helpers`).
+from helpers.runs import (  # noqa: F401
+    CONF_DIR,
+    FAST,
+    ROOT,
+    SWEEP_ARGS,
+    compose,
+    isolated_env,
+    offline_runs,
+    run_cli,
+    summaries,
+    wandb_records,
+    wandb_summary,
+)
+from helpers.shared import build_once, shared_tmp
 
 
 @pytest.fixture(scope="session")
@@ -85,88 +59,31 @@ def _isolated_env(cache_dir, monkeypatch):
     yield
 
 
-# The shared multirun: rope, alibi x seeds 0, 1; evaluated at 32, 64, 128 tokens; probes at 32, 64.
-SWEEP_ARGS = [
-    *FAST,
-    "pe=rope,alibi",
-    "seed=0,1",
-    "logger=csv",
-    "trainer.max_steps=10",
-    "trainer.val_check_interval=10",
-    "eval.lengths=[1,2,4]",
-    "probes.lengths=[1,2]",
-]
-
-
 @pytest.fixture(scope="session")
 def sweep(tmp_path_factory, cache_dir) -> Path:
     """One real 2 x 2 Hydra multirun (SWEEP_ARGS) for every test that reads a sweep's summaries: the
     sweep, report and dashboard tests (~25 s on 2 busy cores, once per session, whichever xdist worker asks first)."""
-    from pelab.data.cache import _locked
+    def build(root: Path) -> None:
+        out = run_cli(["-m", *SWEEP_ARGS, f"hydra.sweep.dir={root / 'multirun'}"], cwd=root,
+                      env={"PELAB_CACHE_DIR": str(cache_dir)})
+        assert out.returncode == 0, out.stderr[-3000:]
 
-    root = shared_tmp(tmp_path_factory, "sweep")
-    sweep_dir = root / "multirun"
-    with _locked(root / "build.lock"):  # built by the first worker that needs it; the others wait for it
-        if not (root / "done").exists():
-            out = run_cli(["-m", *SWEEP_ARGS, f"hydra.sweep.dir={sweep_dir}"], cwd=root,
-                          env={"PELAB_CACHE_DIR": str(cache_dir)})
-            assert out.returncode == 0, out.stderr[-3000:]
-            (root / "done").touch()
-    return sweep_dir
+    return build_once(tmp_path_factory, "sweep", build) / "multirun"
 
 
-def summaries(folder: Path) -> list[dict]:
-    """The summary.json of every job folder of a multirun, in folder order."""
-    from pelab.summary import SUMMARY_FILE, read_summary
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory, cache_dir) -> Path:
+    """The uninterrupted RESUME run (helpers.resume) that the kill, signal and checkpoint tests compare against or
+    read: trained once per session, in this process (bit-identical to the same command line in a subprocess)."""
+    from helpers.resume import RESUME
+    from pelab.tasks.train import train
 
-    return [read_summary(p) for p in sorted(folder.glob(f"*/{SUMMARY_FILE}"))]
+    def build(out: Path) -> None:
+        with isolated_env(cache_dir):
+            summary = train(compose(RESUME, out / "run"))
+        assert summary["status"] == "ok" and summary["global_step"] == 60
 
-
-def compose(overrides: list[str], output_dir: Path | None = None, config_name: str = "train"):
-    """Real Hydra composition of conf/<config_name>.yaml with overrides (no Hydra job started)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    extra = [f"paths.output_dir={output_dir}"] if output_dir is not None else []
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return hydra_compose(config_name=config_name, overrides=[*overrides, *extra])
-
-
-def run_cli(args: list[str], cwd: Path, timeout: int = 600, env: dict | None = None,
-            script: str = "train.py") -> subprocess.CompletedProcess:
-    """Run `python train.py ...` (or eval.py) as a user would, in a subprocess, no stdin."""
-    # One thread, like this test process: an eval.py rerun then reproduces in-process numbers bit for bit.
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run(
-        [sys.executable, str(ROOT / script), *args],
-        cwd=cwd, env=full_env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout, check=False,
-    )
-
-
-def wandb_summary(run_path: Path) -> dict:
-    """Read an offline W&B run back with `wandb leet inspect --summary --json`."""
-    wandb_bin = Path(sys.executable).parent / "wandb"
-    out = subprocess.run(
-        [str(wandb_bin), "leet", "inspect", "--summary", "--json", str(run_path)],
-        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, check=False,
-    )
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
-
-
-def wandb_records(run_path: Path) -> list[dict]:
-    """Every record of an offline run (`wandb leet inspect --json`), one dict per record."""
-    wandb_bin = Path(sys.executable).parent / "wandb"
-    out = subprocess.run(
-        [str(wandb_bin), "leet", "inspect", "--json", str(run_path)],
-        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, check=False,
-    )
-    assert out.returncode == 0, out.stderr
-    return [json.loads(line) for line in out.stdout.splitlines() if line.strip().startswith("{")]
-
-
-def offline_runs(folder: Path) -> list[Path]:
-    return sorted(folder.rglob("offline-run-*"))
+    return build_once(tmp_path_factory, "reference", build) / "run"
 
 
 def rotate(pe, q, k, pos):

@@ -19,6 +19,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from helpers.shared import build_once
+
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "src" / "pelab"
 CONF = ROOT / "conf"  # shipped as the package pelab.conf ([tool.setuptools] package-dir in pyproject.toml)
@@ -30,32 +32,33 @@ SCRIPTS = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def wheel(tmp_path_factory) -> zipfile.ZipFile:
     """The wheel built from a copy of the sources (the build must not write build/ into the checkout, and a
     stale build/lib could hide a file the wheel misses). No build isolation: setuptools is a dev dependency,
-    so this needs no index."""
-    tmp = tmp_path_factory.mktemp("wheel")
-    src = tmp / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, src / name)
-    for name in ("src", "conf"):
-        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "wheel",
-        "-q",
-        "--no-deps",
-        "--no-build-isolation",
-        "-w",
-        str(tmp),
-        str(src),
-    ]
-    subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL, capture_output=True, timeout=300)
-    (path,) = tmp.glob("pelab-*.whl")
+    so this needs no index. Built once per session, by the first xdist worker that asks."""
+    def build(tmp: Path) -> None:
+        src = tmp / "src"
+        src.mkdir()
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy(ROOT / name, src / name)
+        for name in ("src", "conf"):
+            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp),
+            str(src),
+        ]
+        subprocess.run(cmd, check=True, stdin=subprocess.DEVNULL, capture_output=True, timeout=300)
+
+    (path,) = build_once(tmp_path_factory, "wheel", build).glob("pelab-*.whl")
     with zipfile.ZipFile(path) as zf:
         yield zf
 

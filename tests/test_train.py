@@ -14,6 +14,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from conftest import FAST, compose, offline_runs, run_cli, wandb_records, wandb_summary
+from helpers.runs import summary_of
 from pelab.encodings import available_encodings
 from pelab.harness.callbacks import SparseRichProgressBar
 from pelab.tasks.train import train
@@ -215,3 +216,29 @@ def test_the_schedule_is_linear_warmup_then_cosine_to_its_floor():
     assert lr_lambda(110, warmup, total, floor) == pytest.approx(floor) == lr_lambda(500, warmup, total, floor)
     # a quarter of a 6,000-step run is not the end of a 1,500-step run: the rate there is still 86% of the peak
     assert lr_lambda(1500, 75, 6000, floor) > 0.85 > lr_lambda(1500, 75, 1500, floor)
+
+
+# -- failures after training (moved from tests/test_reliability.py) --------------------------------------------
+def test_an_evaluation_failure_keeps_the_training_metrics(tmp_path, monkeypatch):
+    # Bad settings are refused before the first step now, so the failure is injected into the evaluation itself
+    # (what a crash there, e.g. a lost file system, looks like to the task).
+    from pelab.evaluation import suite
+
+    def broken(*args, **kwargs):
+        raise ValueError("evaluation broke")
+
+    monkeypatch.setattr(suite, "run_evaluation", broken)
+    cfg = compose([*FAST, "logger=csv", "trainer.max_steps=4", "trainer.val_check_interval=4"], tmp_path)
+    with pytest.raises(ValueError, match="evaluation broke"):
+        train(cfg)
+    summary = summary_of(tmp_path)
+    assert summary["status"] == "failed" and summary["global_step"] == 4
+    assert summary["metrics"]["val/ppl"] > 1 and "train/loss" in summary["metrics"]
+
+def test_probe_lengths_too_short_are_not_applicable(tmp_path):
+    summary = train(compose([*FAST, "logger=csv", "data.seq_len=8", "trainer.max_steps=2", "trainer.val_check_interval=2",
+                             "eval.lengths=[1]", "probes.lengths=[1]"], tmp_path))
+    assert summary["status"] == "ok"
+    assert math.isnan(summary["metrics"]["probe/kv/acc@8"]) and math.isnan(summary["metrics"]["probe/passkey/acc@8"])
+    rows = summary_of(tmp_path)["evaluation"]["probes"]["rows"]
+    assert all(r["note"].startswith("n/a") and "needs at least" in r["note"] for r in rows)

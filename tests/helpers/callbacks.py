@@ -1,0 +1,35 @@
+"""Test callbacks, instantiated from the config like any callback (`+callbacks.x._target_=helpers.callbacks.X`),
+in-process or in a launched `train.py` (which gets tests/ on its PYTHONPATH: helpers.runs.launch)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from lightning.pytorch.callbacks import Callback
+
+
+class SlowSteps(Callback):
+    """From step `after` on, each step starts with a `seconds` sleep, announced on stdout, so that a signal can be
+    sent while a step is under way."""
+
+    def __init__(self, after: int = 0, seconds: float = 5.0):
+        self.after, self.seconds = after, seconds
+
+    def on_train_batch_start(self, trainer, *_) -> None:
+        if trainer.global_step >= self.after:
+            print(f"slow step {trainer.global_step}", flush=True)
+            time.sleep(self.seconds)
+
+
+class WorsenAfter(Callback):
+    """From step `step` on, noise on the token embeddings before every validation, so that the later validations
+    are worse than the one before."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_validation_start(self, trainer, pl_module):
+        if trainer.global_step >= self.step:
+            with torch.no_grad():
+                pl_module.model.tok_emb.weight.add_(torch.randn_like(pl_module.model.tok_emb.weight))

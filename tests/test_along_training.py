@@ -1,0 +1,44 @@
+"""eval.at (pelab.harness.along_training): the extrapolation evaluation at fractions of training, logged along it,
+and kept across a kill and relaunch.
+
+The end-to-end test moved from tests/test_reliability.py (split by concern).
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from helpers.runs import FAST, csv_rows, finish, launch, load_checkpoint, run_cli, summary_of, wait_until
+
+
+@pytest.mark.slow
+def test_eval_at_logs_along_training_and_a_kill_between_points_keeps_the_first(tmp_path):
+    """eval.at=[0.5, 1.0] on 60 steps (validation every 20): a point at step 40 (mid-schedule) and the end at 60.
+    SIGKILL after the first point's checkpoint; the resumed run keeps it and adds the end."""
+    out = tmp_path / "run"
+    args = [*FAST, "logger=csv", "trainer.max_steps=60", "trainer.val_check_interval=20",
+            "callbacks.checkpoint.every_n_steps=10", "callbacks.throughput=false", "probes.enabled=false",
+            "eval.lengths=[1,2]", "eval.tokens=512", "eval.at=[0.5,1.0]", "eval.at_tokens=256", f"paths.output_dir={out}"]
+    proc = launch(args, tmp_path)
+    wait_until(lambda: (out / "checkpoints" / "last.ckpt").exists() and load_checkpoint(out / "checkpoints" / "last.ckpt")[
+        "global_step"] >= 50, proc)
+    proc.send_signal(signal.SIGKILL)
+    finish(proc)
+    killed = summary_of(out)
+    assert [p["step"] for p in killed["along_training"]] == [40]
+    first = killed["along_training"][0]
+    # asked for half of 60 steps; run at the nearest validation step, 40 (validation every 20)
+    assert first["schedule"] == "mid-schedule" and first["asked"] == 0.5 and first["fraction"] == pytest.approx(2 / 3)
+    assert first["blocks"] == 4
+    res = run_cli([*args, "ckpt_path=auto"], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    s = summary_of(out)
+    assert [(p["step"], p["schedule"]) for p in s["along_training"]] == [(40, "mid-schedule"), (60, "end")]
+    assert s["along_training"][0] == first  # kept as measured before the kill
+    assert s["along_training"][1]["metrics"]["extrap/ppl@64"] == s["metrics"]["extrap/ppl@64"]
+    assert s["along_training"][1]["tokens_seen"] == 60 * 8 * 32
+    logged = [int(r["step"]) for r in csv_rows(out) if r.get("extrap/ppl@64")]
+    validations = sorted({int(r["step"]) for r in csv_rows(out) if r.get("val/ppl")})
+    assert logged == [validations[1]]  # the mid-schedule point, logged with the validation at step 40

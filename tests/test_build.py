@@ -1,0 +1,49 @@
+"""pelab.harness.build: the thread count a run takes (threads=auto from the free cores, a number, OMP_NUM_THREADS, a
+resumed run's own) and the busy-core reading it rests on.
+
+Moved from tests/test_reliability.py (split by concern).
+"""
+
+from __future__ import annotations
+
+
+def test_threads_auto_takes_the_free_cores_and_a_number_wins(monkeypatch):
+    import os
+
+    import torch
+
+    from pelab.harness import build
+
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(build, "busy_cores", lambda: (2.6, "2.6 cores busy"))
+    try:
+        assert build.set_threads("auto", None, 1)["used"] == 5 == torch.get_num_threads()  # 8 cores, ~3 busy
+        assert build.set_threads("auto", None, 2)["used"] == 2  # shared by two processes
+        monkeypatch.setattr(build, "busy_cores", lambda: (11.0, "11 cores busy"))
+        assert build.set_threads("auto", None, 1)["used"] == 1  # never 0
+        assert build.set_threads(3, None, 1) == {"used": 3, "chosen_by": "threads=3"}
+        assert build.set_threads(3, {"used": 2, "chosen_by": "threads=2"}, 1)["used"] == 2  # a resumed run keeps its own
+        monkeypatch.setenv("OMP_NUM_THREADS", "4")
+        assert build.set_threads("auto", None, 1) == {"used": 4, "chosen_by": "OMP_NUM_THREADS"}
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_busy_cores_sees_a_busy_process():
+    """A real process spinning on one core is seen (whatever else the machine runs, at least that core is busy)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from pelab.harness.build import busy_cores
+
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        busy, how = busy_cores(1.0)
+    finally:
+        spin.kill()
+    assert 0.6 <= busy <= os.cpu_count() + 0.01 and "cores busy" in how, busy

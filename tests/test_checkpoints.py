@@ -1,0 +1,80 @@
+"""Checkpoints (pelab.harness.checkpoints): another run's checkpoint is refused before any work, a truncated one is
+a one-line error (train.py and eval.py), eval of a checkpoint with another encoding or vocabulary is refused, and
+last.ckpt follows every validation while best.ckpt keeps the best.
+
+Moved from tests/test_reliability.py (split by concern); the other bad inputs: tests/test_bad_inputs.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers.resume import RESUME
+from helpers.runs import FAST, ONE_THREAD, compose, csv_rows, load_checkpoint, run_cli, summary_of
+from pelab.errors import CheckpointError
+from pelab.tasks.train import train
+
+
+@pytest.mark.parametrize("overrides, setting", [
+    (["model.d_model=64"], "model.d_model=32 in the checkpoint but 64 now"),
+    (["tokenizer=bpe"], "tokenizer.kind='byte' in the checkpoint but 'bpe' now"),
+    (["pe=alibi"], "pe.name='rope' in the checkpoint but 'alibi' now"),
+])
+def test_resuming_another_runs_checkpoint_is_refused_before_any_work(reference, overrides, setting, tmp_path):
+    ckpt = reference / "checkpoints" / "last.ckpt"
+    cfg = compose([*RESUME, "logger=csv", f"ckpt_path={ckpt}", *overrides], tmp_path)
+    with pytest.raises(CheckpointError, match=f"ckpt_path={ckpt} belongs to another run: .*{setting}"):
+        train(cfg)
+    assert "data" not in summary_of(tmp_path)  # refused before the data was built
+
+
+def test_truncated_checkpoint_is_a_clear_error(reference, tmp_path):
+    data = (reference / "checkpoints" / "last.ckpt").read_bytes()
+    bad = tmp_path / "truncated.ckpt"
+    bad.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=f"ckpt_path={bad} is not a readable checkpoint"):
+        train(compose([*RESUME, "logger=csv", f"ckpt_path={bad}"], tmp_path / "run"))
+
+
+@pytest.mark.slow
+def test_eval_py_prints_one_line_for_a_corrupted_checkpoint(reference, tmp_path):
+    data = (reference / "checkpoints" / "last.ckpt").read_bytes()
+    bad = tmp_path / "truncated.ckpt"
+    bad.write_bytes(data[: len(data) // 2])
+    res = run_cli([f"ckpt_path={bad}", f"paths.output_dir={tmp_path / 'eval'}", "logger=csv"], cwd=tmp_path,
+                  script="eval.py", env=ONE_THREAD, timeout=180)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert res.stderr.strip().splitlines()[-1].startswith(f"Error: ckpt_path={bad} is not a readable checkpoint")
+    assert summary_of(tmp_path / "eval")["status"] == "failed"
+
+
+def test_eval_of_a_checkpoint_with_another_encoding_or_vocabulary_is_refused(reference, tmp_path):
+    from pelab.errors import ConfigError
+    from pelab.tasks.evaluate import evaluate, merged_config
+
+    ckpt = load_checkpoint(reference / "checkpoints" / "last.ckpt")
+    eval_cfg = compose(["pe=alibi"], config_name="eval", output_dir=tmp_path)
+    with pytest.raises(ConfigError, match="pe=alibi does not fit this checkpoint, trained with pe=rope"):
+        merged_config(ckpt["hyper_parameters"]["cfg"], eval_cfg, ["pe"])
+
+    # The tokenizer changed since training: the vocabulary no longer matches the weights.
+    ckpt["hyper_parameters"]["vocab_size"] = 300
+    other = tmp_path / "other-vocab.ckpt"
+    torch.save(ckpt, other)
+    cfg = compose([f"ckpt_path={other}", "logger=csv"], config_name="eval", output_dir=tmp_path / "eval")
+    with pytest.raises(ConfigError, match="vocabulary has 300 ids but its tokenizer now gives 385"):
+        evaluate(cfg)
+
+
+def test_last_ckpt_is_the_last_validation_even_when_validation_got_worse(tmp_path):
+    """Validations after step 20 are made worse: best.ckpt stays at 20 while last.ckpt follows every validation
+    to the end (Lightning alone left it at the last improvement, so eval.py and extend.from read old weights)."""
+    out = tmp_path / "run"
+    s = train(compose([*FAST, "logger=csv", "evaluate_after_fit=false", "trainer.max_steps=40",
+                       "trainer.val_check_interval=10", "+callbacks.worse._target_=helpers.callbacks.WorsenAfter",
+                       "+callbacks.worse.step=30"], out))
+    vals = [float(r["val/ppl"]) for r in csv_rows(out) if r.get("val/ppl")]
+    assert len(vals) == 4 and min(vals) == vals[1] < vals[2] and vals[1] < vals[3]  # best at 20, worse after
+    assert load_checkpoint(out / "checkpoints" / "last.ckpt")["global_step"] == s["global_step"] == 40
+    assert load_checkpoint(out / "checkpoints" / "best.ckpt")["global_step"] == 20

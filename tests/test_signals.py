@@ -1,0 +1,128 @@
+"""Preemption and Ctrl-C with real signals: SIGTERM / SIGUSR1 / SIGINT stop a run at the end of its step with a
+checkpoint (exit code PREEMPTED_EXIT_CODE, or INTERRUPTED_EXIT_CODE for Ctrl-C), a relaunch continues exactly, a second Ctrl-C quits
+at once, a preemption during the final evaluation is finished by the relaunch.
+
+Moved from tests/test_reliability.py (split by concern).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+
+import pytest
+
+from helpers.resume import RESUME, assert_same_run, history
+from helpers.runs import (
+    FAST,
+    ONE_THREAD,
+    compose,
+    ctrl_c,
+    finish,
+    launch,
+    load_checkpoint,
+    offline_runs,
+    read_until,
+    run_cli,
+    summary_of,
+    wait_until,
+    wandb_records,
+    wandb_summary,
+)
+from pelab.tasks.task import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
+from pelab.tasks.train import train
+
+
+@pytest.mark.slow
+def test_sigterm_and_ctrl_c_save_stop_and_a_relaunch_continues_exactly(reference, tmp_path):
+    out = tmp_path / "run"
+    last = out / "checkpoints" / "last.ckpt"
+    args = [*RESUME, f"paths.output_dir={out}", "ckpt_path=auto"]  # the same command every time
+
+    proc = launch(args, tmp_path)
+    wait_until(last.exists, proc)
+    proc.send_signal(signal.SIGTERM)
+    rc, log1 = finish(proc)
+    assert rc == PREEMPTED_EXIT_CODE, log1[-3000:]
+    s1 = summary_of(out)
+    assert s1["status"] == "preempted" and s1["preempted"]["signal"] == signal.SIGTERM
+    assert s1["preempted"]["step"] == load_checkpoint(last)["global_step"] >= 10
+
+    # Ctrl-C: the same clean stop at the end of the step, status interrupted, exit code 130, the resume hint.
+    inode = last.stat().st_ino
+    proc = launch(args, tmp_path)
+    wait_until(lambda: last.stat().st_ino != inode, proc)  # the relaunch trains and checkpoints again
+    sent = ctrl_c(proc)
+    rc, log2 = finish(proc)
+    print(f"Ctrl-C to exit (step finished, checkpoint saved, W&B finished): {time.monotonic() - sent:.2f} s")
+    assert rc == INTERRUPTED_EXIT_CODE, log2[-3000:]
+    s2 = summary_of(out)
+    assert s2["status"] == "interrupted" and s2["interrupted"]["signal"] == signal.SIGINT
+    assert s2["resumed_from"]["step"] == s1["preempted"]["step"] < s2["interrupted"]["step"] < 60
+    assert s2["interrupted"]["step"] == load_checkpoint(last)["global_step"] == s2["global_step"]  # the step fields agree
+    assert "ckpt_path=auto" in log2 and "Traceback" not in log2 and "KeyboardInterrupt" not in log2
+
+    assert train(compose([*RESUME, "ckpt_path=auto"], out))["status"] == "ok"  # the last relaunch, in-process
+    s3 = summary_of(out)
+    assert s3["status"] == "ok" and s3["start_step"] == s2["interrupted"]["step"]
+    assert_same_run(reference, out)
+    assert history(out) == history(reference)  # no hole at the steps the signals stopped
+
+    runs = offline_runs(out)
+    assert len(runs) == 3 and len({r.name.rsplit("-", 1)[1] for r in runs}) == 1  # one W&B run id
+    records = wandb_records(runs[0])
+    assert any(r.get("type") == "preempting" for r in records)
+    assert wandb_summary(runs[0])["exit_code"] == PREEMPTED_EXIT_CODE
+    assert wandb_summary(runs[1])["exit_code"] == INTERRUPTED_EXIT_CODE
+    assert wandb_summary(runs[2])["state"] == "finished"
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_quits_at_once(tmp_path):
+    out = tmp_path / "run"
+    proc = launch([*FAST, "logger=csv", "evaluate_after_fit=false", f"paths.output_dir={out}",
+                   "+callbacks.slow._target_=helpers.callbacks.SlowSteps", "+callbacks.slow.after=3"], tmp_path)
+    read_until(proc, "slow step 3")  # step 3 is under way (asleep for 5 s)
+    ctrl_c(proc)
+    read_until(proc, "Ctrl-C again to quit at once")
+    sent = ctrl_c(proc)
+    rc, log = finish(proc, timeout=60)
+    elapsed = time.monotonic() - sent
+    print(f"second Ctrl-C to exit: {elapsed:.2f} s")
+    assert rc == INTERRUPTED_EXIT_CODE and elapsed < 4, log[-3000:]  # not the rest of the 5 s step
+    summary = summary_of(out)
+    assert summary["status"] == "interrupted" and "Ctrl-C twice" in summary["error"]
+    assert not (out / "checkpoints" / "last.ckpt").exists()  # quit without saving
+
+
+@pytest.mark.slow
+def test_preempted_during_evaluation_the_relaunch_reports_the_training_metrics(tmp_path):
+    """SIGUSR1 during the end-of-training evaluation; the relaunch has no step left: it reruns the evaluation
+    and reports the training metrics saved in the checkpoint (and prints the result table)."""
+    out = tmp_path / "run"
+    args = [*FAST, "logger=csv", f"paths.output_dir={out}", "ckpt_path=auto"]
+    proc = launch(args, tmp_path)
+    read_until(proc, "extrapolation:")
+    proc.send_signal(signal.SIGUSR1)
+    rc, log = finish(proc)
+    assert rc == PREEMPTED_EXIT_CODE, log[-3000:]
+    s1 = summary_of(out)
+    # The training metrics were in summary.json before the evaluation started.
+    assert s1["status"] == "preempted" and s1["global_step"] == 30
+    assert s1["metrics"]["val/ppl"] > 1 and "train/loss" in s1["metrics"]
+    assert not any(k.startswith("probe/") for k in s1["metrics"])
+
+    res = run_cli(args, cwd=tmp_path, env=ONE_THREAD)
+    assert res.returncode == 0, res.stderr[-3000:]
+    s2 = summary_of(out)
+    assert s2["status"] == "ok" and s2["start_step"] == s2["global_step"] == 30
+    m = s2["metrics"]
+    assert m["val/ppl"] == s1["metrics"]["val/ppl"] and m["train/loss"] == s1["metrics"]["train/loss"]
+    assert m["extrap/ppl@64"] > 1 and "probe/kv/acc@32" in m
+    # The result table closes the output; third-party notices that ask nothing of the user are gone.
+    table = res.stdout[res.stdout.index("Result of rope-micro-L32-s0 (ok, step 30"):]
+    assert f"val/ppl {m['val/ppl']:.2f}" in table and f"run folder: {out}" in table
+    assert re.search(rf"\n +64 +{m['extrap/ppl@64']:.2f} +\[[^]]+\] +{m['extrap/ppl_ratio@64']:.2f} ", table), table
+    assert re.search(r"\n  kv +32 ", table) and re.search(r"\n  passkey +32 ", table), table
+    assert "LeafSpec" not in res.stderr + res.stdout and "litlogger" not in res.stderr + res.stdout
