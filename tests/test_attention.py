@@ -32,8 +32,7 @@ def test_dropout_only_in_the_requested_calls():
 def test_default_forward_records_the_sdpa_paths():
     """A normal CPU forward records which path each scheme took: is_causal SDPA without a bias, SDPA with an
     additive mask for a fixed bias, the explicit softmax for a learned bias in training."""
-    from pelab.model import attention_paths, reset_attention_paths
-    from pelab.model.gpt import GPT, GPTConfig
+    from pelab.model import GPT, GPTConfig, attention_paths, reset_attention_paths
 
     reset_attention_paths()
     for name in ("nope", "alibi", "t5_bias"):
@@ -51,7 +50,7 @@ def test_model_default_positions_use_the_per_distance_bias_with_identical_logits
     """Default positions (start..start+T-1) take the per-distance path; explicit positions the full (H, T, T)
     bias; logits and gradients agree, with and without a start offset."""
     from pelab.encodings import build_encoding
-    from pelab.model.gpt import GPT, GPTConfig
+    from pelab.model import GPT, GPTConfig
     from pelab.ops import CausalBias, DistanceBias
 
     torch.manual_seed(0)

@@ -50,8 +50,7 @@ def test_flex_failure_falls_back_with_a_warning_and_is_recorded():
     """A real FlexAttention failure, asked for by model.attn_backend=flex in a CPU training forward (flex has
     no backward on CPU, torch 2.13): a visible warning, the SDPA path's numbers and gradients, and the
     fallback with its reason in attention_paths (what summary.json records)."""
-    from pelab.model import attention_paths, flex, reset_attention_paths
-    from pelab.model.gpt import GPT, GPTConfig
+    from pelab.model import GPT, GPTConfig, attention_paths, flex, reset_attention_paths
 
     reset_attention_paths()
     saved = dict(flex._flex_state)

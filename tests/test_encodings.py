@@ -30,6 +30,21 @@ def test_every_yaml_names_an_encoding_class_whose_schema_has_the_same_defaults()
             k: v for k, v in defaults.items() if k not in ("_target_", "name")}, name
 
 
+def test_every_built_in_schema_is_found_without_importing_torch():
+    """The command line types `pe` before torch is imported: a built-in YAML's `_target_` has its schema in
+    pelab.encodings.settings.SCHEMAS (the test above checks it is the class's own `Config`)."""
+    import subprocess
+    import sys
+
+    from pelab.encodings.settings import SCHEMAS
+
+    targets = {str(load_pe_yaml(name)._target_) for name in available_encodings()}
+    assert {t for t in targets if t.startswith("pelab.")} <= set(SCHEMAS)
+    code = ("import sys; from pelab.encodings import default_pe_config, available_encodings; "
+            "[default_pe_config(n) for n in available_encodings()]; assert 'torch' not in sys.modules")
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
 @pytest.mark.parametrize("name", available_encodings())
 def test_load_pe_yaml_is_what_hydra_composes(name):
     """Outside Hydra (default_pe_config, report defaults) a YAML reads as Hydra composes it into `pe`: the

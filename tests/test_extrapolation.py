@@ -12,15 +12,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from pelab.encodings import build_encoding
+from pelab.evaluation.config import resolve_lengths
 from pelab.evaluation.extrapolation import (
     ExtrapolationResult,
     blocks_for_budget,
     evaluate_extrapolation,
-    resolve_lengths,
     spread_blocks,
     window_plan,
 )
-from pelab.model.gpt import GPT, GPTConfig
+from pelab.model import GPT, GPTConfig
 
 V = 257
 TRAIN_LEN = 16

@@ -19,7 +19,7 @@ from pelab.evaluation import stats
 from pelab.evaluation.plots import plot_depth_curve, plot_probe_heatmap, probe_figures, save_figure
 from pelab.evaluation.probes import ProbeCell, ProbeRecord, ProbeResult, lim_gap, run_probes, score_samples
 from pelab.evaluation.stats import wilson
-from pelab.model.gpt import GPT, GPTConfig
+from pelab.model import GPT, GPTConfig
 
 TOK = ByteTokenizer()
 V = TOK.vocab_size

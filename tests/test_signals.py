@@ -126,3 +126,22 @@ def test_preempted_during_evaluation_the_relaunch_reports_the_training_metrics(t
     assert re.search(rf"\n +64 +{m['extrap/ppl@64']:.2f} +\[[^]]+\] +{m['extrap/ppl_ratio@64']:.2f} ", table), table
     assert re.search(r"\n  kv +32 ", table) and re.search(r"\n  passkey +32 ", table), table
     assert "LeafSpec" not in res.stderr + res.stdout and "litlogger" not in res.stderr + res.stdout
+
+
+@pytest.mark.parametrize("env", [{}, {"SLURM_NTASKS": "4"}, {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train"},
+                                 {"SLURM_NTASKS": "2", "SLURM_JOB_NAME": "bash"},
+                                 {"SLURM_NTASKS": "2", "SLURM_JOB_NAME": "interactive"}])
+def test_slurm_batch_job_is_lightnings_slurm_detection(env, monkeypatch):
+    """`preemption_signals` leaves SIGUSR1 to Lightning in a SLURM batch job; it decides that without importing
+    Lightning, by Lightning's own rule."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    from pelab.harness.signals import preemption_signals, slurm_batch_job
+
+    for key in ("SLURM_NTASKS", "SLURM_JOB_NAME"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert slurm_batch_job() == SLURMEnvironment.detect()
+    assert (signal.SIGUSR1 in preemption_signals()) != SLURMEnvironment.detect()
+

@@ -284,7 +284,7 @@ def from_config(overrides: Sequence[str] = ()) -> dict[str, list]:
     from hydra import compose, initialize_config_dir
 
     from pelab import CONF_DIR
-    from pelab.evaluation.extrapolation import resolve_lengths
+    from pelab.evaluation.config import resolve_lengths
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(config_name="train", overrides=list(overrides))

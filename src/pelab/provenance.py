@@ -71,11 +71,6 @@ def machine() -> dict[str, Any]:
     }
 
 
-def provenance() -> dict[str, Any]:
-    """This launch's code and machine (`versions` are summary.json's own key)."""
-    return {"code": code_version(), "machine": machine()}
-
-
 def launch_record(command: str) -> dict[str, Any]:
     """One launch of a run, as `launches` keeps it: start time, commit, host, command (end, wall, status at
     its end)."""

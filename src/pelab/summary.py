@@ -14,18 +14,25 @@ SUMMARY_FILE = "summary.json"
 
 
 def versions() -> dict[str, str]:
-    import lightning
-    import torch
+    """The versions a run records, read from the installed packages' metadata: a job starts (and a bad setting
+    is refused) without importing torch, Lightning or W&B. A module already imported gives its own
+    `__version__` (the same string for a wheel)."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    out = {"python": platform.python_version(), "torch": torch.__version__, "lightning": lightning.__version__}
-    try:
-        import wandb
-
-        out["wandb"] = wandb.__version__
-    except ImportError:
-        pass
     import pelab
 
+    def installed(name: str) -> str | None:
+        module = sys.modules.get(name)
+        if module is not None:
+            return module.__version__
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    out = {"python": platform.python_version(), "torch": installed("torch"), "lightning": installed("lightning")}
+    if installed("wandb") is not None:
+        out["wandb"] = installed("wandb")
     out["pelab"] = pelab.__version__
     return out
 

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor, nn
 
-from pelab.checks import need
-from pelab.encodings.base import PEConfig, PositionEncoding, PositionState, positions_as_float
-from pelab.errors import ConfigError
+from pelab.encodings.base import PositionEncoding, PositionState, positions_as_float
+from pelab.encodings.settings import LearnedConfig, SinusoidalConfig
 
 
 class NoPE(PositionEncoding):
@@ -39,17 +36,7 @@ class Sinusoidal(PositionEncoding):
 
     has_embed = True
 
-    @dataclass
-    class Config(PEConfig):
-        base: float = 10000.0
-        scale: float = 0.02  # multiplier on the added vector (see the class docstring)
-        learn_scale: bool = False  # the multiplier is a learned scalar initialised at `scale`
-
-        def validate(self, d_model: int, n_heads: int) -> None:
-            super().validate(d_model, n_heads)
-            need(self.base > 1, "pe.base", self.base, "must be > 1")
-            if d_model % 2:
-                raise ConfigError(f"model.d_model={d_model} must be even for pe=sinusoidal (sin/cos pairs)")
+    Config = SinusoidalConfig
 
     def __init__(self, d_model: int, n_heads: int, *, base: float, scale: float, learn_scale: bool = False,
                  **common):
@@ -77,27 +64,7 @@ class Learned(PositionEncoding):
 
     has_embed = True
 
-    @dataclass
-    class Config(PEConfig):
-        # Rows of the table; null = the largest position training reaches: the training length, or with
-        # randomized positions their range.
-        max_position: int | None = None
-        init_std: float = 0.02
-
-        def resolve(self, train_length: int | None) -> None:
-            super().resolve(train_length)
-            if self.max_position is None:
-                self.max_position = self.randomized.max_position or self.train_length
-
-        def validate(self, d_model: int, n_heads: int) -> None:
-            super().validate(d_model, n_heads)
-            need(self.max_position is not None and self.max_position >= 1, "pe.max_position",
-                 self.max_position, "must be a positive number of table rows")
-            reach = max(self.train_length or 0, self.randomized.max_position or 0)
-            need(self.max_position >= reach, "pe.max_position", self.max_position,
-                 f"cannot hold the {reach} positions training reaches (data.seq_len / pe.randomized."
-                 "max_position); raise pe.max_position or leave it null")
-            need(self.init_std > 0, "pe.init_std", self.init_std, "must be > 0")
+    Config = LearnedConfig
 
     def __init__(self, d_model: int, n_heads: int, *, max_position: int, init_std: float, **common):
         super().__init__(d_model, n_heads, **common)

@@ -24,72 +24,19 @@ Positions are a LongTensor ``pos`` of shape ``(T,)`` (shared by the batch) or ``
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-from omegaconf import MISSING
 from torch import Tensor, nn
 
-from pelab.checks import need
-from pelab.errors import ConfigError, PositionOutOfRange
+from pelab.encodings.settings import PEConfig
+from pelab.errors import PositionOutOfRange
 from pelab.ops import BiasFn, CausalBias, causal_bias, distance_bias
 
 # A (H, T, T) bias (times B for per-batch positions) is materialised once per forward up to this many
 # elements (256 MB in fp32); longer inputs compute it per query chunk inside attention instead.
 MAX_BIAS_ELEMENTS = 64 * 2**20
-
-
-@dataclass
-class RandomizedConfig:
-    """Randomized positions (Ruoss et al. 2023): in training the T positions are a sorted random subset
-    of [0, max_position); null = off. In code the range is ``PositionEncoding.randomized_range``."""
-
-    max_position: int | None = None
-
-
-@dataclass
-class PEConfig:
-    """Settings every encoding has; a scheme subclasses it with its own knobs (the schema of its YAML)."""
-
-    _target_: str = MISSING  # the PositionEncoding subclass
-    name: str = MISSING  # label (run names, reports)
-    # The training length the encoding is fitted to (RoPE scaling's original length, the default size of
-    # a learned table); null = data.seq_len, filled by resolve().
-    train_length: int | None = None
-    randomized: RandomizedConfig = field(default_factory=RandomizedConfig)
-
-    # Capabilities the harness asks instead of names.
-    supports_scaling: ClassVar[bool] = False  # has context-extension variants (``variant``), switchable at evaluation
-    runtime_keys: ClassVar[tuple[str, ...]] = ()  # pe keys a checkpoint may be resumed/evaluated with changed
-
-    @property
-    def extends_context(self) -> bool:
-        """True when these settings stretch positions relative to ``train_length`` (context extension): a
-        run fine-tuned from a parent that leaves ``train_length`` null means the parent's training length."""
-        return False
-
-    def variant(self, name: str) -> PEConfig:
-        """These settings under the encoding's context-extension variant ``name`` (``supports_scaling``
-        encodings; e.g. RoPE's scaling types), for eval.py's ``scaling_sweep``."""
-        raise ConfigError(f"pe={self.name} has no context-extension variants (asked for {name!r}); "
-                          "drop scaling_sweep")
-
-    def resolve(self, train_length: int | None) -> None:
-        """Fill the settings left null that mean "the training length"."""
-        if self.train_length is None and train_length is not None:
-            self.train_length = int(train_length)
-
-    def validate(self, d_model: int, n_heads: int) -> None:
-        """Range checks of the resolved settings; raise ConfigError naming the key."""
-        need(self.train_length is None or self.train_length >= 1, "pe.train_length", self.train_length,
-             "must be a positive number of tokens (or null = data.seq_len)")
-        n = self.randomized.max_position
-        if n is not None:
-            need(n >= (self.train_length or 1), "pe.randomized.max_position", n,
-                 f"must be at least the training length {self.train_length}: randomized positions are a "
-                 "sorted subset of [0, max_position) (the paper uses many times the training length); "
-                 "null turns them off")
 
 
 @dataclass

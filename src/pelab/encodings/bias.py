@@ -9,15 +9,22 @@ by the attention code, not here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pelab.checks import need
-from pelab.encodings.base import PEConfig, PositionEncoding
+from pelab.encodings.base import PositionEncoding
+from pelab.encodings.settings import (
+    KERPLE_VARIANTS,
+    T5_BIAS_SCALES,
+    FIREConfig,
+    KERPLEConfig,
+    SandwichConfig,
+    T5BiasConfig,
+    t5_bias_scale,
+)
 
 
 def _distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
@@ -94,23 +101,6 @@ def t5_causal_bucket(distance: int, num_buckets: int = 32, max_distance: int = 1
     return min(num_buckets - 1, log_bucket)
 
 
-T5_BIAS_SCALES = ("sqrt_head_dim",)  # named values of pe.bias_scale
-
-
-def t5_bias_scale(value: Any, head_dim: int) -> float | None:
-    """pe.bias_scale as a number: a positive number as it is, "sqrt_head_dim" -> sqrt(d_head); None if invalid."""
-    if isinstance(value, str):
-        if value == "sqrt_head_dim":
-            return math.sqrt(head_dim)
-        try:
-            value = float(value)
-        except ValueError:
-            return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-        return None
-    return float(value)
-
-
 class T5Bias(PositionEncoding):
     """T5's bucketed relative bias (Raffel et al. 2020), causal buckets.
 
@@ -128,23 +118,7 @@ class T5Bias(PositionEncoding):
     has_bias = True
     bias_translation_invariant = True
 
-    @dataclass
-    class Config(PEConfig):
-        num_buckets: int = 32
-        max_distance: int = 128  # distances >= this share the last bucket
-        init_std: float | None = None  # null = d_model^-0.5 (as Hugging Face T5)
-        # a number > 0, or "sqrt_head_dim" (T5 / HF / x-transformers in logit units); see the class docstring
-        bias_scale: Any = "sqrt_head_dim"
-
-        def validate(self, d_model: int, n_heads: int) -> None:
-            super().validate(d_model, n_heads)
-            need(self.num_buckets >= 2, "pe.num_buckets", self.num_buckets, "must be >= 2")
-            need(t5_bias_scale(self.bias_scale, d_model // n_heads) is not None, "pe.bias_scale",
-                 self.bias_scale, f"must be a number > 0 or one of {list(T5_BIAS_SCALES)}")
-            need(self.max_distance > self.num_buckets // 2, "pe.max_distance", self.max_distance,
-                 f"must exceed pe.num_buckets // 2 = {self.num_buckets // 2} (the exact buckets)")
-            need(self.init_std is None or self.init_std > 0, "pe.init_std", self.init_std,
-                 "must be > 0 or null")
+    Config = T5BiasConfig
 
     def __init__(self, d_model: int, n_heads: int, *, num_buckets: int, max_distance: int,
                  init_std: float | None, bias_scale: Any = "sqrt_head_dim", **common):
@@ -193,18 +167,9 @@ class KERPLE(PositionEncoding):
 
     has_bias = True
     bias_translation_invariant = True
-    VARIANTS = ("log", "power")
+    VARIANTS = KERPLE_VARIANTS
 
-    @dataclass
-    class Config(PEConfig):
-        variant: str = "log"  # log | power
-        eps: float = 0.01  # smallest initial r1, r2
-
-        def validate(self, d_model: int, n_heads: int) -> None:
-            super().validate(d_model, n_heads)
-            need(self.variant in KERPLE.VARIANTS, "pe.variant", self.variant,
-                 f"is unknown; choose one of {list(KERPLE.VARIANTS)}")
-            need(0 < self.eps < 1, "pe.eps", self.eps, "must be in (0, 1)")
+    Config = KERPLEConfig
 
     def __init__(self, d_model: int, n_heads: int, *, variant: str, eps: float, **common):
         super().__init__(d_model, n_heads, **common)
@@ -255,16 +220,7 @@ class Sandwich(PositionEncoding):
     has_bias = True
     bias_translation_invariant = True
 
-    @dataclass
-    class Config(PEConfig):
-        dim: int | None = None  # d'; null = model.d_model
-        base: float = 10000.0
-
-        def validate(self, d_model: int, n_heads: int) -> None:
-            super().validate(d_model, n_heads)
-            dim = self.dim if self.dim is not None else d_model
-            need(dim >= 2 and dim % 2 == 0, "pe.dim", dim, "(d') must be an even number >= 2")
-            need(self.base > 1, "pe.base", self.base, "must be > 1")
+    Config = SandwichConfig
 
     def __init__(self, d_model: int, n_heads: int, *, dim: int | None, base: float, **common):
         super().__init__(d_model, n_heads, **common)
@@ -319,24 +275,7 @@ class FIRE(PositionEncoding):
     # rows of the (rows, Tk, hidden) MLP temporary per block: bounds memory at long evaluation lengths
     MAX_HIDDEN_ELEMENTS = 16 * 2**20
 
-    @dataclass
-    class Config(PEConfig):
-        mlp_width: int = 32
-        init_c: float = 0.1
-        init_L: float | None = None  # the threshold L's initial value; null = the training length
-        eps: float = 1e-6
-
-        def resolve(self, train_length: int | None) -> None:
-            super().resolve(train_length)
-            if self.init_L is None and self.train_length is not None:
-                self.init_L = float(self.train_length)
-
-        def validate(self, d_model: int, n_heads: int) -> None:
-            super().validate(d_model, n_heads)
-            need(self.init_L is not None, "pe.init_L", self.init_L,
-                 "means the training length, which is unknown here: set pe.init_L or pe.train_length")
-            for key in ("mlp_width", "init_c", "init_L", "eps"):
-                need(getattr(self, key) > 0, f"pe.{key}", getattr(self, key), "must be > 0")
+    Config = FIREConfig
 
     def __init__(self, d_model: int, n_heads: int, *, mlp_width: int, init_c: float, init_L: float, eps: float,
                  **common):

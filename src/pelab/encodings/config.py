@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pelab import CONF_DIR
 from pelab.checks import typed
-from pelab.encodings.base import PEConfig, PositionEncoding
+from pelab.encodings.settings import SCHEMAS, PEConfig
 from pelab.errors import ConfigError
 
 PE_CONF_DIR = Path(CONF_DIR) / "pe"
@@ -65,10 +65,15 @@ def _as_config(cfg: Any, overrides: Mapping | None = None) -> DictConfig:
 
 
 def pe_schema(cfg: Any) -> type[PEConfig]:
-    """The config dataclass of the encoding a ``pe`` config names (its ``_target_``'s ``Config``)."""
+    """The config dataclass of the encoding a ``pe`` config names: a built-in's from ``SCHEMAS`` (no torch
+    import), any other ``_target_``'s ``Config`` (importing its class)."""
     target = cfg.get("_target_") if isinstance(cfg, Mapping | DictConfig) else None
     if target is None:
         return pe_schema(_as_config(cfg))
+    if str(target) in SCHEMAS:
+        return SCHEMAS[str(target)]
+    from pelab.encodings.base import PositionEncoding
+
     try:
         cls = get_class(str(target))
     except Exception as err:  # noqa: BLE001 - ImportError, AttributeError, ...: all mean a wrong _target_
@@ -104,7 +109,7 @@ def pe_variant(cfg: Any, variant: str) -> dict:
 
 
 def build_encoding(cfg: Any, d_model: int, n_heads: int, train_length: int | None = None,
-                   **overrides: Any) -> PositionEncoding:
+                   **overrides: Any) -> Any:
     """The encoding of a ``pe`` config (a name, a mapping or a DictConfig; ``overrides`` replace keys):
     ``instantiate`` of the resolved config with the model's sizes."""
     resolved = resolve_pe_config(_as_config(cfg, overrides), d_model=d_model, n_heads=n_heads,

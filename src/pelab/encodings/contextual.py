@@ -17,13 +17,12 @@ gives an encoding no layer index), so parameters are max_position * Dh per model
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from pelab.checks import need
-from pelab.encodings.base import PEConfig, PositionEncoding, PositionState
+from pelab.encodings.base import PositionEncoding, PositionState
+from pelab.encodings.settings import CoPEConfig
 from pelab.ops import future_mask
 
 
@@ -59,19 +58,7 @@ def interpolate_logits(logits_int: Tensor, pos: Tensor) -> Tensor:
 class CoPE(PositionEncoding):
     has_content_bias = True
 
-    @dataclass
-    class Config(PEConfig):
-        max_position: int | None = None  # positions clamp at max_position - 1; null = the training length
-
-        def resolve(self, train_length: int | None) -> None:
-            super().resolve(train_length)
-            if self.max_position is None:
-                self.max_position = self.train_length
-
-        def validate(self, d_model: int, n_heads: int) -> None:
-            super().validate(d_model, n_heads)
-            need(self.max_position is not None and self.max_position >= 2, "pe.max_position",
-                 self.max_position, "must be an integer >= 2 (or null = the training length)")
+    Config = CoPEConfig
 
     def __init__(self, d_model: int, n_heads: int, *, max_position: int, **common):
         super().__init__(d_model, n_heads, **common)

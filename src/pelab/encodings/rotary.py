@@ -22,19 +22,16 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field, replace
-from typing import ClassVar
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from pelab.checks import need
-from pelab.encodings.base import PEConfig, PositionEncoding, PositionState, positions_as_float
+from pelab.encodings.base import PositionEncoding, PositionState, positions_as_float
+from pelab.encodings.settings import SCALING_TYPES, RoPEConfig, XPosConfig, rotary_dim
 
 log = logging.getLogger(__name__)
 
-SCALING_TYPES = ("none", "linear", "ntk", "dynamic_ntk", "yarn")
 
 
 # ---- pure functions: frequencies and attention factor --------------------------------------------------
@@ -175,66 +172,6 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return _Rotary.apply(x, cos[..., :h], sin[..., :h])
 
 
-@dataclass
-class ScalingConfig:
-    """Context-extension scaling of the rotary frequencies (see the module docstring); switchable at
-    evaluation time on a checkpoint trained without it."""
-
-    type: str = "none"  # none | linear | ntk | dynamic_ntk | yarn
-    factor: float = 1.0  # s
-    beta_fast: float = 32.0  # yarn ramp: pairs with >= beta_fast rotations within L keep their frequency
-    beta_slow: float = 1.0  # yarn ramp: pairs with < beta_slow rotations within L are fully interpolated
-
-
-@dataclass
-class RoPEConfig(PEConfig):
-    base: float = 10000.0
-    rotary_fraction: float = 1.0  # rotate the first fraction of each head's channels (partial rotary)
-    frequency_fraction: float = 1.0  # p-RoPE: the fraction of the highest frequencies that rotate
-    scaling: ScalingConfig = field(default_factory=ScalingConfig)
-
-    supports_scaling: ClassVar[bool] = True
-    runtime_keys: ClassVar[tuple[str, ...]] = ("scaling",)  # frequencies are not in the state dict
-
-    @property
-    def extends_context(self) -> bool:
-        return self.scaling.type != "none"
-
-    def variant(self, name: str) -> RoPEConfig:
-        """The same settings under scaling type ``name`` (none, linear, ntk, dynamic_ntk, yarn)."""
-        need(name in SCALING_TYPES, "pe.scaling.type", name,
-             f"is unknown; choose one of {list(SCALING_TYPES)}")
-        if self.scaling.factor == 1.0 and name != "none":
-            log.warning("pe.scaling.factor=1: every scaling type equals no scaling; pass pe.scaling.factor=4, say.")
-        return replace(self, scaling=replace(self.scaling, type=name))
-
-    def validate(self, d_model: int, n_heads: int) -> None:
-        super().validate(d_model, n_heads)
-        need(self.base > 1, "pe.base", self.base, "must be > 1")
-        need(0.0 < self.rotary_fraction <= 1.0, "pe.rotary_fraction", self.rotary_fraction,
-             "must be in (0, 1]")
-        need(0.0 <= self.frequency_fraction <= 1.0, "pe.frequency_fraction", self.frequency_fraction,
-             "(p-RoPE's p) must be in [0, 1]")
-        rotary = rotary_dim(d_model // n_heads, self.rotary_fraction)
-        need(rotary >= 2, "pe.rotary_fraction", self.rotary_fraction,
-             f"of head_dim={d_model // n_heads} (model.d_model/model.n_heads) leaves no channel pair to "
-             "rotate; raise pe.rotary_fraction or the head size")
-        s = self.scaling
-        need(s.type in SCALING_TYPES, "pe.scaling.type", s.type,
-             f"is unknown; choose one of {list(SCALING_TYPES)}")
-        need(s.factor > 0, "pe.scaling.factor", s.factor, "must be > 0 (1 = no scaling)")
-        need(s.type not in ("ntk", "dynamic_ntk") or rotary > 2, "pe.scaling.type", s.type,
-             f"needs more than 2 rotary dims; head_dim * pe.rotary_fraction gives {rotary}")
-        need(s.type not in ("dynamic_ntk", "yarn") or self.train_length is not None, "pe.scaling.type",
-             s.type, "needs pe.train_length (the training length); it is null -- set it, or let the harness "
-             "fill it from data.seq_len")
-
-
-def rotary_dim(head_dim: int, rotary_fraction: float) -> int:
-    """Rotated channels per head: the fraction of head_dim, rounded down to an even number (pairs)."""
-    return int(head_dim * rotary_fraction) // 2 * 2
-
-
 class RoPE(PositionEncoding):
     """Rotary embedding on q and k, optionally on the first ``rotary_fraction`` of each head's channels."""
 
@@ -332,13 +269,7 @@ class XPos(RoPE):
     the product depends on m - n only, and centring keeps zeta^(+-p/scale_base) inside fp32 at long inputs.
     """
 
-    @dataclass
-    class Config(RoPEConfig):
-        scale_base: float = 512.0
-
-        def validate(self, d_model: int, n_heads: int) -> None:
-            super().validate(d_model, n_heads)
-            need(self.scale_base > 0, "pe.scale_base", self.scale_base, "must be > 0")
+    Config = XPosConfig
 
     def __init__(self, d_model: int, n_heads: int, *, scale_base: float, **knobs):
         super().__init__(d_model, n_heads, **knobs)

@@ -4,6 +4,8 @@ in conf/eval/ and conf/probes/."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +15,43 @@ from pelab.checks import need, show
 from pelab.data.corpora import SPLITS
 from pelab.data.recall import MQAR, MQAR_OFFSET, RECALL_KINDS
 from pelab.errors import ConfigError
-from pelab.evaluation.extrapolation import PROTOCOLS, resolve_lengths
+
+PROTOCOLS = ("nonoverlap", "sliding")
+
+# Values <= this are multiples of the training length; larger values are absolute token counts.
+MAX_LENGTH_MULTIPLE = 64
+
+
+def resolve_lengths(lengths: Sequence[int | float], train_length: int, key: str = "eval.lengths") -> list[int]:
+    """Evaluation lengths in tokens, sorted and unique.
+
+    Rule: a value ``v <= 64`` is a multiple of the training length (``round(v * train_length)``; fractions
+    such as 0.5 are allowed); a value ``> 64`` is an absolute token count (must be an integer).
+    So ``[1, 2, 4, 8, 16]`` at ``train_length=128`` gives ``[128, 256, 512, 1024, 2048]``.
+    """
+    if train_length <= 0:
+        raise ValueError(f"train_length must be positive (data.seq_len), got {train_length}")
+    out: set[int] = set()
+    for v in lengths:
+        v = float(v)
+        if not math.isfinite(v) or v <= 0:
+            raise ValueError(f"{key} entries must be positive, got {v}")
+        if v <= MAX_LENGTH_MULTIPLE:
+            n = round(v * train_length)
+        else:
+            if v != int(v):
+                raise ValueError(
+                    f"{key} entry {v} is > {MAX_LENGTH_MULTIPLE}, so it is read as an absolute token "
+                    "count and must be an integer"
+                )
+            n = int(v)
+        if n < 1:
+            raise ValueError(f"{key} entry {v} resolves to {n} tokens at train_length={train_length}")
+        out.add(n)
+    if not out:
+        raise ValueError(f"{key} is empty")
+    return sorted(out)
+
 
 FILLERS = ("val", "sentence")  # probes.filler: real validation text or the classic repeated sentence
 

@@ -38,47 +38,11 @@ from torch import nn
 from pelab.errors import PositionOutOfRange
 from pelab.evaluation import stats
 from pelab.evaluation.common import evaluating, model_device, not_applicable_note, safe_exp, windows_per_batch
+from pelab.evaluation.config import PROTOCOLS
 from pelab.summary import json_safe
-
-PROTOCOLS = ("nonoverlap", "sliding")
-
-# Values <= this are multiples of the training length; larger values are absolute token counts.
-MAX_LENGTH_MULTIPLE = 64
-
 
 # ---------------------------------------------------------------------------------------------
 # lengths, token budget, window plans
-
-
-def resolve_lengths(lengths: Sequence[int | float], train_length: int, key: str = "eval.lengths") -> list[int]:
-    """Evaluation lengths in tokens, sorted and unique.
-
-    Rule: a value ``v <= 64`` is a multiple of the training length (``round(v * train_length)``; fractions
-    such as 0.5 are allowed); a value ``> 64`` is an absolute token count (must be an integer).
-    So ``[1, 2, 4, 8, 16]`` at ``train_length=128`` gives ``[128, 256, 512, 1024, 2048]``.
-    """
-    if train_length <= 0:
-        raise ValueError(f"train_length must be positive (data.seq_len), got {train_length}")
-    out: set[int] = set()
-    for v in lengths:
-        v = float(v)
-        if not math.isfinite(v) or v <= 0:
-            raise ValueError(f"{key} entries must be positive, got {v}")
-        if v <= MAX_LENGTH_MULTIPLE:
-            n = round(v * train_length)
-        else:
-            if v != int(v):
-                raise ValueError(
-                    f"{key} entry {v} is > {MAX_LENGTH_MULTIPLE}, so it is read as an absolute token "
-                    "count and must be an integer"
-                )
-            n = int(v)
-        if n < 1:
-            raise ValueError(f"{key} entry {v} resolves to {n} tokens at train_length={train_length}")
-        out.add(n)
-    if not out:
-        raise ValueError(f"{key} is empty")
-    return sorted(out)
 
 
 def blocks_for_budget(eval_tokens: int | None, block_length: int) -> int | None:

@@ -18,10 +18,10 @@ from omegaconf import DictConfig
 from pelab.errors import ConfigError
 from pelab.evaluation.attention_stats import STATS, attention_diagnostics, by_length
 from pelab.evaluation.attention_stats import metrics as attention_metrics
+from pelab.evaluation.config import resolve_lengths
 from pelab.evaluation.extrapolation import (
     blocks_for_budget,
     evaluate_extrapolation,
-    resolve_lengths,
     spread_blocks,
 )
 from pelab.evaluation.plots import plot_loss_by_position, plot_ppl_vs_length, probe_figures, save_figure

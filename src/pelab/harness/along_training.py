@@ -21,7 +21,8 @@ import lightning.pytorch as L
 from lightning.pytorch.callbacks import Callback
 from omegaconf import OmegaConf
 
-from pelab.evaluation.extrapolation import evaluate_extrapolation, resolve_lengths
+from pelab.evaluation.config import resolve_lengths
+from pelab.evaluation.extrapolation import evaluate_extrapolation
 from pelab.evaluation.suite import eval_blocks
 
 log = logging.getLogger(__name__)

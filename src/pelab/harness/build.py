@@ -195,9 +195,8 @@ def build_trainer(cfg: DictConfig, precision: str, task: Any, signals: tuple[int
     preemption checkpoint, summary.json updates and atomic checkpoint writes."""
     from lightning.pytorch.callbacks.progress import ProgressBar
 
-    from pelab.harness.callbacks import SummaryUpdates
+    from pelab.harness.callbacks import PreemptionCheckpoint, SummaryUpdates
     from pelab.harness.checkpoints import AtomicCheckpointIO
-    from pelab.harness.signals import PreemptionCheckpoint
 
     callbacks = instantiate_entries(cfg.get("callbacks"))
     if (cfg.get("eval") or {}).get("at"):

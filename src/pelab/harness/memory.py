@@ -111,7 +111,7 @@ def is_out_of_memory(err: BaseException) -> bool:
 
 def check_run(cfg, model, vocab: int, rows_per_device: int, precision: str, cuda: bool) -> None:
     """The training step and the evaluation at the longest length of a run, against the memory available."""
-    from pelab.evaluation.extrapolation import resolve_lengths
+    from pelab.evaluation.config import resolve_lengths
 
     c, pe = model.config, model.pe
     n = sum(p.numel() for p in model.parameters())

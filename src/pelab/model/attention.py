@@ -28,12 +28,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from pelab.model.config import ATTN_BACKENDS
 from pelab.model.flex import _flex_biased_attention, _flex_state
 from pelab.model.paths import _note, recorded_paths
 from pelab.model.sdpa import chunked_biased_attention
 from pelab.ops import BiasFn
-
-ATTN_BACKENDS = ("auto", "sdpa", "flex")  # model.attn_backend
 
 
 def attention_paths() -> dict:

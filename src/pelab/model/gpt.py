@@ -8,113 +8,16 @@ asks which encoding it holds. Per forward, ``pe.prepare(pos)`` does the position
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pelab.checks import typed_group
 from pelab.encodings import PositionEncoding, PositionState
-from pelab.errors import ConfigError
-from pelab.model.attention import ATTN_BACKENDS, causal_attention
+from pelab.model.attention import causal_attention
+from pelab.model.config import GPTConfig
 from pelab.model.logits import observed_attention
-
-INITS = ("gpt2", "kaiming")
-LOGIT_SCALES = ("none", "log_length")  # model.attn_logit_scale
-
-
-@dataclass
-class GPTConfig:
-    """The model's config schema: the keys of conf/model/*.yaml (`name` is a label), plus `vocab_size` (from
-    the tokenizer) and `train_length` (data.seq_len), which the harness fills."""
-
-    vocab_size: int
-    n_layers: int
-    n_heads: int
-    d_model: int
-    name: str = "custom"
-    d_ff: int | None = None  # None = 4 * d_model
-    dropout: float = 0.0
-    bias: bool = False  # biases in Linear and LayerNorm layers
-    attn_chunk_size: int = 1024  # query chunk of the biased-attention SDPA path
-    # auto | sdpa: a score bias goes through SDPA with an additive mask (faster than FlexAttention on an H200:
-    # experiments/benchmarks/README.md); flex: FlexAttention (compiled score_mod), with a warning and SDPA if
-    # it fails
-    attn_backend: str = "auto"
-    # gpt2: N(0, 0.02) weights, residual projections scaled by 1/sqrt(2 * layers) (GPT-2, nanoGPT).
-    # kaiming: PyTorch's default Linear / LayerNorm init and kaiming-normal token embeddings, N(0, 2/d)
-    # (x-transformers' TransformerWrapper; checked against x_transformers 2.31). The embedding scale is what
-    # matters for retrieval: with N(0, 2/d) a small model leaves the mqar copy plateau far sooner than with
-    # N(0, 1) (nn.Embedding's default) or N(0, 0.02) (gpt2) (measured: experiments/benchmarks/README.md).
-    init: str = "gpt2"
-    tie_embeddings: bool = True  # the LM head is the token embedding (GPT-2); False: its own matrix
-    # log_length: logits of the query with n > L keys times log(n)/log(L) (Chiang & Cholak 2022); L = train_length
-    attn_logit_scale: str = "none"
-    train_length: int | None = None  # data.seq_len, filled by build_model
-
-    # Keys that change neither the weights nor their meaning: a checkpoint may be resumed, extended or
-    # evaluated with other values (dropout, chunking, kernel choice, evaluation-time logit scaling).
-    RUNTIME_KEYS: ClassVar[tuple[str, ...]] = ("name", "dropout", "attn_chunk_size", "attn_backend",
-                                               "attn_logit_scale")
-    FILLED_KEYS: ClassVar[tuple[str, ...]] = ("vocab_size", "train_length")  # not in conf/model/*.yaml
-
-    @classmethod
-    def from_settings(cls, settings: Mapping[str, Any], vocab_size: int = 1,
-                      train_length: int | None = None) -> GPTConfig:
-        """A `model` config group (conf/model/*.yaml) typed against this schema and range-checked: a wrong
-        type, an unknown or missing key, or a value out of range is a ConfigError naming model.<key>. The
-        vocabulary comes from the data: before it is built, a stand-in size."""
-        from omegaconf import OmegaConf
-
-        unset = sorted(k for k, v in settings.items() if v == "???")  # a merge would keep the default instead
-        if unset:
-            raise ConfigError(f"model.{unset[0]} has no value and this config needs one; set it "
-                              f"(model.{unset[0]}=...).")
-        filled = sorted(set(settings) & set(cls.FILLED_KEYS))
-        if filled:
-            raise ConfigError(f"model.{filled[0]} is not a model setting: the harness fills it (the tokenizer's "
-                              "vocabulary, data.seq_len).")
-        values = {**settings, "vocab_size": int(vocab_size), "train_length": train_length}
-        return OmegaConf.to_object(typed_group(cls, values, "model")).validate()
-
-    def __post_init__(self) -> None:
-        if self.d_ff is None:
-            self.d_ff = 4 * self.d_model
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
-
-    def validate(self) -> GPTConfig:
-        checks = [
-            (self.vocab_size > 0, f"vocab_size must be positive; got {self.vocab_size}"),
-            (self.n_layers > 0, f"model.n_layers must be positive; got {self.n_layers}"),
-            (self.n_heads > 0, f"model.n_heads must be positive; got {self.n_heads}"),
-            (
-                self.d_model > 0 and self.d_model % max(self.n_heads, 1) == 0,
-                f"model.d_model={self.d_model} must be a positive multiple of model.n_heads={self.n_heads}",
-            ),
-            (
-                self.d_ff is not None and self.d_ff > 0,
-                f"model.d_ff must be positive or null; got {self.d_ff}",
-            ),
-            (0.0 <= self.dropout < 1.0, f"model.dropout must be in [0, 1); got {self.dropout}"),
-            (self.attn_chunk_size >= 1, f"model.attn_chunk_size must be >= 1; got {self.attn_chunk_size}"),
-            (self.init in INITS, f"model.init={self.init} is unknown; choose one of {list(INITS)}"),
-            (self.attn_backend in ATTN_BACKENDS,
-             f"model.attn_backend={self.attn_backend} is unknown; choose one of {list(ATTN_BACKENDS)}"),
-            (self.attn_logit_scale in LOGIT_SCALES,
-             f"model.attn_logit_scale={self.attn_logit_scale} is unknown; choose one of {list(LOGIT_SCALES)}"),
-            (self.attn_logit_scale == "none" or self.train_length is None or self.train_length >= 2,
-             f"model.attn_logit_scale=log_length needs a training length >= 2 (log L > 0); got {self.train_length}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
-        return self
 
 
 class CausalSelfAttention(nn.Module):

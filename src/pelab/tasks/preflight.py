@@ -3,8 +3,9 @@
 - the environment: `WANDB_MODE` set but empty or unknown; `PELAB_OUTPUT_DIR` / `PELAB_CACHE_DIR` not writable;
 - the command line's config group choices: every value of every group of a multirun (`-m pe=rope,bogus,alibi`
   names all the unknown ones, where Hydra names the first);
-- the run (or sweep) folder and the token cache folder writable (Hydra's own logging would otherwise fail with a
-  traceback ending in "Unable to configure handler 'file'").
+- the run (or sweep) folder and the token cache folder writable (`Preflight`, Hydra's callback, on the config
+  Hydra composes: Hydra's own logging would otherwise fail with a traceback ending in "Unable to configure
+  handler 'file'").
 
 And, for errors during a run, `os_error_line`: a full disk, a read-only folder or a missing permission anywhere in
 an exception's chain, as one line naming the path and the setting that moves it.
@@ -15,7 +16,12 @@ from __future__ import annotations
 import errno
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
 
 from pelab.errors import ConfigError
 
@@ -45,9 +51,8 @@ def check_writable(path: Path, setting: str, what: str) -> None:
 
 
 def check_command_line(argv: list[str], conf_dir: str) -> None:
-    """Group choices of the command line (every value of a sweep) and the folders the job will write."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    """Group choices of the command line: every value of a sweep (Hydra names only the first it misses).
+    Reads the conf/ folders, composes nothing."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -65,15 +70,11 @@ def check_command_line(argv: list[str], conf_dir: str) -> None:
         parsed = OverridesParser.create().parse_overrides(args)
     except HydraException:
         return  # a malformed override: Hydra's own message names it
-    missing, first = [], []
+    missing = []
     for o in parsed:
         key = o.key_or_group
         values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
         group = Path(conf_dir) / Path(*key.lstrip("+~").split("/"))
-        if o.is_sweep_override():
-            first.append(f"{o.get_key_element()}={values[0]}")
-        else:
-            first.append(o.input_line)
         if group.is_dir() and not o.is_delete():
             missing += [f"{key}={v}" for v in values if isinstance(v, str) and not (group / f"{v}.yaml").is_file()]
     if missing:
@@ -81,21 +82,28 @@ def check_command_line(argv: list[str], conf_dir: str) -> None:
         known = "; ".join(f"{g}: {', '.join(sorted(p.stem for p in (Path(conf_dir) / g).glob('*.yaml') if not p.stem.startswith('_')))}"
                           for g in sorted(options))
         raise ConfigError(f"no config for {', '.join(missing)} (known {known}).")
-    GlobalHydra.instance().clear()
+
+
+class Preflight(Callback):
+    """Hydra's callback (conf/hydra/default.yaml) that checks the folders a launch will write, on the one
+    config Hydra composes, before Hydra creates them: the run folder (or the sweep folder of a multirun) and
+    the token cache folder. Hydra's own logging would otherwise fail with a traceback ending in "Unable to
+    configure handler 'file'"."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        refuse_unless(lambda: check_folders(config, "hydra.run.dir"))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        refuse_unless(lambda: check_folders(config, "hydra.sweep.dir"))
+
+
+def check_folders(config: DictConfig, out_key: str) -> None:
     try:
-        with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
-            cfg = compose(config_name="train", overrides=first, return_hydra_config=True)
-    except HydraException:
-        return  # Hydra names it when the job starts
-    finally:
-        GlobalHydra.instance().clear()
-    multirun = "-m" in argv or "--multirun" in argv or cfg.hydra.mode == "MULTIRUN"
-    try:
-        out = Path(cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir)
-        cache = Path(cfg.paths.cache_dir)
+        out = Path(OmegaConf.select(config, out_key))
+        cache = Path(config.paths.cache_dir)
     except Exception:  # noqa: BLE001 - an interpolation only Hydra's own run resolves: its error is clear
         return
-    check_writable(out, "hydra.sweep.dir" if multirun else "hydra.run.dir", "output")
+    check_writable(out, out_key, "output")
     check_writable(cache, "paths.cache_dir", "cache")
 
 
@@ -113,10 +121,14 @@ def os_error_line(err: BaseException) -> str | None:
 
 
 def preflight(conf_dir: str) -> None:
-    """The checks above, for `python train.py` / `pelab-train` (exit 1 with one `Error:` line)."""
+    """The checks above that need no config, for `python train.py` / `pelab-train`."""
+    refuse_unless(lambda: (check_environment(), check_command_line(sys.argv[1:], conf_dir)))
+
+
+def refuse_unless(check: Callable[[], object]) -> None:
+    """Run `check`; a ConfigError is one `Error:` line and exit code 1, before anything is written."""
     try:
-        check_environment()
-        check_command_line(sys.argv[1:], conf_dir)
+        check()
     except ConfigError as err:
         print(f"Error: {' '.join(str(err).split())}", file=sys.stderr, flush=True)
         sys.exit(1)

@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from pelab.errors import ConfigError, is_user_error
-from pelab.provenance import launch_record, now, provenance
+from pelab.provenance import code_version, launch_record, machine, now
 from pelab.result_table import result_table
 from pelab.summary import command_line, read_summary, versions, write_summary
 from pelab.tasks.names import in_multirun, sweep_group
@@ -75,11 +75,14 @@ class Task:
         self.save()
         return self.run
 
+    def record_machine(self) -> None:
+        """The host, CPUs, GPUs and torch threads into `provenance.machine`: once the settings are valid (it
+        imports torch, which a refused setting never waits for)."""
+        self.summary["provenance"]["machine"] = machine()
+
     def save(self) -> None:
         """Write summary.json as it stands (rank 0): called whenever something new is known."""
         if self.rank == 0 and os.getpid() == self.pid:
-            from pelab.model import attention_paths
-
             self.summary["wall_seconds"] = round(time.time() - self.t0, 2)  # this launch
             launches = self.summary.setdefault("launches", [])
             if launches:
@@ -87,7 +90,7 @@ class Task:
                                     status=self.summary["status"])
             self.summary["wall_seconds_total"] = round(sum(x.get("wall_seconds") or 0 for x in launches), 2)
             # which attention path each scheme took in this process (a FlexAttention failure included)
-            self.summary["attention"] = attention_paths()
+            self.summary["attention"] = attention_record()
             write_summary(self.output_dir, self.summary)
 
     def add_point(self, record: dict) -> None:
@@ -121,16 +124,15 @@ def run_task(output_dir: Path, *, rank: int = 0, signals: tuple[int, ...] = (), 
     caller exits with its EXIT_CODES), `hint` saying how to go on (default: relaunch with ckpt_path=auto).
     Any other exception is recorded and re-raised. Only rank 0 writes summary.json.
     """
-    from pelab.harness.loggers import finish_wandb
     from pelab.harness.signals import RESUME_HINT, JobSignals, Preempted
-    from pelab.model import reset_attention_paths
 
     quiet_third_party()
-    reset_attention_paths()  # this job's attention paths only (a multirun runs its jobs in one process)
+    if ATTENTION in sys.modules:  # this job's attention paths only (a multirun runs its jobs in one process)
+        sys.modules["pelab.model"].reset_attention_paths()
     output_dir.mkdir(parents=True, exist_ok=True)
     earlier = earlier_summary(output_dir) if rank == 0 else {}
     summary: dict[str, Any] = {"status": "running", **carried(earlier), **fields, "output_dir": str(output_dir),
-                               "command": command_line(), "versions": versions(), "provenance": provenance(),
+                               "command": command_line(), "versions": versions(), "provenance": {"code": code_version()},
                                "launches": [*earlier.get("launches", []), launch_record(command_line())]}
     task = Task(output_dir, summary, rank)
     task.save()
@@ -152,7 +154,22 @@ def run_task(output_dir: Path, *, rank: int = 0, signals: tuple[int, ...] = (), 
         finally:
             job_signals.finishing()  # a signal now ends the process at once, the summary written
             task.save()
-            finish_wandb(task.run, exit_code=task.exit_code, preempted=summary["status"] == "preempted")
+            if task.run is not None:
+                from pelab.harness.loggers import finish_wandb
+
+                finish_wandb(task.run, exit_code=task.exit_code, preempted=summary["status"] == "preempted")
+
+
+# The attention dispatch (torch): loaded by the first model, not by the job's start, so that a bad setting is
+# refused before torch is imported. Until then no attention has run and its record is empty.
+ATTENTION = "pelab.model.attention"
+NO_ATTENTION = {"paths": {}, "flex_error": None}
+
+
+def attention_record() -> dict:
+    """summary.json's `attention`: the path each scheme's attention took in this process."""
+    module = sys.modules.get(ATTENTION)
+    return module.attention_paths() if module is not None else dict(NO_ATTENTION)
 
 
 # What a relaunch into the same run folder keeps from the summary the earlier launch left, until it knows

@@ -7,6 +7,7 @@ Trainer), context extension is `pelab.harness.extension`, and the evaluation `pe
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from pathlib import Path
@@ -37,11 +38,9 @@ def train(cfg: DictConfig) -> dict:
     A launch into a folder that holds a run continues it (ckpt_path=auto), or, in a relaunched multirun, skips
     a job that finished (status ok) and resumes the others from their checkpoints; another run's settings, or a
     fresh start over a run, are refused in one line (`pelab.harness.run_folder`)."""
-    from pelab.harness.loggers import single_lightning_log_handler
     from pelab.harness.run_folder import relaunch_decision
     from pelab.harness.signals import preemption_signals
 
-    single_lightning_log_handler()
     output_dir = Path(cfg.paths.output_dir)
     signals = preemption_signals()
     with claim_folder(output_dir):
@@ -52,19 +51,11 @@ def train(cfg: DictConfig) -> dict:
             return {**earlier, "skipped": True}
         if decision == "continue" and cfg.get("ckpt_path") in (None, "", "null"):
             cfg.ckpt_path = "auto"  # a relaunched multirun resumes its interrupted jobs
-        import torch
-
-        threads = torch.get_num_threads()
-        try:
-            return train_in(cfg, output_dir, signals)
-        finally:
-            torch.set_num_threads(threads)  # the run's count (`threads`) is its own, not the caller's
+        return train_in(cfg, output_dir, signals)
 
 
 def claim_folder(output_dir: Path) -> Any:
     """The run folder held by this process (rank 0; the other launcher ranks share it)."""
-    import contextlib
-
     from pelab.harness.run_folder import claim
 
     return claim(output_dir) if launcher_rank() == 0 else contextlib.nullcontext()
@@ -72,6 +63,32 @@ def claim_folder(output_dir: Path) -> Any:
 
 def train_in(cfg: DictConfig, output_dir: Path, signals: tuple[int, ...]) -> dict:
     """`train` in its claimed folder."""
+    with run_task(output_dir, rank=launcher_rank(), signals=signals, name=cfg.name) as task:
+        task.summary["config"] = resolved_config(cfg)
+        task.save()
+        # Every check that needs no data before torch, Lightning or W&B is imported (a bad input is refused in
+        # a second and costs no W&B connection) ...
+        validate_config(cfg)
+        task.record_machine()
+        with kept_threads():
+            fit_and_evaluate(cfg, output_dir, signals, task)
+    return task.summary
+
+
+@contextlib.contextmanager
+def kept_threads() -> Any:
+    """The caller's torch thread count, restored after the job (the run's count, `threads`, is its own)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def fit_and_evaluate(cfg: DictConfig, output_dir: Path, signals: tuple[int, ...], task: Task) -> None:
+    """The job once its settings are valid: data, model, fit, evaluation."""
     import lightning.pytorch as L
 
     from pelab.harness.build import (
@@ -83,59 +100,53 @@ def train_in(cfg: DictConfig, output_dir: Path, signals: tuple[int, ...]) -> dic
         trainer_settings,
     )
     from pelab.harness.extension import extension_parent, load_parent_weights
-    from pelab.harness.loggers import log_run_start
+    from pelab.harness.loggers import log_run_start, single_lightning_log_handler
 
-    with run_task(output_dir, rank=launcher_rank(), signals=signals, name=cfg.name) as task:
-        summary = task.summary
-        summary["config"] = resolved_config(cfg)
+    single_lightning_log_handler()
+    summary = task.summary
+    parent = extension_parent(cfg)
+    precision, world = trainer_settings(cfg)
+    ckpt_path, ckpt_vocab = resume_point(cfg, output_dir, summary)
+    summary["threads"] = set_threads(cfg.get("threads", "auto"), summary.get("threads") if ckpt_path else None, world)
+    task.start_wandb((summary["config"].get("logger") or {}).get("wandb"), name=cfg.name,
+                     config=summary["config"], tags=list(cfg.get("tags") or []), notes=cfg.get("notes"))
+    if parent:
+        record_parent(task, cfg, parent)
+    if parent and not ckpt_path:  # a resumed child already holds its own weights
+        ckpt_vocab = parent["vocab_size"]
+    L.seed_everything(int(cfg.seed), workers=True, verbose=False)
+    datamodule = prepare_data(cfg, int(cfg.data.batch_size) // world, summary, ckpt_path or
+                              (parent or {}).get("path"), ckpt_vocab)
+    module = build_module(summary, datamodule.vocab_size)
+    # ... and those that need the data (split sizes, vocabulary) before the first step
+    check_before_training(cfg, module, datamodule, world, precision)
+    if parent and not ckpt_path:
+        load_parent_weights(module, parent["path"])
+    task.save()
+    log_run_start(task.run, summary, module.model, datamodule, int(cfg.data.seq_len), output_dir)
+    before = {}
+    if parent and not ckpt_path and cfg.extend.get("eval_before") and launcher_rank() == 0:
+        from pelab.evaluation.suite import run_evaluation
+
+        # the parent's weights under the child's settings, before any step: the "step 0" of PI's tables
+        before = run_evaluation(module.model, datamodule, cfg, output_dir, task.run, summary, prefix="step0")
+        summary["metrics"] = dict(before)
         task.save()
-        # Every check that needs no data before W&B starts (a bad input costs no W&B connection) ...
-        validate_config(cfg)
-        parent = extension_parent(cfg)
-        precision, world = trainer_settings(cfg)
-        ckpt_path, ckpt_vocab = resume_point(cfg, output_dir, summary)
-        summary["threads"] = set_threads(cfg.get("threads", "auto"), summary.get("threads") if ckpt_path else None,
-                                         world)
-        task.start_wandb((summary["config"].get("logger") or {}).get("wandb"), name=cfg.name,
-                         config=summary["config"], tags=list(cfg.get("tags") or []), notes=cfg.get("notes"))
-        if parent:
-            record_parent(task, cfg, parent)
-        if parent and not ckpt_path:  # a resumed child already holds its own weights
-            ckpt_vocab = parent["vocab_size"]
-        L.seed_everything(int(cfg.seed), workers=True, verbose=False)
-        datamodule = prepare_data(cfg, int(cfg.data.batch_size) // world, summary, ckpt_path or
-                                  (parent or {}).get("path"), ckpt_vocab)
-        module = build_module(summary, datamodule.vocab_size)
-        # ... and those that need the data (split sizes, vocabulary) before the first step
-        check_before_training(cfg, module, datamodule, world, precision)
-        if parent and not ckpt_path:
-            load_parent_weights(module, parent["path"])
-        task.save()
-        log_run_start(task.run, summary, module.model, datamodule, int(cfg.data.seq_len), output_dir)
-        before = {}
-        if parent and not ckpt_path and cfg.extend.get("eval_before") and launcher_rank() == 0:
-            from pelab.evaluation.suite import run_evaluation
+    trainer, preemption = build_trainer(cfg, precision, task, signals)
+    summary["metrics"] = {**fit(trainer, module, datamodule, ckpt_path, preemption, summary), **before}
+    task.save()  # the training metrics stay whatever happens in evaluation
+    if cfg.get("evaluate_after_fit", True) and trainer.is_global_zero:
+        from pelab.evaluation.suite import run_evaluation
 
-            # the parent's weights under the child's settings, before any step: the "step 0" of PI's tables
-            before = run_evaluation(module.model, datamodule, cfg, output_dir, task.run, summary, prefix="step0")
-            summary["metrics"] = dict(before)
-            task.save()
-        trainer, preemption = build_trainer(cfg, precision, task, signals)
-        summary["metrics"] = {**fit(trainer, module, datamodule, ckpt_path, preemption, summary), **before}
-        task.save()  # the training metrics stay whatever happens in evaluation
-        if cfg.get("evaluate_after_fit", True) and trainer.is_global_zero:
-            from pelab.evaluation.suite import run_evaluation
-
-            final = run_evaluation(module.model, datamodule, cfg, output_dir, task.run, summary)
-            summary["metrics"].update(final)
-            if cfg.eval.get("at"):  # the end of the schedule closes the curve of eval.at
-                ex = summary["evaluation"]["extrapolation"]
-                task.add_point({"step": summary["global_step"], "fraction": 1.0, "schedule": "end",
-                                "tokens_seen": module.tokens_per_step() * int(summary["global_step"]),
-                                "blocks": ex["blocks"], "split": ex["split"],
-                                "seconds": summary["evaluation"]["seconds"]["extrapolation"],
-                                "metrics": {k: v for k, v in final.items() if k.startswith("extrap/")}})
-    return task.summary
+        final = run_evaluation(module.model, datamodule, cfg, output_dir, task.run, summary)
+        summary["metrics"].update(final)
+        if cfg.eval.get("at"):  # the end of the schedule closes the curve of eval.at
+            ex = summary["evaluation"]["extrapolation"]
+            task.add_point({"step": summary["global_step"], "fraction": 1.0, "schedule": "end",
+                            "tokens_seen": module.tokens_per_step() * int(summary["global_step"]),
+                            "blocks": ex["blocks"], "split": ex["split"],
+                            "seconds": summary["evaluation"]["seconds"]["extrapolation"],
+                            "metrics": {k: v for k, v in final.items() if k.startswith("extrap/")}})
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
@@ -156,7 +167,7 @@ def main() -> None:
 def check_before_training(cfg: DictConfig, module: Any, datamodule: Any, world: int, precision: str) -> None:
     """What needs the data to be checked, before the first step: the evaluation text against its split (the
     final evaluation and eval.at), the probes' filler, and memory (a training step, the evaluation)."""
-    from pelab.evaluation.extrapolation import resolve_lengths
+    from pelab.evaluation.config import resolve_lengths
     from pelab.evaluation.suite import check_eval_budget
     from pelab.harness.build import on_cuda
     from pelab.harness.memory import check_run

@@ -1,0 +1,295 @@
+"""The schema of every built-in encoding: ``PEConfig`` (the keys all share, conf/pe/_base.yaml) and one
+dataclass per scheme with its own knobs -- types and defaults, ``resolve(train_length)`` (fills the settings that
+mean "the training length") and ``validate(d_model, n_heads)`` (range checks naming ``pe.<key>``).
+
+Torch-free on purpose: the command line types and range-checks ``pe`` before importing torch. Each encoding
+class points to its schema (``RoPE.Config = RoPEConfig``); ``SCHEMAS`` finds a built-in schema from the
+``_target_`` of its YAML without importing the class. An encoding outside this package keeps its ``Config``
+on its class (found by importing it).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
+
+from omegaconf import MISSING
+
+from pelab.checks import need
+from pelab.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+SCALING_TYPES = ("none", "linear", "ntk", "dynamic_ntk", "yarn")  # pe.scaling.type (RoPE, xPos)
+KERPLE_VARIANTS = ("log", "power")  # pe.variant of KERPLE
+
+
+@dataclass
+class RandomizedConfig:
+    """Randomized positions (Ruoss et al. 2023): in training the T positions are a sorted random subset
+    of [0, max_position); null = off. In code the range is ``PositionEncoding.randomized_range``."""
+
+    max_position: int | None = None
+
+
+@dataclass
+class PEConfig:
+    """Settings every encoding has; a scheme subclasses it with its own knobs (the schema of its YAML)."""
+
+    _target_: str = MISSING  # the PositionEncoding subclass
+    name: str = MISSING  # label (run names, reports)
+    # The training length the encoding is fitted to (RoPE scaling's original length, the default size of
+    # a learned table); null = data.seq_len, filled by resolve().
+    train_length: int | None = None
+    randomized: RandomizedConfig = field(default_factory=RandomizedConfig)
+
+    # Capabilities the harness asks instead of names.
+    supports_scaling: ClassVar[bool] = False  # has context-extension variants (``variant``), switchable at evaluation
+    runtime_keys: ClassVar[tuple[str, ...]] = ()  # pe keys a checkpoint may be resumed/evaluated with changed
+
+    @property
+    def extends_context(self) -> bool:
+        """True when these settings stretch positions relative to ``train_length`` (context extension): a
+        run fine-tuned from a parent that leaves ``train_length`` null means the parent's training length."""
+        return False
+
+    def variant(self, name: str) -> PEConfig:
+        """These settings under the encoding's context-extension variant ``name`` (``supports_scaling``
+        encodings; e.g. RoPE's scaling types), for eval.py's ``scaling_sweep``."""
+        raise ConfigError(f"pe={self.name} has no context-extension variants (asked for {name!r}); "
+                          "drop scaling_sweep")
+
+    def resolve(self, train_length: int | None) -> None:
+        """Fill the settings left null that mean "the training length"."""
+        if self.train_length is None and train_length is not None:
+            self.train_length = int(train_length)
+
+    def validate(self, d_model: int, n_heads: int) -> None:
+        """Range checks of the resolved settings; raise ConfigError naming the key."""
+        need(self.train_length is None or self.train_length >= 1, "pe.train_length", self.train_length,
+             "must be a positive number of tokens (or null = data.seq_len)")
+        n = self.randomized.max_position
+        if n is not None:
+            need(n >= (self.train_length or 1), "pe.randomized.max_position", n,
+                 f"must be at least the training length {self.train_length}: randomized positions are a "
+                 "sorted subset of [0, max_position) (the paper uses many times the training length); "
+                 "null turns them off")
+
+
+@dataclass
+class ScalingConfig:
+    """Context-extension scaling of the rotary frequencies (see the module docstring); switchable at
+    evaluation time on a checkpoint trained without it."""
+
+    type: str = "none"  # none | linear | ntk | dynamic_ntk | yarn
+    factor: float = 1.0  # s
+    beta_fast: float = 32.0  # yarn ramp: pairs with >= beta_fast rotations within L keep their frequency
+    beta_slow: float = 1.0  # yarn ramp: pairs with < beta_slow rotations within L are fully interpolated
+
+
+@dataclass
+class RoPEConfig(PEConfig):
+    base: float = 10000.0
+    rotary_fraction: float = 1.0  # rotate the first fraction of each head's channels (partial rotary)
+    frequency_fraction: float = 1.0  # p-RoPE: the fraction of the highest frequencies that rotate
+    scaling: ScalingConfig = field(default_factory=ScalingConfig)
+
+    supports_scaling: ClassVar[bool] = True
+    runtime_keys: ClassVar[tuple[str, ...]] = ("scaling",)  # frequencies are not in the state dict
+
+    @property
+    def extends_context(self) -> bool:
+        return self.scaling.type != "none"
+
+    def variant(self, name: str) -> RoPEConfig:
+        """The same settings under scaling type ``name`` (none, linear, ntk, dynamic_ntk, yarn)."""
+        need(name in SCALING_TYPES, "pe.scaling.type", name,
+             f"is unknown; choose one of {list(SCALING_TYPES)}")
+        if self.scaling.factor == 1.0 and name != "none":
+            log.warning("pe.scaling.factor=1: every scaling type equals no scaling; pass pe.scaling.factor=4, say.")
+        return replace(self, scaling=replace(self.scaling, type=name))
+
+    def validate(self, d_model: int, n_heads: int) -> None:
+        super().validate(d_model, n_heads)
+        need(self.base > 1, "pe.base", self.base, "must be > 1")
+        need(0.0 < self.rotary_fraction <= 1.0, "pe.rotary_fraction", self.rotary_fraction,
+             "must be in (0, 1]")
+        need(0.0 <= self.frequency_fraction <= 1.0, "pe.frequency_fraction", self.frequency_fraction,
+             "(p-RoPE's p) must be in [0, 1]")
+        rotary = rotary_dim(d_model // n_heads, self.rotary_fraction)
+        need(rotary >= 2, "pe.rotary_fraction", self.rotary_fraction,
+             f"of head_dim={d_model // n_heads} (model.d_model/model.n_heads) leaves no channel pair to "
+             "rotate; raise pe.rotary_fraction or the head size")
+        s = self.scaling
+        need(s.type in SCALING_TYPES, "pe.scaling.type", s.type,
+             f"is unknown; choose one of {list(SCALING_TYPES)}")
+        need(s.factor > 0, "pe.scaling.factor", s.factor, "must be > 0 (1 = no scaling)")
+        need(s.type not in ("ntk", "dynamic_ntk") or rotary > 2, "pe.scaling.type", s.type,
+             f"needs more than 2 rotary dims; head_dim * pe.rotary_fraction gives {rotary}")
+        need(s.type not in ("dynamic_ntk", "yarn") or self.train_length is not None, "pe.scaling.type",
+             s.type, "needs pe.train_length (the training length); it is null -- set it, or let the harness "
+             "fill it from data.seq_len")
+
+
+def rotary_dim(head_dim: int, rotary_fraction: float) -> int:
+    """Rotated channels per head: the fraction of head_dim, rounded down to an even number (pairs)."""
+    return int(head_dim * rotary_fraction) // 2 * 2
+
+
+T5_BIAS_SCALES = ("sqrt_head_dim",)  # named values of pe.bias_scale
+
+
+def t5_bias_scale(value: Any, head_dim: int) -> float | None:
+    """pe.bias_scale as a number: a positive number as it is, "sqrt_head_dim" -> sqrt(d_head); None if invalid."""
+    if isinstance(value, str):
+        if value == "sqrt_head_dim":
+            return math.sqrt(head_dim)
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        return None
+    return float(value)
+
+
+@dataclass
+class SinusoidalConfig(PEConfig):
+    base: float = 10000.0
+    scale: float = 0.02  # multiplier on the added vector (see the class docstring)
+    learn_scale: bool = False  # the multiplier is a learned scalar initialised at `scale`
+
+    def validate(self, d_model: int, n_heads: int) -> None:
+        super().validate(d_model, n_heads)
+        need(self.base > 1, "pe.base", self.base, "must be > 1")
+        if d_model % 2:
+            raise ConfigError(f"model.d_model={d_model} must be even for pe=sinusoidal (sin/cos pairs)")
+
+
+@dataclass
+class LearnedConfig(PEConfig):
+    # Rows of the table; null = the largest position training reaches: the training length, or with
+    # randomized positions their range.
+    max_position: int | None = None
+    init_std: float = 0.02
+
+    def resolve(self, train_length: int | None) -> None:
+        super().resolve(train_length)
+        if self.max_position is None:
+            self.max_position = self.randomized.max_position or self.train_length
+
+    def validate(self, d_model: int, n_heads: int) -> None:
+        super().validate(d_model, n_heads)
+        need(self.max_position is not None and self.max_position >= 1, "pe.max_position",
+             self.max_position, "must be a positive number of table rows")
+        reach = max(self.train_length or 0, self.randomized.max_position or 0)
+        need(self.max_position >= reach, "pe.max_position", self.max_position,
+             f"cannot hold the {reach} positions training reaches (data.seq_len / pe.randomized."
+             "max_position); raise pe.max_position or leave it null")
+        need(self.init_std > 0, "pe.init_std", self.init_std, "must be > 0")
+
+
+@dataclass
+class T5BiasConfig(PEConfig):
+    num_buckets: int = 32
+    max_distance: int = 128  # distances >= this share the last bucket
+    init_std: float | None = None  # null = d_model^-0.5 (as Hugging Face T5)
+    # a number > 0, or "sqrt_head_dim" (T5 / HF / x-transformers in logit units); see the class docstring
+    bias_scale: Any = "sqrt_head_dim"
+
+    def validate(self, d_model: int, n_heads: int) -> None:
+        super().validate(d_model, n_heads)
+        need(self.num_buckets >= 2, "pe.num_buckets", self.num_buckets, "must be >= 2")
+        need(t5_bias_scale(self.bias_scale, d_model // n_heads) is not None, "pe.bias_scale",
+             self.bias_scale, f"must be a number > 0 or one of {list(T5_BIAS_SCALES)}")
+        need(self.max_distance > self.num_buckets // 2, "pe.max_distance", self.max_distance,
+             f"must exceed pe.num_buckets // 2 = {self.num_buckets // 2} (the exact buckets)")
+        need(self.init_std is None or self.init_std > 0, "pe.init_std", self.init_std,
+             "must be > 0 or null")
+
+
+@dataclass
+class KERPLEConfig(PEConfig):
+    variant: str = "log"  # log | power
+    eps: float = 0.01  # smallest initial r1, r2
+
+    def validate(self, d_model: int, n_heads: int) -> None:
+        super().validate(d_model, n_heads)
+        need(self.variant in KERPLE_VARIANTS, "pe.variant", self.variant,
+             f"is unknown; choose one of {list(KERPLE_VARIANTS)}")
+        need(0 < self.eps < 1, "pe.eps", self.eps, "must be in (0, 1)")
+
+
+@dataclass
+class SandwichConfig(PEConfig):
+    dim: int | None = None  # d'; null = model.d_model
+    base: float = 10000.0
+
+    def validate(self, d_model: int, n_heads: int) -> None:
+        super().validate(d_model, n_heads)
+        dim = self.dim if self.dim is not None else d_model
+        need(dim >= 2 and dim % 2 == 0, "pe.dim", dim, "(d') must be an even number >= 2")
+        need(self.base > 1, "pe.base", self.base, "must be > 1")
+
+
+@dataclass
+class FIREConfig(PEConfig):
+    mlp_width: int = 32
+    init_c: float = 0.1
+    init_L: float | None = None  # the threshold L's initial value; null = the training length
+    eps: float = 1e-6
+
+    def resolve(self, train_length: int | None) -> None:
+        super().resolve(train_length)
+        if self.init_L is None and self.train_length is not None:
+            self.init_L = float(self.train_length)
+
+    def validate(self, d_model: int, n_heads: int) -> None:
+        super().validate(d_model, n_heads)
+        need(self.init_L is not None, "pe.init_L", self.init_L,
+             "means the training length, which is unknown here: set pe.init_L or pe.train_length")
+        for key in ("mlp_width", "init_c", "init_L", "eps"):
+            need(getattr(self, key) > 0, f"pe.{key}", getattr(self, key), "must be > 0")
+
+
+@dataclass
+class CoPEConfig(PEConfig):
+    max_position: int | None = None  # positions clamp at max_position - 1; null = the training length
+
+    def resolve(self, train_length: int | None) -> None:
+        super().resolve(train_length)
+        if self.max_position is None:
+            self.max_position = self.train_length
+
+    def validate(self, d_model: int, n_heads: int) -> None:
+        super().validate(d_model, n_heads)
+        need(self.max_position is not None and self.max_position >= 2, "pe.max_position",
+             self.max_position, "must be an integer >= 2 (or null = the training length)")
+
+
+@dataclass
+class XPosConfig(RoPEConfig):
+    scale_base: float = 512.0
+
+    def validate(self, d_model: int, n_heads: int) -> None:
+        super().validate(d_model, n_heads)
+        need(self.scale_base > 0, "pe.scale_base", self.scale_base, "must be > 0")
+
+
+# The schema of each built-in encoding by the `_target_` its YAML names (tests/test_encodings.py checks that
+# each entry is its class's `Config` and that every built-in YAML has an entry).
+SCHEMAS: dict[str, type[PEConfig]] = {
+    "pelab.encodings.absolute.NoPE": PEConfig,
+    "pelab.encodings.absolute.Sinusoidal": SinusoidalConfig,
+    "pelab.encodings.absolute.Learned": LearnedConfig,
+    "pelab.encodings.bias.ALiBi": PEConfig,
+    "pelab.encodings.bias.T5Bias": T5BiasConfig,
+    "pelab.encodings.bias.KERPLE": KERPLEConfig,
+    "pelab.encodings.bias.Sandwich": SandwichConfig,
+    "pelab.encodings.bias.FIRE": FIREConfig,
+    "pelab.encodings.contextual.CoPE": CoPEConfig,
+    "pelab.encodings.rotary.RoPE": RoPEConfig,
+    "pelab.encodings.rotary.XPos": XPosConfig,
+}

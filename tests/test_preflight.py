@@ -1,0 +1,79 @@
+"""A bad setting is refused before torch, Lightning or W&B is imported (issue 48: an answer in about a second,
+not after seconds of imports), and the command line composes the config once (Hydra's composition; the folder
+checks are Hydra's callback `pelab.tasks.preflight.Preflight`).
+
+The check is behavioural: the subprocess runs with stand-in `torch`, `lightning` and `wandb` packages first on
+its path that raise on import, so any import of them before the refusal fails the launch with a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers.runs import FAST, ROOT, run_cli
+
+HEAVY = ("torch", "lightning", "wandb")
+
+
+def _no_heavy_imports(tmp_path: Path) -> dict[str, str]:
+    """PYTHONPATH with stand-ins of the heavy packages that fail on import."""
+    stubs = tmp_path / "stubs"
+    for name in HEAVY:
+        (stubs / name).mkdir(parents=True)
+        (stubs / name / "__init__.py").write_text(f"raise ImportError('{name} was imported before the refusal')\n")
+    return {"PYTHONPATH": os.pathsep.join([str(stubs), str(ROOT / "src")])}
+
+
+@pytest.mark.parametrize("args, key", [
+    (["model.n_heads=0"], "model.n_heads"),  # the model's schema
+    (["pe=rope", "pe.frequency_fraction=2"], "pe.frequency_fraction"),  # an encoding's own check
+    (["probes.depths=[1.5]"], "probes.depths"),  # the evaluation's schema
+    (["trainer.max_steps=abc"], "trainer.max_steps"),  # a type
+])
+def test_a_bad_setting_is_refused_before_torch_lightning_or_wandb_is_imported(args, key, tmp_path):
+    run = tmp_path / "run"
+    out = run_cli([*FAST, "logger=csv", f"hydra.run.dir={run}", *args], cwd=tmp_path, timeout=120,
+                  env=_no_heavy_imports(tmp_path))
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1].startswith(f"Error: {key}") or key in out.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in out.stderr, out.stderr[-2000:]
+    summary = json.loads((run / "summary.json").read_text())  # the failure is on record, as before
+    assert summary["status"] == "failed" and key in summary["error"]
+    assert summary["versions"]["torch"] and summary["versions"]["lightning"]  # read from package metadata
+
+
+def test_the_stand_ins_do_fail_a_launch_that_imports_torch(tmp_path):
+    """The check above can fail: a valid setting goes on to build the model, which imports torch."""
+    out = run_cli([*FAST, "logger=csv", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, timeout=120,
+                  env=_no_heavy_imports(tmp_path))
+    assert out.returncode != 0 and "was imported before the refusal" in out.stderr
+
+
+def test_pelab_composes_no_config_of_its_own_before_hydra(tmp_path):
+    """Hydra composes (its own `get_mode` and `run`: two loads); the preflight reads the command line and the
+    conf/ folders only, and the folder checks run on Hydra's config (it composed a second time before)."""
+    probe = tmp_path / "count.py"
+    probe.write_text(
+        "import runpy, sys\n"
+        "import hydra._internal.config_loader_impl as impl\n"
+        "calls = []\n"
+        "orig = impl.ConfigLoaderImpl.load_configuration\n"
+        "def counted(self, *a, **k):\n"
+        "    calls.append(1)\n"
+        "    return orig(self, *a, **k)\n"
+        "impl.ConfigLoaderImpl.load_configuration = counted\n"
+        "import atexit\n"
+        "atexit.register(lambda: print(f'compositions={len(calls)}', file=sys.stderr))\n"
+        f"sys.argv = [{str(ROOT / 'train.py')!r}, *sys.argv[1:]]\n"
+        f"runpy.run_path({str(ROOT / 'train.py')!r}, run_name='__main__')\n")
+    import subprocess
+
+    out = subprocess.run([sys.executable, str(probe), *FAST, "logger=csv", f"hydra.run.dir={tmp_path / 'run'}",
+                          "model.n_heads=0"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False)
+    assert "compositions=2" in out.stderr  # Hydra 1.3: get_mode + run; the old preflight made 3, out.stderr[-2000:]
+    assert "Error: model.n_heads" in out.stderr
