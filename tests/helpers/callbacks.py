@@ -10,8 +10,8 @@ from lightning.pytorch.callbacks import Callback
 
 
 class SlowSteps(Callback):
-    """From step `after` on, each step starts with a `seconds` sleep, announced on stdout, so that a signal can be
-    sent while a step is under way."""
+    """From step `after` on, each step starts with a `seconds` sleep, announced on stdout (and its end too), so that
+    a signal can be sent while a step is under way and a test can tell whether the step went on after it."""
 
     def __init__(self, after: int = 0, seconds: float = 5.0):
         self.after, self.seconds = after, seconds
@@ -20,6 +20,7 @@ class SlowSteps(Callback):
         if trainer.global_step >= self.after:
             print(f"slow step {trainer.global_step}", flush=True)
             time.sleep(self.seconds)
+            print(f"slow step {trainer.global_step} done", flush=True)
 
 
 class WorsenAfter(Callback):
