@@ -21,6 +21,7 @@ from torch.utils.data import IterableDataset
 
 from pelab.data.datamodule import LMDataModule
 from pelab.errors import CheckpointError, ConfigError
+from pelab.harness.job import JobRecord
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +190,8 @@ def build_module(summary: dict, vocab_size: int) -> Any:
     return module
 
 
-def build_trainer(cfg: DictConfig, precision: str, task: Any, signals: tuple[int, ...]) -> tuple[Any, Any]:
+def build_trainer(cfg: DictConfig, precision: str, job: JobRecord,
+                  signals: tuple[int, ...]) -> tuple[Any, Any]:
     """The Trainer of `cfg.trainer`, with the callbacks of `cfg.callbacks` and the loggers of `cfg.logger`
     (the W&B logger wraps this job's run; the CSV log keeps the rows before the resumed step), plus the
     preemption checkpoint, summary.json updates and atomic checkpoint writes."""
@@ -203,19 +205,19 @@ def build_trainer(cfg: DictConfig, precision: str, task: Any, signals: tuple[int
         from pelab.harness.along_training import EvaluationAlongTraining
 
         callbacks.append(EvaluationAlongTraining(OmegaConf.to_container(cfg.eval, resolve=True),
-                                                 int(cfg.data.seq_len), on_point=task.add_point))
-    preemption = PreemptionCheckpoint(task.output_dir / "checkpoints" / "last.ckpt", signals, task.quit_now)
-    resumed_step = (task.summary.get("resumed_from") or {}).get("step")
+                                                 int(cfg.data.seq_len), on_point=job.add_point))
+    preemption = PreemptionCheckpoint(job.output_dir / "checkpoints" / "last.ckpt", signals, job.quit_now)
+    resumed_step = (job.summary.get("resumed_from") or {}).get("step")
     # No W&B run (disabled, or not rank 0): no W&B logger.
-    loggers = instantiate_entries(cfg.get("logger"), skip=() if task.run else ("wandb",),
-                                  wandb={"experiment": task.run}, csv={"resume_step": resumed_step})
+    loggers = instantiate_entries(cfg.get("logger"), skip=() if job.run else ("wandb",),
+                                  wandb={"experiment": job.run}, csv={"resume_step": resumed_step})
     trainer = instantiate(
         cfg.trainer,
         precision=precision,
         logger=loggers or False,
-        callbacks=[preemption, *callbacks, SummaryUpdates(task)],  # the stop first: nothing runs after it
+        callbacks=[preemption, *callbacks, SummaryUpdates(job)],  # the stop first: nothing runs after it
         plugins=[AtomicCheckpointIO()],
-        default_root_dir=str(task.output_dir),
+        default_root_dir=str(job.output_dir),
         enable_progress_bar=any(isinstance(c, ProgressBar) for c in callbacks),
         _convert_="all",
     )

@@ -29,6 +29,7 @@ from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities import rank_zero_only
 
+from pelab.harness.job import JobRecord
 from pelab.harness.signals import Preempted, QuitNow, in_main_thread, quit_on
 
 
@@ -75,16 +76,16 @@ class RunCheckpoint(ModelCheckpoint):
 
 class SummaryUpdates(L.Callback):
     """summary.json kept current during fit: the step and the val/*, train/* metrics after each validation
-    (`task`: the job's `pelab.tasks.task.Task`; only its own process of rank 0 writes)."""
+    (`job`: the job's record; only its own process of rank 0 writes)."""
 
-    def __init__(self, task: Any):
-        self.task = task
+    def __init__(self, job: JobRecord):
+        self.job = job
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
             return
-        self.task.summary.update(global_step=int(trainer.global_step), metrics=pl_module.run_metrics(trainer))
-        self.task.save()
+        self.job.summary.update(global_step=int(trainer.global_step), metrics=pl_module.run_metrics(trainer))
+        self.job.save()
 
 
 class SparseRichProgressBar(RichProgressBar):
