@@ -152,3 +152,13 @@ def test_gpu_study_runner_smoke_on_cpu(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     summaries = list((tmp_path / "context_extension").rglob("summary.json"))
     assert len(summaries) == 4 and all(json.loads(p.read_text())["status"] == "ok" for p in summaries)
+
+
+def test_timing_targets_runs_a_target_and_records_it_against_its_limit(tmp_path):
+    """experiments/benchmarks/timing_targets.py (the wall-clock limits that left the tests) runs and writes its rows;
+    the cheapest target only (the others are minutes of subprocesses)."""
+    result = _load("timing_targets").main(["--only", "cache_reuse", "--json", str(tmp_path / "t.json")])
+    assert json.loads((tmp_path / "t.json").read_text()) == result
+    (row,) = result["rows"]
+    assert row["target"] == "cache_reuse_s" and row["value"] >= 0 and row["limit"] == "< 1"
+    assert isinstance(row["met"], bool) and len(row["loadavg_before"]) == 3

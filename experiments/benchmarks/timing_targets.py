@@ -188,7 +188,6 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--only", nargs="+", choices=sorted(TARGETS), default=list(TARGETS))
     p.add_argument("--json", type=Path, default=None, help="write the measurements here")
     a = p.parse_args(argv)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
     torch.set_num_threads(1)
@@ -205,8 +204,10 @@ def main(argv: list[str] | None = None) -> dict:
                          "loadavg_before": [round(x, 2) for x in before], "loadavg_after": [round(x, 2) for x in after]})
             print(f"{key:28s} {value:10.3f}  ({op} {limit:g}: {'met' if met else 'NOT met'}; "
                   f"load {before[0]:.1f} -> {after[0]:.1f})", flush=True)
-    result = {"rows": rows, "cpu_count": os.cpu_count(), "machine": platform.platform(), "torch": torch.__version__,
-              "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                            check=False).stdout.strip() or None
+    result = {"rows": rows, "commit": commit, "cpu_count": os.cpu_count(), "machine": platform.platform(),
+              "torch": torch.__version__, "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(result, indent=1) + "\n")
@@ -214,4 +215,5 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # (not in main(): a test calls it in its own process)
     main()
