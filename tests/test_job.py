@@ -17,7 +17,7 @@ BELOW_TASKS = ("errors.py", "checks.py", "ops", "encodings", "model", "data", "e
 def test_the_task_object_satisfies_the_harness_protocol(tmp_path):
     task = Task(tmp_path, {"status": "running"})
     assert isinstance(task, JobRecord)
-    for name in ("save", "add_point", "quit_now"):
+    for name in ("save", "add_point", "quit_now", "start_wandb"):
         assert callable(getattr(task, name))
 
 

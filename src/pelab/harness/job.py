@@ -15,6 +15,11 @@ class JobRecord(Protocol):
     output_dir: Path  # the run folder
     summary: dict[str, Any]  # what summary.json holds, kept current
     run: Any | None  # the job's W&B run, or None (disabled, or not rank 0)
+    rank: int  # the launcher's rank of this process (torchrun / srun); 0 for `python train.py`
+
+    def start_wandb(self, wcfg: dict | None, *, name: str, config: dict, group: str | None = None,
+                    tags: list[str] | None = None, notes: str | None = None) -> Any | None:
+        """This job's W&B run (rank 0; None when `logger.wandb` is off), recorded in the summary."""
 
     def save(self) -> None:
         """Write summary.json as it stands (rank 0 of the launching process only)."""
