@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from hydra.errors import MissingConfigException
 
-from conftest import CONF_DIR, FAST, compose, run_cli
+from helpers.runs import CONF_DIR, FAST, compose, run_cli
 from pelab.data.config import LOADER_KEYS
 from pelab.errors import ConfigError, is_user_error
 from pelab.tasks.config import validate

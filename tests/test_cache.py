@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import BPE_SMALL, _dm, _e2e, _src, _words_dir
+from helpers.texts import BPE_SMALL, text_datamodule, text_dir_config, text_source, words_dir
 from pelab.data import LMDataModule, build_corpus, open_cache
 from pelab.data.cache import verify_entry
 from pelab.data.corpora import SPLITS
@@ -20,8 +20,8 @@ from pelab.errors import CacheDirError, CacheRebuildWarning
 
 
 def test_cache_contents_match_the_corpus(text_dir, tmp_path):
-    dm = _dm(text_dir, tmp_path, tokenizer="byte")
-    corpus = build_corpus(_src(text_dir))
+    dm = text_datamodule(text_dir, tmp_path, tokenizer="byte")
+    corpus = build_corpus(text_source(text_dir))
     for s in SPLITS:
         docs = list(corpus.documents(s))
         toks = dm.cache.tokens(s)
@@ -44,30 +44,30 @@ def test_cache_contents_match_the_corpus(text_dir, tmp_path):
 
 
 def test_cache_reuse_does_no_work(text_dir, tmp_path):
-    corpus = build_corpus(_src(text_dir))
+    corpus = build_corpus(text_source(text_dir))
     first = open_cache(corpus, BPE_SMALL, tmp_path)
     assert first.built
     mtimes = {p.name: p.stat().st_mtime_ns for p in first.path.iterdir()}
     # (its speed, < 1 s: experiments/benchmarks/timing_targets.py cache_reuse)
-    second = open_cache(build_corpus(_src(text_dir)), BPE_SMALL, tmp_path)
+    second = open_cache(build_corpus(text_source(text_dir)), BPE_SMALL, tmp_path)
     assert not second.built and second.path == first.path
     assert {p.name: p.stat().st_mtime_ns for p in second.path.iterdir()} == mtimes, "files were rewritten"
     # Different settings -> a different entry; same settings via the DataModule -> the same one.
     other = open_cache(corpus, {**BPE_SMALL, "vocab_size": 300}, tmp_path)
     assert other.path != first.path and other.built
-    assert _dm(text_dir, tmp_path).cache.built is False
+    assert text_datamodule(text_dir, tmp_path).cache.built is False
     assert not [p for p in (tmp_path / "tokens").iterdir() if p.name.startswith((".tmp", ".old"))]
 
 
 def test_env_var_sets_the_default_cache_dir(text_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("PELAB_CACHE_DIR", str(tmp_path / "from-env"))
-    cache = open_cache(build_corpus(_src(text_dir)), "byte", None)
+    cache = open_cache(build_corpus(text_source(text_dir)), "byte", None)
     assert cache.path.is_relative_to(tmp_path / "from-env")
 
 
 @pytest.mark.parametrize("damage", ["truncate", "overwrite", "meta", "flip_keep_mtime"])
 def test_corrupt_cache_is_detected_and_rebuilt(damage, text_dir, tmp_path):
-    corpus = build_corpus(_src(text_dir))
+    corpus = build_corpus(text_source(text_dir))
     good = open_cache(corpus, "byte", tmp_path)
     expected = np.array(good.tokens("train"))
     path = good.path / "train.bin"
@@ -104,7 +104,7 @@ def test_concurrent_builders_build_once(text_dir, tmp_path):
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     procs = [
-        ctx.Process(target=_open_in_child, args=(_src(text_dir), str(tmp_path), queue)) for _ in range(3)
+        ctx.Process(target=_open_in_child, args=(text_source(text_dir), str(tmp_path), queue)) for _ in range(3)
     ]
     for p in procs:
         p.start()
@@ -121,10 +121,10 @@ def test_failed_build_leaves_no_partial_files(tmp_path):
     for i in range(10):
         (src / f"{i}.txt").write_text(f"document {i} " * 50)
     cache = tmp_path / "cache"
-    good = open_cache(build_corpus(_src(src)), "byte", cache)
+    good = open_cache(build_corpus(text_source(src)), "byte", cache)
     before = {p: p.read_bytes() for p in good.path.iterdir()}
     (src / "new.txt").write_text("a new file changes the key")
-    corpus = build_corpus(_src(src))
+    corpus = build_corpus(text_source(src))
     (src / "3.txt").unlink()  # vanishes mid-build: reading it fails
     with pytest.raises(FileNotFoundError):
         open_cache(corpus, "byte", cache)
@@ -140,7 +140,7 @@ def test_unwritable_cache_dir(text_dir, tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("a regular file, so nothing can be created below it (even as root)")
     with pytest.raises(CacheDirError, match="paths.cache_dir"):
-        _dm(text_dir, afile / "sub", tokenizer="byte")
+        text_datamodule(text_dir, afile / "sub", tokenizer="byte")
     assert afile.read_text().startswith("a regular file")
 
 
@@ -183,8 +183,8 @@ def test_corruption_in_the_middle_of_the_cache_is_detected_rebuilt_and_the_run_t
     from pelab.harness.build import build_datamodule
     from pelab.tasks.train import train
 
-    folder = _words_dir(tmp_path / "texts", 12, 40_000)
-    cfg = _e2e(folder, tmp_path / "cache", tmp_path / "run")
+    folder = words_dir(tmp_path / "texts", 12, 40_000)
+    cfg = text_dir_config(folder, tmp_path / "cache", tmp_path / "run")
     dm = build_datamodule(cfg, 8)
     dm.prepare_data()
     dm.setup()
@@ -207,8 +207,8 @@ def test_corruption_in_the_middle_of_the_cache_is_detected_rebuilt_and_the_run_t
 
 
 def test_checksums_cover_every_byte_and_verified_files_are_not_rehashed(tmp_path):
-    folder = _words_dir(tmp_path / "texts", 6, 200_000)
-    corpus = build_corpus(_src(folder))
+    folder = words_dir(tmp_path / "texts", 6, 200_000)
+    corpus = build_corpus(text_source(folder))
     cache = open_cache(corpus, "byte", tmp_path)
     entry = cache.path
     meta = json.loads((entry / "meta.json").read_text())

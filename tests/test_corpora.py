@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import _e2e, _src, _words_dir
+from helpers.texts import text_dir_config, text_source, words_dir
 from pelab.data import build_corpus, make_tokenizer, open_cache, split_of
 from pelab.data.corpora import SPLITS, StdlibCorpus
 from pelab.errors import CorpusError, TokenizerError
@@ -37,10 +37,10 @@ def test_stdlib_splits_are_deterministic_and_disjoint():
 def test_split_of_does_not_depend_on_other_files(tmp_path):
     for i in range(300):
         (tmp_path / f"f{i:03d}.txt").write_text(f"doc {i}")
-    before = build_corpus(_src(tmp_path))
+    before = build_corpus(text_source(tmp_path))
     for i in range(300, 400):
         (tmp_path / f"f{i:03d}.txt").write_text(f"doc {i}")
-    after = build_corpus(_src(tmp_path))
+    after = build_corpus(text_source(tmp_path))
     for s in SPLITS:
         old = set(before.files(s))
         assert old <= set(after.files(s)), "adding files moved an existing document to another split"
@@ -48,7 +48,7 @@ def test_split_of_does_not_depend_on_other_files(tmp_path):
 
 
 def test_text_dir_reads_documents_in_order(text_dir):
-    c = build_corpus(_src(text_dir))
+    c = build_corpus(text_source(text_dir))
     assert len(c.rel) == 40 and "README.md" not in c.rel
     for s in SPLITS:
         docs = list(c.documents(s))
@@ -86,16 +86,16 @@ def test_bad_folders(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(CorpusError, match=r"data.glob='\*\*/\*.txt'.*data.path"):
-        build_corpus(_src(empty))
+        build_corpus(text_source(empty))
     (empty / "a.md").write_text("markdown only")
     with pytest.raises(CorpusError, match="data.glob"):
-        build_corpus(_src(empty))
+        build_corpus(text_source(empty))
     with pytest.raises(CorpusError, match="data.path"):
-        build_corpus(_src(tmp_path / "missing"))
+        build_corpus(text_source(tmp_path / "missing"))
     with pytest.raises(CorpusError, match="data.path"):
         build_corpus({"source": "text_dir", "path": "???"})
     with pytest.raises(CorpusError, match="at least 3"):
-        build_corpus({**_src(empty), "glob": "*.md"})
+        build_corpus({**text_source(empty), "glob": "*.md"})
     with pytest.raises(CorpusError, match="data.source='nope'"):
         build_corpus({"source": "nope"})
     with pytest.raises(TokenizerError, match="tokenizer.kind='nope'"):
@@ -122,7 +122,7 @@ def test_latin1_files_decode_with_data_encoding_and_bits_per_byte_count_the_file
     folder, texts = _latin1_dir(tmp_path / "latin")
     with _w.catch_warnings():
         _w.simplefilter("error")  # correct decoding: nothing to report
-        corpus = build_corpus(_src(folder, encoding="latin-1"))
+        corpus = build_corpus(text_source(folder, encoding="latin-1"))
         docs = {s: list(corpus.documents(s)) for s in SPLITS}
     assert sorted(itertools.chain(*docs.values())) == sorted(texts), "decoded exactly"
     cache = open_cache(corpus, "byte", tmp_path / "cache")
@@ -131,7 +131,7 @@ def test_latin1_files_decode_with_data_encoding_and_bits_per_byte_count_the_file
         assert cache.meta["splits"][s]["n_bytes"] == on_disk  # not the UTF-8 re-encoding (2 bytes per é)
         assert cache.n_tokens(s) > on_disk  # the byte tokenizer sees UTF-8: more tokens than file bytes
     # Read as UTF-8 (the default) the same files are kept, with a warning counting the replaced bytes.
-    wrong = build_corpus(_src(folder))
+    wrong = build_corpus(text_source(folder))
     with pytest.warns(CorpusWarning, match=r"data.encoding='utf-8'.*kept 5 files with \d+ undecodable .*latin0\.txt"):
         wrong.files("train")
     utf8 = open_cache(wrong, "byte", tmp_path / "cache")
@@ -140,23 +140,23 @@ def test_latin1_files_decode_with_data_encoding_and_bits_per_byte_count_the_file
         "bits per byte count the file's bytes, not 3 per U+FFFD"
     )
     with pytest.raises(CorpusError, match=r"data.encoding='klingon'"):
-        build_corpus(_src(folder, encoding="klingon"))
+        build_corpus(text_source(folder, encoding="klingon"))
     with pytest.raises(CorpusError, match=r"data.encoding='rot13'"):
-        build_corpus(_src(folder, encoding="rot13"))
+        build_corpus(text_source(folder, encoding="rot13"))
 
 
 def test_mixed_folder_skips_binaries_keeps_the_text_splits_and_trains(tmp_path):
     from pelab.errors import CorpusWarning
     from pelab.tasks.train import train
 
-    text = _words_dir(tmp_path / "mixed", 20, 3_000)
-    before = build_corpus(_src(text, glob="*"))
+    text = words_dir(tmp_path / "mixed", 20, 3_000)
+    before = build_corpus(text_source(text, glob="*"))
     split_of_text = {s: before.files(s) for s in SPLITS}
     rng = random.Random(3)
     for i in range(4):
         (text / f"blob{i}.bin").write_bytes(bytes(rng.randrange(256) for _ in range(4096)))
     (text / "zz-latin.txt").write_bytes("déjà vu, señor".encode("latin-1") * 50)
-    corpus = build_corpus(_src(text, glob="*"))
+    corpus = build_corpus(text_source(text, glob="*"))
     with pytest.warns(CorpusWarning) as rec:
         files = {s: corpus.files(s) for s in SPLITS}
     (msg,) = [str(w.message) for w in rec]
@@ -167,7 +167,7 @@ def test_mixed_folder_skips_binaries_keeps_the_text_splits_and_trains(tmp_path):
     for s in SPLITS:  # the binaries take no text file's place
         assert [f for f in files[s] if f != "zz-latin.txt"] == split_of_text[s]
     with pytest.warns(CorpusWarning, match="skipped 4 of 25"):
-        summary = train(_e2e(text, tmp_path / "cache", tmp_path / "run", "data.glob=*"))
+        summary = train(text_dir_config(text, tmp_path / "cache", tmp_path / "run", "data.glob=*"))
     assert summary["status"] == "ok", summary.get("error")
     assert summary["data"]["fingerprint"]["corpus"]["n_files"] == 25
 
@@ -183,7 +183,7 @@ def test_folder_of_random_binary_files_is_one_error_before_tokenizing(tmp_path):
         (folder / f"f{i}.dat").write_bytes(bytes(rng.randrange(256) for _ in range(rng.choice([64, 5000]))))
     out = tmp_path / "run"
     with pytest.raises(CorpusError) as err:
-        train(_e2e(folder, tmp_path / "cache", out, "data.glob=*"))
+        train(text_dir_config(folder, tmp_path / "cache", out, "data.glob=*"))
     message = str(err.value)
     assert is_user_error(err.value) and "\n" not in message
     for key in (f"data.path={folder}", "data.glob='*'", "data.encoding='utf-8'", "all 6 files are binary"):

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import summaries
+from helpers.runs import summaries
 from pelab import dashboard
 
 

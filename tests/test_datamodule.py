@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from conftest import _dm, _src
+from helpers.texts import text_datamodule, text_source
 from pelab.data import LMDataModule
 from pelab.errors import ConfigError
 from pelab.harness.build import build_datamodule
@@ -41,7 +41,7 @@ def _fit(text_dir, cache, max_steps, accumulate=1, ckpt_in=None, ckpt_out=None):
     import lightning as L
 
     dm = LMDataModule(
-        source=_src(text_dir), tokenizer="byte", seq_len=16, batch_size=2, seed=3, cache_dir=str(cache),
+        source=text_source(text_dir), tokenizer="byte", seq_len=16, batch_size=2, seed=3, cache_dir=str(cache),
         recall_mix=0.0,
     )
     trainer = L.Trainer(
@@ -74,7 +74,7 @@ def test_lightning_resume_continues_the_exact_batch_stream(accumulate, text_dir,
 
 
 def test_validation_windows_and_eval_tokens(text_dir, tmp_path):
-    dm = _dm(text_dir, tmp_path, seq_len=16, val_windows=5, val_batch_size=2)
+    dm = text_datamodule(text_dir, tmp_path, seq_len=16, val_windows=5, val_batch_size=2)
     val = torch.cat(list(dm.val_dataloader()))
     assert val.shape == (5, 17)
     assert torch.equal(val, torch.cat(list(dm.val_dataloader()))), "validation windows are fixed"
@@ -93,7 +93,7 @@ def test_validation_windows_and_eval_tokens(text_dir, tmp_path):
 
 
 def test_from_hydra_config(text_dir, tmp_path):
-    from conftest import compose
+    from helpers.runs import compose
 
     cfg = compose(
         [
@@ -122,10 +122,10 @@ def test_from_hydra_config(text_dir, tmp_path):
 def test_seq_len_must_be_positive(seq_len, text_dir, tmp_path):
     with pytest.raises(ConfigError, match="data.seq_len"):
         LMDataModule(
-            source=_src(text_dir), tokenizer="byte", seq_len=seq_len, batch_size=2, cache_dir=str(tmp_path)
+            source=text_source(text_dir), tokenizer="byte", seq_len=seq_len, batch_size=2, cache_dir=str(tmp_path)
         )
 
 
 def test_seq_len_longer_than_val_split(text_dir, tmp_path):
     with pytest.raises(ConfigError, match=r"data.seq_len=100000 .*split has only"):
-        _dm(text_dir, tmp_path, tokenizer="byte", seq_len=100_000)
+        text_datamodule(text_dir, tmp_path, tokenizer="byte", seq_len=100_000)

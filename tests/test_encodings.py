@@ -49,7 +49,7 @@ def test_every_built_in_schema_is_found_without_importing_torch():
 def test_load_pe_yaml_is_what_hydra_composes(name):
     """Outside Hydra (default_pe_config, report defaults) a YAML reads as Hydra composes it into `pe`: the
     shared keys of conf/pe/_base.yaml under the file's own; `_base` itself is no encoding."""
-    from conftest import compose
+    from helpers.runs import compose
 
     assert "_base" not in available_encodings() and (PE_CONF_DIR / "_base.yaml").is_file()
     loaded = OmegaConf.to_container(load_pe_yaml(name))

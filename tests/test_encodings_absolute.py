@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from conftest import embed
+from helpers.encodings import embed
 from pelab.encodings import build_encoding
 from pelab.errors import PositionOutOfRange, is_user_error
 

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from conftest import rotate
 from encoding_inputs import MICRO, D, Dh, H, rope
+from helpers.encodings import rotate
 from pelab.encodings import build_encoding
 from pelab.encodings.rotary import rope_attention_factor, rope_inv_freq, xpos_zeta
 from pelab.model import build_model

@@ -7,8 +7,7 @@ import math
 
 import pytest
 
-from conftest import FAST, compose, offline_runs, run_cli, wandb_records, wandb_summary
-from helpers.runs import isolated_env
+from helpers.runs import FAST, compose, isolated_env, offline_runs, run_cli, wandb_records, wandb_summary
 from helpers.shared import build_once
 from pelab.summary import SUMMARY_FILE, as_float, read_summary
 from pelab.tasks.evaluate import evaluate

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from conftest import FAST, compose, offline_runs, summaries, wandb_records, wandb_summary
+from helpers.runs import FAST, compose, offline_runs, summaries, wandb_records, wandb_summary
 from pelab.errors import ConfigError
 from pelab.summary import read_summary
 from pelab.tasks.train import train

@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import pelab.tasks.names  # noqa: F401  the resolver of the run name (${pelab.sweep_suffix:})
-from conftest import compose
+from helpers.runs import compose
 
 
 def test_the_default_config_is_the_first_run_recipe():

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from conftest import BPE_SMALL, _doc
+from helpers.texts import BPE_SMALL, random_doc
 from pelab.data import LMDataModule, build_corpus
 from pelab.data.corpora import SPLITS
 from pelab.data.hf_corpus import _wikitext_articles
@@ -17,7 +17,7 @@ from pelab.errors import CorpusError, CorpusUnavailable
 
 
 def _rows(n: int, rng: random.Random) -> list[dict]:
-    return [{"id": i, "text": _doc(rng)} for i in range(n)]
+    return [{"id": i, "text": random_doc(rng)} for i in range(n)]
 
 
 def test_hf_json_with_only_a_train_split(hf_offline, tmp_path):

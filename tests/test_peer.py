@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from conftest import FAST, ROOT, compose
+from helpers.runs import FAST, ROOT, compose
 
 pytest.importorskip("x_transformers", reason="x-transformers (the bench extra: pip install -e .[bench]) is not installed")
 
@@ -72,7 +72,7 @@ def test_learned_scale_sinusoid_is_x_transformers_scaled_sinusoid():
     channels are [sin..., cos...] where PELab interleaves sin, cos), with one learned scalar."""
     from x_transformers.x_transformers import ScaledSinusoidalEmbedding
 
-    from conftest import embed
+    from helpers.encodings import embed
     from pelab.encodings import build_encoding
 
     D, T = 32, 300

@@ -12,7 +12,7 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from conftest import CONF_DIR, ROOT, compose
+from helpers.runs import CONF_DIR, ROOT, compose
 from pelab.tasks.evaluate import OVERRIDABLE, OWN_KEYS
 from pelab.tasks.train import validate_config
 

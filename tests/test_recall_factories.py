@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from conftest import kv_pairs
+from helpers.recall import kv_pairs
 from pelab.data.recall import make_probe_samples, make_recall_batch
 from pelab.data.tokenizer import ByteTokenizer
 from pelab.errors import RecallLengthError

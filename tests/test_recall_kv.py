@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from conftest import DEPTHS, kv_pairs
+from helpers.recall import DEPTHS, kv_pairs
 from pelab.data.recall import make_probe_samples, make_recall_batch
 
 

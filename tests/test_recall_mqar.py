@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import DEPTHS, FILLER, _reserved_only
+from helpers.recall import DEPTHS, FILLER, reserved_only
 from pelab.data.recall import OFFSET_DEPTH, make_probe_samples, make_recall_batch
 
 
@@ -70,7 +70,7 @@ def test_mqar_offset_keeps_the_distance_and_moves_the_position(byte_tok):
             assert s.input_ids[s.prefix:] == s0.input_ids  # the same window at every prefix (paired)
             assert s.gold_distance == s0.gold_distance  # fixed distance to the query ...
             assert s.gold_index == s0.gold_index + m * window  # ... at a growing absolute position
-            assert _reserved_only(byte_tok, s.input_ids[: s.prefix]) == []  # the prefix is filler text ...
+            assert reserved_only(byte_tok, s.input_ids[: s.prefix]) == []  # the prefix is filler text ...
             text = [t for t in s.input_ids if t < 256]  # ... that precedes the window's filler
             assert all((b - a) % 250 == 1 for a, b in itertools.pairwise(text))
     # the gold sits at OFFSET_DEPTH of the window whatever depth is asked

@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from conftest import DEPTHS, FILLER, _reserved_only
+from helpers.recall import DEPTHS, FILLER, reserved_only
 from pelab.data.recall import make_probe_samples
 
 
@@ -59,7 +59,7 @@ def test_passkey_single_is_one_reserved_value(request, tok_name):
         for s in make_probe_samples("passkey_single", tok, 200, depth, n=3, seed=8, filler_ids=FILLER):
             (v,) = s.answer_ids
             assert v in tok.reserved_value_ids and s.input_ids.count(v) == 2
-            assert _reserved_only(tok, s.input_ids) == [v, v]
+            assert reserved_only(tok, s.input_ids) == [v, v]
             key = tok.decode([v])
             assert f"The pass key is {key}. Remember it. {key} is the pass key." in tok.decode(s.input_ids)
             assert s.input_ids[s.gold_index] == v and s.candidates == [v]

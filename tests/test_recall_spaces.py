@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from conftest import DEPTHS, kv_pairs
+from helpers.recall import DEPTHS, kv_pairs
 from pelab.data.recall import in_space, make_probe_samples, make_recall_batch
 
 

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import compose
+from helpers.runs import compose
 from pelab.data.batch import IGNORE_INDEX, inputs_and_targets
-from pelab.data.datamodule import DataConfigError, LMDataModule
+from pelab.data.datamodule import LMDataModule
 from pelab.data.recall import make_probe_samples
+from pelab.errors import ConfigError
 from pelab.harness.build import build_datamodule
 from pelab.harness.module import two_means
 
@@ -72,7 +73,7 @@ def test_answer_only_loss_scores_exactly_the_retrieved_values(small_texts, tmp_p
 def test_recall_knobs_fail_with_the_setting_name(small_texts, tmp_path):
     for kw, name in [({"recall_loss": "values"}, "data.recall_loss"), ({"recall_kinds": ["kv", "nope"]}, "data.recall_kinds"),
                      ({"recall_key_len": 0}, "data.recall_key_len")]:
-        with pytest.raises(DataConfigError, match=name.replace(".", r"\.")):
+        with pytest.raises(ConfigError, match=name.replace(".", r"\.")):
             _dm(small_texts, tmp_path, **kw)
 
 
@@ -163,7 +164,7 @@ def test_curriculum_keeps_the_recall_in_the_first_span_tokens(small_texts, tmp_p
             last = max(i for i, t in enumerate(row.tolist()) if t in K or t in M)
             assert last == span - 1  # the span ends with the last answer: positions 0..span-1 ...
             assert (tgt[span - 1 :] == IGNORE_INDEX).all()  # ... and the text after it is not scored
-    with pytest.raises(DataConfigError, match="data.recall_curriculum"):
+    with pytest.raises(ConfigError, match="data.recall_curriculum"):
         _mqar_dm(small_texts, tmp_path, recall_curriculum=[[0, 8]])  # 4 pairs need 16 tokens
 
 
@@ -341,7 +342,7 @@ def test_harness_trains_on_two_means(tmp_path):
     import csv
     import math
 
-    from conftest import FAST
+    from helpers.runs import FAST
     from pelab.tasks.train import train
 
     first = {}

@@ -1,4 +1,4 @@
-"""`pelab.report` end to end: the shared 2 x 2 multirun (conftest.sweep) -> summaries -> report.md + PNGs
+"""`pelab.report` end to end: the shared 2 x 2 multirun (conftest.py: sweep) -> summaries -> report.md + PNGs
 (+ a W&B report run), failed / unfinished jobs; and from hand-written summaries: cells, rows, labels
 and their order."""
 
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST, compose, offline_runs, summaries, wandb_records
+from helpers.runs import FAST, compose, offline_runs, summaries, wandb_records
 from pelab import report
 from pelab.summary import as_float, write_summary
 
-LENGTHS = [32, 64, 128]  # conftest.SWEEP_ARGS: eval.lengths=[1,2,4] of data.seq_len=32
+LENGTHS = [32, 64, 128]  # helpers.runs.SWEEP_ARGS: eval.lengths=[1,2,4] of data.seq_len=32
 
 
 def _table(md: str, title: str) -> tuple[list[str], list[list[str]]]:

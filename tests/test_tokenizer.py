@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import BPE_SMALL, _dm, _src
+from helpers.texts import BPE_SMALL, text_datamodule, text_source
 from pelab.data import build_corpus, make_tokenizer
 from pelab.data.corpora import SPLITS
 from pelab.data.tokenizer import load_pretrained
@@ -33,7 +33,7 @@ TRICKY = [
 
 @pytest.mark.parametrize("kind", ["byte", "bpe"])
 def test_tokenizer_round_trip(kind, text_dir):
-    corpus = build_corpus(_src(text_dir))
+    corpus = build_corpus(text_source(text_dir))
     tok = make_tokenizer(BPE_SMALL if kind == "bpe" else "byte", corpus.documents("train"))
     assert tok.vocab_size == (320 if kind == "bpe" else 257) + 64 + 64  # + the default reserved ids
     assert 0 <= tok.eot_id < tok.vocab_size
@@ -51,7 +51,7 @@ def test_tokenizer_round_trip(kind, text_dir):
 
 
 def test_saved_bpe_tokenizer_reloads_identically(text_dir, tmp_path):
-    dm = _dm(text_dir, tmp_path)
+    dm = text_datamodule(text_dir, tmp_path)
     from pelab.data.tokenizer import load_tokenizer
 
     again = load_tokenizer(dm.cache.path / "tokenizer.json", "bpe")
@@ -69,7 +69,7 @@ def _local_pretrained(text_dir: Path, folder: Path) -> dict:
     from pelab.data.tokenizer import train_bpe
 
     folder.mkdir(parents=True, exist_ok=True)
-    train_bpe(build_corpus(_src(text_dir)).documents("train"), vocab_size=300).tk.save(str(folder / "tokenizer.json"))
+    train_bpe(build_corpus(text_source(text_dir)).documents("train"), vocab_size=300).tk.save(str(folder / "tokenizer.json"))
     return {"kind": "pretrained", "name": str(folder), "reserved_keys": 5, "reserved_values": 7}
 
 
@@ -78,7 +78,7 @@ def test_reserved_ids_come_after_the_vocabulary_and_never_encode_text(kind, text
     tok_cfg = {"byte": {"kind": "byte", "reserved_keys": 5, "reserved_values": 7},
                "bpe": {**BPE_SMALL, "reserved_keys": 5, "reserved_values": 7},
                "pretrained": _local_pretrained(text_dir, tmp_path / "hub")}[kind]
-    dm = _dm(text_dir, tmp_path / "cache", tokenizer=tok_cfg)
+    dm = text_datamodule(text_dir, tmp_path / "cache", tokenizer=tok_cfg)
     tok = dm.tokenizer
     v0 = tok.base_vocab_size
     assert (tok.reserved_key_ids, tok.reserved_value_ids) == (range(v0, v0 + 5), range(v0 + 5, v0 + 12))
@@ -97,7 +97,7 @@ def test_reserved_ids_come_after_the_vocabulary_and_never_encode_text(kind, text
     ids = tok.encode("key ") + [v0 + 2] + tok.encode(" value ") + [v0 + 5 + 6]
     assert tok.decode(ids) == "key <k2> value <v6>"
     # a different reserved count is a different cache entry, with its own meta
-    other = _dm(text_dir, tmp_path / "cache", tokenizer={**tok_cfg, "reserved_keys": 6})
+    other = text_datamodule(text_dir, tmp_path / "cache", tokenizer={**tok_cfg, "reserved_keys": 6})
     assert other.cache.path != dm.cache.path and other.vocab_size == dm.vocab_size + 1
     assert other.reserved == {"keys": [v0, v0 + 6], "values": [v0 + 6, v0 + 13]}
 
@@ -141,7 +141,7 @@ def _hub_cache_with(root: Path, repo: str, tokenizer_json: Path) -> Path:
 def test_pretrained_tokenizer_from_the_local_hub_cache_offline(hf_offline, text_dir, tmp_path, monkeypatch):
     import huggingface_hub.constants as hub_constants
 
-    bpe = make_tokenizer(BPE_SMALL, build_corpus(_src(text_dir)).documents("train"))
+    bpe = make_tokenizer(BPE_SMALL, build_corpus(text_source(text_dir)).documents("train"))
     bpe.save(tmp_path / "tokenizer.json")
     monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(_hub_cache_with(tmp_path / "hub", "org/tiny",
                                                                            tmp_path / "tokenizer.json")))

@@ -13,8 +13,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from conftest import FAST, compose, offline_runs, run_cli, wandb_records, wandb_summary
-from helpers.runs import summary_of
+from helpers.runs import FAST, compose, offline_runs, run_cli, summary_of, wandb_records, wandb_summary
 from pelab.encodings import available_encodings
 from pelab.harness.callbacks import SparseRichProgressBar
 from pelab.tasks.train import train

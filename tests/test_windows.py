@@ -7,20 +7,20 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import _dm, _src
+from helpers.texts import text_datamodule, text_source
 from pelab.data import LMDataModule
 from pelab.errors import ConfigError
 
 
 def test_windows_deterministic_in_seed_step_rank(text_dir, tmp_path):
-    dm = _dm(text_dir, tmp_path, batch_size=4)
+    dm = text_datamodule(text_dir, tmp_path, batch_size=4)
     a, b = dm.train_dataset(rank=0), dm.train_dataset(rank=0)
     x = a.batch(7)
     assert x.shape == (4, 33) and x.dtype == torch.int64
     assert torch.equal(x, b.batch(7))
     assert not torch.equal(x, a.batch(8)), "steps must differ"
     assert not torch.equal(x, dm.train_dataset(rank=1).batch(7)), "ranks must differ"
-    other_seed = _dm(text_dir, tmp_path, batch_size=4, seed=1)
+    other_seed = text_datamodule(text_dir, tmp_path, batch_size=4, seed=1)
     assert not torch.equal(x, other_seed.train_dataset(rank=0).batch(7)), "seeds must differ"
     # Every row is a real contiguous span of the train stream.
     spans = np.lib.stride_tricks.sliding_window_view(np.array(dm.cache.tokens("train")), 33)  # (N, 33)
@@ -29,7 +29,7 @@ def test_windows_deterministic_in_seed_step_rank(text_dir, tmp_path):
 
 
 def test_stream_resumes_at_any_step_and_with_workers(text_dir, tmp_path):
-    dm = _dm(text_dir, tmp_path, max_steps=12)
+    dm = text_datamodule(text_dir, tmp_path, max_steps=12)
     full = list(dm.train_dataloader())
     assert len(full) == 12
     resumed = list(torch.utils.data.DataLoader(dm.train_dataset(start_step=5), batch_size=None))
@@ -48,7 +48,7 @@ def test_recall_mix_hook_is_deterministic(text_dir, tmp_path):
         seen.append((step, text.shape))
         return np.full((n, length), 7) + rng.integers(0, 2, size=(n, 1))
 
-    dm = _dm(text_dir, tmp_path, batch_size=8, recall_mix=0.25, mixer=mixer)
+    dm = text_datamodule(text_dir, tmp_path, batch_size=8, recall_mix=0.25, mixer=mixer)
     ds = dm.train_dataset()
     for step in range(5):
         x = ds.batch(step)
@@ -57,4 +57,4 @@ def test_recall_mix_hook_is_deterministic(text_dir, tmp_path):
         assert torch.equal(x, dm.train_dataset().batch(step))
     assert seen[::2] == [(step, (2, 33)) for step in range(5)]  # the step and the text rows it replaces
     with pytest.raises(ConfigError, match="data.recall_mix"):
-        LMDataModule(source=_src(text_dir), tokenizer="byte", seq_len=8, batch_size=2, recall_mix=1.5)
+        LMDataModule(source=text_source(text_dir), tokenizer="byte", seq_len=8, batch_size=2, recall_mix=1.5)
