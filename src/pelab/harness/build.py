@@ -20,7 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import IterableDataset
 
 from pelab.data.datamodule import LMDataModule
-from pelab.errors import CheckpointError, ConfigError
+from pelab.errors import CheckpointError
+from pelab.harness.config import check_world, explicit_world_size
 from pelab.harness.job import JobRecord
 
 log = logging.getLogger(__name__)
@@ -37,14 +38,7 @@ def trainer_settings(cfg: DictConfig) -> tuple[str, int]:
         # TF32 for the fp32 matmuls left outside autocast (Lightning warns when this is unset on tensor cores)
         torch.set_float32_matmul_precision(cfg.matmul_precision)
     world = world_size_of(t)
-    if int(cfg.data.batch_size) % world:
-        raise ConfigError(
-            f"data.batch_size={cfg.data.batch_size} (global) is not divisible by the {world} devices; "
-            "change data.batch_size or trainer.devices."
-        )
-    if world > 1 and (cfg.get("debug") or {}).get("emulate_world_size"):
-        raise ConfigError("debug.emulate_world_size emulates several ranks in one process; "
-                          "use it with one device (trainer=cpu) or drop it.")
+    check_world(int(cfg.data.batch_size), world, (cfg.get("debug") or {}).get("emulate_world_size"))
     return precision, world
 
 
@@ -96,17 +90,19 @@ def on_cuda(tcfg: dict) -> bool:
 
 
 def world_size_of(tcfg: dict) -> int:
-    devices = tcfg.get("devices", 1)
-    if devices in (-1, "auto", "-1"):
-        devices = max(1, torch.cuda.device_count()) if tcfg.get("accelerator") != "cpu" else 1
-    n = len(devices) if isinstance(devices, (list, tuple)) else int(devices)
-    return n * int(tcfg.get("num_nodes", 1))
+    """The number of processes: as the config names them, or for -1 / auto the machine's GPUs (1 on a CPU)."""
+    world = explicit_world_size(tcfg)
+    if world is None:
+        world = (max(1, torch.cuda.device_count()) if tcfg.get("accelerator") != "cpu" else 1) * int(
+            tcfg.get("num_nodes", 1))
+    return world
 
 
 def resume_point(cfg: DictConfig, output_dir: Path, summary: dict) -> tuple[str | None, int | None]:
     """The checkpoint to resume from (`ckpt_path`) and its vocabulary size; another model's / tokenizer's
     checkpoint is refused here, before any data is built."""
     from pelab.harness.checkpoints import check_resume_checkpoint
+    from pelab.harness.run_folder import resolve_ckpt_path
 
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), output_dir)
     if not ckpt_path:
@@ -115,27 +111,6 @@ def resume_point(cfg: DictConfig, output_dir: Path, summary: dict) -> tuple[str 
     summary["resumed_from"] = {"ckpt_path": ckpt_path, "step": step}
     log.info("resuming from %s (step %d)", ckpt_path, step)
     return ckpt_path, vocab_size
-
-
-def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> str | None:
-    """null: fresh run; "auto": this run folder's newest checkpoint (last.ckpt, or a SLURM requeue
-    checkpoint) if there is one, else a fresh run; or a path."""
-    from pelab.harness.checkpoints import newest_checkpoint
-
-    if ckpt_path in (None, "", "null"):
-        return None
-    if ckpt_path == "auto":
-        newest = newest_checkpoint(output_dir)
-        return str(newest) if newest else None
-    if Path(ckpt_path).is_dir():  # a run folder: its newest checkpoint
-        newest = newest_checkpoint(Path(ckpt_path))
-        if newest is None:
-            raise ConfigError(f"ckpt_path={ckpt_path} is a folder without checkpoints (checkpoints/last.ckpt); pass "
-                              "a .ckpt file, a run folder that has one, 'auto' or null.")
-        return str(newest)
-    if not Path(ckpt_path).is_file():
-        raise ConfigError(f"ckpt_path={ckpt_path} does not exist; pass a .ckpt file, a run folder, 'auto' or null.")
-    return ckpt_path
 
 
 def prepare_data(cfg: DictConfig, batch_size: int, summary: dict, ckpt_path: str | None = None,

@@ -113,11 +113,3 @@ def check_resume_checkpoint(path: str, cfg: dict) -> tuple[int, int | None]:
             "settings or start a fresh run (ckpt_path=null, another paths.output_dir)."
         )
     return int(ckpt.get("global_step", 0)), ckpt["hyper_parameters"]["vocab_size"]
-
-
-def newest_checkpoint(output_dir: Path) -> Path | None:
-    """`ckpt_path=auto`: the newest of checkpoints/last.ckpt and Lightning's SLURM requeue checkpoints
-    (hpc_ckpt_*.ckpt in the run folder)."""
-    candidates = [output_dir / "checkpoints" / "last.ckpt", *output_dir.glob("hpc_ckpt_*.ckpt")]
-    existing = [p for p in candidates if p.is_file()]
-    return max(existing, key=lambda p: p.stat().st_mtime) if existing else None

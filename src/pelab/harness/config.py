@@ -11,6 +11,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pelab.checks import is_int, need, resolved_value, show, typed_group
+from pelab.errors import ConfigError
 
 
 @dataclass
@@ -90,6 +91,26 @@ def check_trainer(t: DictConfig) -> None:
     need(ok, "trainer.devices", devices, "must be a number of devices >= 1, -1 or auto (all), or a list of ids.")
     need(t.num_nodes >= 1, "trainer.num_nodes", t.num_nodes, "must be >= 1.")
     need(t.precision in PRECISIONS, "trainer.precision", t.precision, f"must be one of {show(PRECISIONS)}.")
+
+
+def explicit_world_size(t: Any) -> int | None:
+    """The number of processes a trainer config asks for, when it names them (devices as a number or a list of
+    ids, times num_nodes); None for -1 / auto (all the machine's GPUs: counted once torch is loaded)."""
+    devices = t.get("devices", 1)
+    if devices in (-1, "-1", "auto"):
+        return None
+    n = len(devices) if isinstance(devices, list | tuple) or OmegaConf.is_list(devices) else int(devices)
+    return n * int(t.get("num_nodes", 1))
+
+
+def check_world(batch_size: int, world: int, emulate_world_size: int | None) -> None:
+    """The global batch splits evenly over the processes; emulating ranks needs one process."""
+    if batch_size % world:
+        raise ConfigError(f"data.batch_size={batch_size} (global) is not divisible by the {world} devices; "
+                          "change data.batch_size or trainer.devices.")
+    if world > 1 and emulate_world_size:
+        raise ConfigError("debug.emulate_world_size emulates several ranks in one process; "
+                          "use it with one device (trainer=cpu) or drop it.")
 
 
 def typed_callbacks(cfg: DictConfig) -> dict[str, DictConfig]:

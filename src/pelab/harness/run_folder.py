@@ -4,6 +4,8 @@ or is refused, and what killed writes left behind is cleared.
 - `claim(folder)`: take `.pelab.lock` (atomically); a lock whose pid is alive refuses the launch in one line
   naming that pid; a lock left by a dead process is taken over. Temporary files of killed writes
   (`checkpoints/.<name>.tmp-<pid>`, `summary.json.tmp`) are removed once the folder is ours.
+- `resolve_ckpt_path(ckpt_path, folder)`: the checkpoint a launch resumes from (`auto`: the folder's newest),
+  a missing file or a truncated one refused in one line, without torch (`check_checkpoint_file`).
 - `relaunch_decision(...)`: what a launch into a folder that already holds a run does -- continue it, skip it
   (a finished job of a relaunched multirun), or refuse (another run's settings, or a fresh start that would
   overwrite it).
@@ -19,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pelab.errors import ConfigError
+from pelab.errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -149,3 +151,54 @@ def relaunch_decision(folder: Path, config: dict, earlier: dict[str, Any], ckpt_
         raise ConfigError(f"{folder} holds a run ({earlier.get('status')}, step {earlier.get('global_step', 0)}): "
                           "relaunch with ckpt_path=auto to continue it, or launch into another folder.")
     return "continue"
+
+
+# -- checkpoints in a run folder -----------------------------------------------------------------------
+def newest_checkpoint(output_dir: Path) -> Path | None:
+    """`ckpt_path=auto`: the newest of checkpoints/last.ckpt and Lightning's SLURM requeue checkpoints
+    (hpc_ckpt_*.ckpt in the run folder)."""
+    candidates = [output_dir / "checkpoints" / "last.ckpt", *output_dir.glob("hpc_ckpt_*.ckpt")]
+    existing = [p for p in candidates if p.is_file()]
+    return max(existing, key=lambda p: p.stat().st_mtime) if existing else None
+
+
+def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> str | None:
+    """null: fresh run; "auto": this run folder's newest checkpoint (last.ckpt, or a SLURM requeue
+    checkpoint) if there is one, else a fresh run; or a path."""
+    if ckpt_path in (None, "", "null"):
+        return None
+    if ckpt_path == "auto":
+        newest = newest_checkpoint(output_dir)
+        return str(newest) if newest else None
+    if Path(ckpt_path).is_dir():  # a run folder: its newest checkpoint
+        newest = newest_checkpoint(Path(ckpt_path))
+        if newest is None:
+            raise ConfigError(f"ckpt_path={ckpt_path} is a folder without checkpoints (checkpoints/last.ckpt); pass "
+                              "a .ckpt file, a run folder that has one, 'auto' or null.")
+        return str(newest)
+    if not Path(ckpt_path).is_file():
+        raise ConfigError(f"ckpt_path={ckpt_path} does not exist; pass a .ckpt file, a run folder, 'auto' or null.")
+    check_checkpoint_file(ckpt_path)
+    return ckpt_path
+
+
+ZIP_MAGIC = b"PK\x03\x04"
+
+
+def check_checkpoint_file(path: str | Path, key: str = "ckpt_path") -> None:
+    """A checkpoint cut short (a killed copy, a full disk) is refused here, without torch: torch.save writes a
+    zip archive, whose directory sits at its end. A file that is no zip at all (torch's legacy format) is left
+    to torch.load, which reads it or names it (pelab.harness.checkpoints.read_checkpoint)."""
+    import zipfile
+
+    with open(path, "rb") as f:
+        if f.read(4) != ZIP_MAGIC:
+            return
+    try:
+        with zipfile.ZipFile(path):
+            pass
+    except (zipfile.BadZipFile, OSError) as err:
+        first = (str(err).splitlines() or [""])[0][:200]
+        raise CheckpointError(
+            f"{key}={path} is not a readable checkpoint (truncated or corrupted: {type(err).__name__}: "
+            f"{first}); delete it or set {key}= to another checkpoint (e.g. checkpoints/best.ckpt).") from err

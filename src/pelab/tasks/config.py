@@ -29,8 +29,11 @@ from pelab.harness.config import (
     check_callbacks,
     check_optim,
     check_trainer,
+    check_world,
+    explicit_world_size,
     typed_callbacks,
 )
+from pelab.harness.run_folder import resolve_ckpt_path
 from pelab.model import GPTConfig
 
 
@@ -80,6 +83,16 @@ def check_run(r: DictConfig, batch_size: int) -> None:
     emulate = r.debug.emulate_world_size
     need(emulate is None or (emulate >= 1 and batch_size % emulate == 0), "debug.emulate_world_size", emulate,
          f"must be a positive divisor of data.batch_size={batch_size}.")
+
+
+def check_ckpt_path(cfg: DictConfig) -> None:
+    """`ckpt_path`: a missing file, a run folder without checkpoints or a truncated checkpoint is refused before
+    torch is imported (`pelab.harness.run_folder.resolve_ckpt_path`); whose run it is, is checked once the
+    checkpoint is read (before any data)."""
+    ckpt = resolved_value(cfg, "ckpt_path") if "ckpt_path" in cfg else None
+    if ckpt in (None, "", "null", "???", "auto"):
+        return  # auto: this run's own folder, whatever it holds
+    resolve_ckpt_path(str(ckpt), Path("."))
 
 
 def check_extend(cfg: DictConfig) -> None:
@@ -169,6 +182,10 @@ def validate(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, A
     check_probes(t["probes"], t["data"].seq_len)
     check_reserved(t["tokenizer"], t["data"], t["probes"])
     check_run(t["run"], t["data"].batch_size)
+    world = explicit_world_size(t["trainer"])
+    if world is not None:  # -1 / auto: counted (and checked) once torch is loaded
+        check_world(t["data"].batch_size, world, t["run"].debug.emulate_world_size)
+    check_ckpt_path(cfg)
     check_extend(cfg)
     t["pe"] = resolve_pe_config(cfg.pe, d_model=t["model"].d_model, n_heads=t["model"].n_heads,
                                 train_length=t["data"].seq_len)
