@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from pelab.errors import PositionOutOfRange
 from pelab.evaluation.common import evaluating, model_device
+from pelab.metric_keys import metric_key
 
 STATS = ("entropy", "distance", "mass_past_L", "max_logit")
 
@@ -158,8 +159,8 @@ def metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
     for stat in STATS:
         series = by_length(rows, stat)
         for layer, curve in series.items():
-            out.update({f"attn/{stat}@{n}/layer{layer}": v for n, v in curve.items()})
+            out.update({metric_key(f"attn/{stat}", n, layer=layer): v for n, v in curve.items()})
         for n in sorted({n for curve in series.values() for n in curve}):
             vals = [curve[n] for curve in series.values() if n in curve]
-            out[f"attn/{stat}@{n}"] = sum(vals) / len(vals)
+            out[metric_key(f"attn/{stat}", n)] = sum(vals) / len(vals)
     return out

@@ -39,6 +39,7 @@ from pelab.errors import PositionOutOfRange
 from pelab.evaluation import stats
 from pelab.evaluation.common import evaluating, model_device, not_applicable_note, safe_exp, windows_per_batch
 from pelab.evaluation.config import PROTOCOLS
+from pelab.metric_keys import metric_key
 from pelab.summary import json_safe
 
 # ---------------------------------------------------------------------------------------------
@@ -226,18 +227,20 @@ class ExtrapolationResult:
         for L in self.lengths:
             if (L, "nonoverlap") in self.cells:
                 c = self.cells[(L, "nonoverlap")]
-                m[f"extrap/ppl@{L}"] = c.ppl
-                m[f"extrap/ppl_lo@{L}"], m[f"extrap/ppl_hi@{L}"] = c.interval()
+                m[metric_key("extrap/ppl", L)] = c.ppl
+                m[metric_key("extrap/ppl", L, "lo")], m[metric_key("extrap/ppl", L, "hi")] = c.interval()
                 if self.bytes_per_token:
-                    m[f"extrap/bpb@{L}"] = c.bpb(self.bytes_per_token)
-                m[f"extrap/ppl_ratio@{L}"] = self.ppl_ratio(L)
-                m[f"extrap/ppl_ratio_lo@{L}"], m[f"extrap/ppl_ratio_hi@{L}"] = self.ratio_interval(L)
+                    m[metric_key("extrap/bpb", L)] = c.bpb(self.bytes_per_token)
+                m[metric_key("extrap/ppl_ratio", L)] = self.ppl_ratio(L)
+                m[metric_key("extrap/ppl_ratio", L, "lo")], m[metric_key("extrap/ppl_ratio", L, "hi")] = (
+                    self.ratio_interval(L))
             if (L, "sliding") in self.cells:
                 c = self.cells[(L, "sliding")]
-                m[f"extrap/ppl_sliding@{L}"] = c.ppl
-                m[f"extrap/ppl_sliding_lo@{L}"], m[f"extrap/ppl_sliding_hi@{L}"] = c.interval()
+                m[metric_key("extrap/ppl_sliding", L)] = c.ppl
+                m[metric_key("extrap/ppl_sliding", L, "lo")], m[metric_key("extrap/ppl_sliding", L, "hi")] = (
+                    c.interval())
             if self.parent_train_length and (L, "nonoverlap") in self.cells:  # e.g. extrap/ppl@parent_x4
-                m[f"extrap/ppl@parent_x{self.x_parent(L):g}"] = self.cells[(L, "nonoverlap")].ppl
+                m[metric_key("extrap/ppl", parent_x=self.x_parent(L))] = self.cells[(L, "nonoverlap")].ppl
         return m
 
     def rows(self) -> list[dict[str, Any]]:

@@ -49,6 +49,7 @@ from pelab.data.recall import (
 from pelab.errors import PositionOutOfRange, RecallLengthError
 from pelab.evaluation import stats
 from pelab.evaluation.common import evaluating, model_device, not_applicable_note, windows_per_batch
+from pelab.metric_keys import metric_key
 from pelab.summary import json_safe
 
 log = logging.getLogger(__name__)
@@ -311,23 +312,21 @@ class ProbeResult:
         for k in self.kinds:
             for L in self.lengths:
                 s = self.summary(k, L)
-                m[f"probe/{k}/acc@{L}"] = s["acc"]
-                m[f"probe/{k}/acc_lo@{L}"] = s["acc_lo"]
-                m[f"probe/{k}/acc_hi@{L}"] = s["acc_hi"]
-                m[f"probe/{k}/logprob@{L}"] = _mean(self.depth_curve(k, L, "logprob"))
-                m[f"probe/{k}/lim_gap@{L}"] = s["lim_gap"]
-                m[f"probe/{k}/lim_gap_lo@{L}"] = s["lim_gap_lo"]
-                m[f"probe/{k}/lim_gap_hi@{L}"] = s["lim_gap_hi"]
-                m[f"probe/{k}/rank@{L}"] = _mean(self.depth_curve(k, L, "rank"))
-                m[f"probe/{k}/other_in_context@{L}"] = _mean(self.depth_curve(k, L, "other"))
-                m[f"probe/{k}/not_in_context@{L}"] = _mean(self.depth_curve(k, L, "absent"))
+                for stat in ("acc", "acc_lo", "acc_hi"):
+                    m[metric_key(f"probe/{k}/{stat}", L)] = s[stat]
+                m[metric_key(f"probe/{k}/logprob", L)] = _mean(self.depth_curve(k, L, "logprob"))
+                for stat in ("lim_gap", "lim_gap_lo", "lim_gap_hi"):
+                    m[metric_key(f"probe/{k}/{stat}", L)] = s[stat]
+                m[metric_key(f"probe/{k}/rank", L)] = _mean(self.depth_curve(k, L, "rank"))
+                m[metric_key(f"probe/{k}/other_in_context", L)] = _mean(self.depth_curve(k, L, "other"))
+                m[metric_key(f"probe/{k}/not_in_context", L)] = _mean(self.depth_curve(k, L, "absent"))
             eff = float(self.effective_length(k) or 0) if self.measured(k) else NAN
             m[f"probe/{k}/effective_length"] = eff
             m[f"probe/{k}/auc"] = self.auc(k)
         for c in self.offset.values():
-            m[f"probe/{OFFSET_KIND}/acc@{c.length}"] = c.acc
-            m[f"probe/{OFFSET_KIND}/acc_lo@{c.length}"] = c.lo
-            m[f"probe/{OFFSET_KIND}/acc_hi@{c.length}"] = c.hi
+            m[metric_key(f"probe/{OFFSET_KIND}/acc", c.length)] = c.acc
+            m[metric_key(f"probe/{OFFSET_KIND}/acc", c.length, "lo")] = c.lo
+            m[metric_key(f"probe/{OFFSET_KIND}/acc", c.length, "hi")] = c.hi
         return m
 
     def rows(self, kind: str | None = None) -> list[dict[str, Any]]:

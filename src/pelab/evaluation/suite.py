@@ -26,6 +26,7 @@ from pelab.evaluation.extrapolation import (
 )
 from pelab.evaluation.plots import plot_loss_by_position, plot_ppl_vs_length, probe_figures, save_figure
 from pelab.evaluation.probes import OFFSET_KIND, run_probes
+from pelab.metric_keys import with_variant
 from pelab.summary import json_safe
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ def run_evaluation(
         )
         metrics.update(probes.metrics())
     if prefix:
-        metrics = {_prefixed(k, prefix): v for k, v in metrics.items()}
+        metrics = {with_variant(k, prefix): v for k, v in metrics.items()}
 
     label = cfg.pe.name if not prefix else f"{cfg.pe.name} ({prefix})"
     figures = make_figures(extrap, probes, label, train_length)
@@ -168,11 +169,6 @@ def log_attention_to_wandb(run: Any, rows: list[dict], prefix: str = "") -> None
         run.log(data)
     except Exception as err:  # noqa: BLE001 - W&B trouble must not lose the evaluation (summary.json has it)
         log.warning("W&B logging of the attention diagnostics failed: %s", err)
-
-
-def _prefixed(key: str, prefix: str) -> str:
-    group, _, rest = key.partition("/")
-    return f"{group}/{prefix}/{rest}"
 
 
 def make_figures(extrap: Any, probes: Any | None, label: str, train_length: int) -> dict[str, Any]:
