@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from pelab.errors import DashboardError
+from pelab.metric_keys import lengths_of, metric_key
 
 GROUP_BY = "pe.name"  # config key the runs are grouped by
 TRAINING_METRICS = ["train/loss", "val/ppl", "val/ppl_lo", "val/ppl_hi", "train/tokens_per_sec", "train/mfu", "train/lr"]
@@ -84,7 +85,7 @@ def interleave(keys: Sequence[str], prefixes: Sequence[str]) -> list[str]:
 
 def select(keys: Sequence[str], prefix: str) -> list[str]:
     """Keys `prefix@L`, sorted by L."""
-    return sorted((k for k in keys if k.startswith(prefix + "@")), key=lambda k: int(k.rsplit("@", 1)[1]))
+    return [metric_key(prefix, L) for L in lengths_of(keys, prefix)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,8 +172,8 @@ def dashboard_spec(
             _media(f"{k}: accuracy by length", [f"plots/probe_{k}_length"]),
         ]
     training = {"name": "Training", "panels": [_lines(m, m, group_by) for m in TRAINING_METRICS]}
-    pinned = ["val/ppl", f"extrap/ppl@{longest}", f"extrap/ppl_ratio@{longest}"]
-    pinned += [f"probe/{k}/acc@{p_longest}" for k in kinds]
+    pinned = ["val/ppl", metric_key("extrap/ppl", longest), metric_key("extrap/ppl_ratio", longest)]
+    pinned += [metric_key(f"probe/{k}/acc", p_longest) for k in kinds]
     return {
         "name": name or f"PELab — {group or 'all runs'}",
         "group": group,

@@ -4,15 +4,17 @@ from its summary.json (pelab.summary) in at most 80 columns."""
 from __future__ import annotations
 
 import math
-import re
 import textwrap
 from pathlib import Path
 from typing import Any
 
+from pelab.metric_keys import metric_key, parse_key
 from pelab.summary import as_float, retrieval_acquired
 
-_EXTRAP = re.compile(r"^extrap/(?:(?P<variant>[^/]+)/)?(?P<stat>ppl(?:_ratio|_sliding)?(?:_lo|_hi)?)@(?P<length>\d+)$")
-_PROBE = re.compile(r"^probe/(?:(?P<variant>[^/]+)/)?(?P<kind>[^/]+)/(?P<stat>acc|acc_lo|acc_hi|n)@(?P<length>\d+)$")
+# the metrics the table shows, per (variant, length) and (variant, kind, length)
+TEXT_STATS = ("ppl", "ppl_lo", "ppl_hi", "ppl_ratio", "ppl_ratio_lo", "ppl_ratio_hi", "ppl_sliding", "ppl_sliding_lo",
+              "ppl_sliding_hi")
+PROBE_STATS = ("acc", "acc_lo", "acc_hi", "n")
 
 
 def _num(x: Any, fmt: str = ".2f") -> str:
@@ -51,7 +53,7 @@ def _retrieval_lines(summary: dict, m: dict) -> list[str]:
     probes = (summary.get("evaluation") or {}).get("probes") or {}
     L, out = probes.get("train_length"), []
     for kind, copy in (probes.get("copy") or {}).items():
-        hi = m.get(f"probe/{kind}/acc_hi@{L}")
+        hi = m.get(metric_key(f"probe/{kind}/acc", L, "hi"))
         if hi is not None and math.isfinite(as_float(copy)) and as_float(hi) <= as_float(copy):
             out.append(f"  {kind}: in-window accuracy is not above copying a random context value "
                        f"({as_float(copy):.3f}): retrieval was not learned (recall rows train it: "
@@ -84,10 +86,13 @@ def result_table(summary: dict) -> str:
     extrap: dict[tuple[str, int], dict[str, Any]] = {}
     probes: dict[tuple[str, str, int], dict[str, Any]] = {}
     for key, value in m.items():
-        if e := _EXTRAP.match(key):
-            extrap.setdefault((e["variant"] or "", int(e["length"])), {})[e["stat"]] = value
-        elif p := _PROBE.match(key):
-            probes.setdefault((p["variant"] or "", p["kind"], int(p["length"])), {})[p["stat"]] = value
+        k = parse_key(key)
+        if k is None or k.length is None or k.layer is not None:
+            continue
+        if k.family == "extrap" and k.stat_name in TEXT_STATS:
+            extrap.setdefault((k.variant, k.length), {})[k.stat_name] = value
+        elif k.family == "probe" and k.stat_name in PROBE_STATS:
+            probes.setdefault((k.variant, k.kind, k.length), {})[k.stat_name] = value
     text = _text_lines(summary, m, extrap) if mix < 1.0 else [
         "  text: not measured (data.recall_mix=1: the model was trained on recall rows only)"]
     # sentences folded to the table's 80 columns

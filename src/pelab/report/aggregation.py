@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from pelab.data.recall.kinds import MQAR_OFFSET as OFFSET_KIND
+from pelab.metric_keys import length_of, lengths_of
 from pelab.report.discovery import Job
 from pelab.summary import as_float, retrieval_acquired
 
@@ -205,18 +206,22 @@ def _label(flat: dict, shown: list[str]) -> str:
 # cells: the seeds' values of a metric at each length, aggregated per row
 
 
-def by_length(rows: Sequence[Row], pattern: str, agg: Callable[[pd.Series], Any]) -> pd.DataFrame:
-    """rows (by position) x lengths L (sorted) of `agg` over the seeds' values of metric
-    `pattern.format(L=...)` (e.g. "extrap/ppl@{L}"); NaN where a row has no value at that length.
-    No columns when no job logged the metric at any length."""
-    rx = re.compile("^" + re.escape(pattern).replace(r"\{L\}", r"(\d+)") + "$")
+def metric_lengths(rows: Sequence[Row], name: str) -> list[int]:
+    """The lengths L, ascending, at which any job of `rows` has the metric `name@L` (e.g. name "extrap/ppl")."""
+    return lengths_of((k for r in rows for j in r.jobs for k in j.metrics), name)
+
+
+def by_length(rows: Sequence[Row], name: str, agg: Callable[[pd.Series], Any]) -> pd.DataFrame:
+    """rows (by position) x lengths L (sorted) of `agg` over the seeds' values of metric `name@L` (e.g. name
+    "extrap/ppl"); NaN where a row has no value at that length. No columns when no job logged the metric at any
+    length."""
     values = pd.DataFrame(
         [
-            (i, int(m.group(1)), v)
+            (i, L, v)
             for i, r in enumerate(rows)
             for j in r.jobs
             for k, v in j.metrics.items()
-            if (m := rx.match(k))
+            if (L := length_of(k, name)) is not None
         ],
         columns=["row", "L", "value"],
     )

@@ -32,7 +32,8 @@ import scipy.stats
 
 from pelab.errors import ReportError
 from pelab.evaluation.stats import difference_interval
-from pelab.report.aggregation import Row, acquired_rows, outcome_matrix, pairing_key, settings
+from pelab.metric_keys import MetricKey, metric_key, parse_key
+from pelab.report.aggregation import Row, acquired_rows, metric_lengths, outcome_matrix, pairing_key, settings
 
 ALPHA = 0.05
 # The metrics compared, by default: on the log scale (perplexities and ratios are positive; a difference of logs
@@ -53,6 +54,10 @@ class Comparison:
     p_adj: float = math.nan
     scale: str = "log"  # log: ratio a / b and its interval; diff: difference a - b (retrieval accuracy)
     note: str = ""  # why a declared pair was not tested (then p is NaN and it is not in the Holm family)
+
+    @property
+    def key(self) -> MetricKey:
+        return parse_key(self.metric)
 
     @property
     def resolved(self) -> bool:
@@ -114,10 +119,11 @@ def instance_differences(a: Row, b: Row, kind: str, length: int, seed: Any) -> n
 def paired_accuracy(a: Row, b: Row, metric: str) -> Comparison | None:
     """Retrieval accuracy of a vs b on the same instances (see the module doc), or None with fewer than two seeds
     that probed the same instances."""
-    name, _, length = metric.rpartition("@")
-    kind = name.split("/")[1]
+    k = parse_key(metric)
+    if k.variant:  # probe outcomes are kept for the main evaluation only
+        return None
     groups = [d for s in sorted(set(a.seeds) & set(b.seeds))
-              if (d := instance_differences(a, b, kind, int(length), s)).size >= 2]
+              if (d := instance_differences(a, b, k.kind, k.length, s)).size >= 2]
     if len(groups) < 2:
         return None
     means = [float(d.mean()) for d in groups]
@@ -222,24 +228,24 @@ def compare(rows: Sequence[Row], keys: Sequence[str], metrics: Sequence[str] = C
     for a, b in pairs(rows, keys, baseline, chosen):
         unpaired = unpaired_because(a, b)  # a declared pair at a setting whose rows cannot be paired: said, not tested
         for name in metrics:
-            found = sorted({int(k.rpartition("@")[2]) for j in a.jobs for k in j.metrics
-                            if k.startswith(name + "@") and k.rpartition("@")[2].isdigit()})
+            found = metric_lengths([a], name)
             for L in found if lengths is None else [L for L in found if L in set(lengths)]:
+                metric = metric_key(name, L)
                 if name.startswith("probe/"):
                     unlearned = [r.label for r in (a, b) if id(r) not in learned]
-                    c = paired_accuracy(learned[id(a)], learned[id(b)], f"{name}@{L}") if not unlearned else None
+                    c = paired_accuracy(learned[id(a)], learned[id(b)], metric) if not unlearned else None
                     if c is None:  # said, not dropped: a declared claim that could not be tested
                         why = (f"{' and '.join(unlearned)} did not acquire retrieval" if unlearned else
                                "fewer than two seeds acquired retrieval in both rows")
-                        c = Comparison(a, b, f"{name}@{L}", 0, math.nan, math.nan, math.nan, math.nan, scale="diff",
+                        c = Comparison(a, b, metric, 0, math.nan, math.nan, math.nan, math.nan, scale="diff",
                                        note=f"not compared: {why}")
                 elif unpaired:
-                    if len({j.metrics.get(f"{name}@{L}") for j in (*a.jobs, *b.jobs)}) == 1:
+                    if len({j.metrics.get(metric) for j in (*a.jobs, *b.jobs)}) == 1:
                         continue  # one value in every run (a ratio at the training length): nothing to compare
-                    c = Comparison(a, b, f"{name}@{L}", 0, math.nan, math.nan, math.nan, math.nan,
+                    c = Comparison(a, b, metric, 0, math.nan, math.nan, math.nan, math.nan,
                                    note=f"not compared: {unpaired}")
                 else:
-                    c = paired(a, b, f"{name}@{L}")
+                    c = paired(a, b, metric)
                 if c is not None:
                     out.append(c)
     tested = [c for c in out if not c.note]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 from pelab.errors import ReportError
+from pelab.metric_keys import format_key, metric_key, parse_key
 from pelab.summary import SUMMARY_FILE, as_float, read_summary
 
 # Where a run keeps its Lightning CSV log (logger=csv / wandb+csv), and where a study that copies a run's
@@ -123,8 +124,8 @@ def training_free_job(job: Job) -> Job | None:
     config = copy.deepcopy(job.config)
     config.setdefault("trainer", {})["max_steps"] = 0
     config.setdefault("extend", {})["eval_before"] = False
-    metrics = {k.replace("/step0/", "/", 1): v for k, v in (job.summary.get("metrics") or {}).items()
-               if "/step0/" in k}
+    metrics = {format_key(replace(k, variant="")): v for key, v in (job.summary.get("metrics") or {}).items()
+               if (k := parse_key(key)) and k.variant == "step0"}
     summary = {**{k: v for k, v in job.summary.items() if not k.startswith(("evaluation", "along_training"))},
                "config": config, "metrics": metrics, "global_step": 0, "evaluation": before,
                "wall_seconds": sum((before.get("seconds") or {}).values())}
@@ -158,5 +159,5 @@ def probe_intervals(summary: dict) -> dict[str, float]:
     for (kind, length), rows in cells.items():
         rows = sorted(rows, key=lambda r: float(r["depth"]))
         s = depth_summary([float(r["depth"]) for r in rows], [unbits(r["outcomes"]) for r in rows])
-        out.update({f"probe/{kind}/{k}@{length}": v for k, v in s.items() if k not in ("acc", "lim_gap")})
+        out.update({metric_key(f"probe/{kind}/{k}", length): v for k, v in s.items() if k not in ("acc", "lim_gap")})
     return out

@@ -8,11 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pelab.metric_keys import metric_key
 from pelab.report.aggregation import (
     OFFSET_KIND,
     Row,
     acquired_rows,
     group_rows,
+    metric_lengths,
     not_acquired_rows,
     probe_kinds,
     probe_panel,
@@ -55,11 +57,6 @@ class Report:
 ATTENTION_TABLES = {"entropy": "Attention entropy (nats)", "distance": "Mean attention distance (tokens)",
                     "mass_past_L": "Attention mass at distances >= the training length",
                     "max_logit": "Largest pre-softmax logit (mean over queries)"}
-
-
-def _extrap_lengths(row: Row) -> set[int]:
-    return {int(k.rpartition("@")[2]) for j in row.jobs for k in j.metrics
-            if k.startswith("extrap/ppl@") and k.rpartition("@")[2].isdigit()}
 
 
 def evaluated_on(jobs: Sequence[Job]) -> str:
@@ -167,11 +164,12 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
          "paired tests, 5%); the others are not resolved at their number of seeds."
          if comparisons else ""),
     )
-    longest = max((L for r in text_rows for L in _extrap_lengths(r)), default=None)
-    along, warnings = along_training_table(text_rows, f"extrap/ppl_ratio@{longest}") if longest else (None, [])
+    longest = max(metric_lengths(text_rows, "extrap/ppl"), default=None)
+    along, warnings = (along_training_table(text_rows, metric_key("extrap/ppl_ratio", longest)) if longest
+                       else (None, []))
     section(
         "Along training",
-        [along, along_training_table(text_rows, f"extrap/ppl@{longest}")[0] if along else None],
+        [along, along_training_table(text_rows, metric_key("extrap/ppl", longest))[0] if along else None],
         ["along_training"] if text_rows else [],
         " ".join(["Extrapolation measured during training (eval.at) and at the end of runs of each budget."]
                  + [f"**Warning:** {w}" for w in warnings]),
@@ -183,7 +181,7 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
     )
     section(
         "Bits per byte",
-        [metric_table(text_rows, "extrap/bpb@{L}", "Bits per byte, non-overlapping windows", digits=3)],
+        [metric_table(text_rows, "extrap/bpb", "Bits per byte, non-overlapping windows", digits=3)],
     )
     section(
         "Convergence",

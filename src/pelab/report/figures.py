@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pelab.metric_keys import metric_key
 from pelab.report.aggregation import (
     Row,
     acquired_rows,
@@ -17,6 +18,7 @@ from pelab.report.aggregation import (
     budget_key,
     by_length,
     mean_curve,
+    metric_lengths,
     probe_kinds,
     probe_panel,
     seed_mean,
@@ -43,7 +45,7 @@ def make_figures(rows: Sequence[Row], out: Path) -> dict[str, Path]:
         sub = [r for r in rows if r.train_length == train_length]
         suffix = f"_L{train_length}" if len(train_lengths) > 1 else ""
         text = [r for r in sub if trained_on_text(r)]  # perplexity figures: the runs that saw text
-        ppl = by_length(text, "extrap/ppl@{L}", seed_mean)
+        ppl = by_length(text, "extrap/ppl", seed_mean)
         if np.isfinite(ppl.to_numpy(dtype=float)).any():
             curves = {
                 r.label: {int(L): float(p) for L, p in line.items()}
@@ -68,7 +70,7 @@ def make_figures(rows: Sequence[Row], out: Path) -> dict[str, Path]:
                                                  "mean over seeds)")
             paths[f"val_curve{suffix}"] = save_figure(fig, out / f"val_curve{suffix}.png")
         for stat in ("entropy", "distance", "mass_past_L", "max_logit"):  # eval.diagnostics runs only
-            values = by_length(sub, f"attn/{stat}@{{L}}", seed_mean)
+            values = by_length(sub, f"attn/{stat}", seed_mean)
             if values.columns.empty or not np.isfinite(values.to_numpy(dtype=float)).any():
                 continue
             curves = {r.label: {int(L): float(v) for L, v in line.items()} for r, (_, line) in zip(sub, values.iterrows())}
@@ -77,11 +79,11 @@ def make_figures(rows: Sequence[Row], out: Path) -> dict[str, Path]:
             paths[f"attn_{stat}_vs_length{suffix}"] = save_figure(fig, out / f"attn_{stat}_vs_length{suffix}.png")
         sub = acquired_rows(sub)[0]  # runs that did not acquire retrieval in-window: no probe curves
         for kind in probe_kinds(sub):
-            acc = by_length(sub, f"probe/{kind}/acc@{{L}}", seed_mean)
+            acc = by_length(sub, f"probe/{kind}/acc", seed_mean)
             if not np.isfinite(acc.to_numpy(dtype=float)).any():
                 continue
-            lo = by_length(sub, f"probe/{kind}/acc_lo@{{L}}", seed_mean).reindex(columns=acc.columns)
-            hi = by_length(sub, f"probe/{kind}/acc_hi@{{L}}", seed_mean).reindex(columns=acc.columns)
+            lo = by_length(sub, f"probe/{kind}/acc_lo", seed_mean).reindex(columns=acc.columns)
+            hi = by_length(sub, f"probe/{kind}/acc_hi", seed_mean).reindex(columns=acc.columns)
             curves, bands = {}, {}
             for i, r in enumerate(sub):
                 curves[r.label] = {int(L): float(v) for L, v in acc.iloc[i].items()}
@@ -95,13 +97,12 @@ def make_figures(rows: Sequence[Row], out: Path) -> dict[str, Path]:
             )
             name = f"probe_{kind}_vs_length{suffix}"
             paths[name] = save_figure(fig, out / f"{name}.png")
-    longest = max((int(k.rpartition("@")[2]) for r in rows for j in r.jobs for k in j.metrics
-                   if k.startswith("extrap/ppl_ratio@") and k.rpartition("@")[2].isdigit()), default=None)
+    longest = max(metric_lengths(rows, "extrap/ppl_ratio"), default=None)
     along: dict[str, dict[int, float]] = {}  # per setting: the points of its longest run
     ends: dict[str, dict[int, float]] = {}  # per setting: the end of each budget's runs
     for r in sorted([r for r in rows if trained_on_text(r)],
                     key=lambda r: max((j.setting("trainer.max_steps") or 0 for j in r.jobs), default=0)):
-        points = along_training_points(r, f"extrap/ppl_ratio@{longest}") if longest else []
+        points = along_training_points(r, metric_key("extrap/ppl_ratio", longest)) if longest else []
         if points:
             along[budget_key(r)] = {t: v for t, v, _ in points}
             ends.setdefault(budget_key(r), {}).update({t: v for t, v, s in points if s == "end"})

@@ -9,10 +9,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from pelab.evaluation.stats import difference_interval, mcnemar, seeds_accuracy_interval
+from pelab.metric_keys import metric_key
 from pelab.report.aggregation import (
     OFFSET_KIND,
     Row,
     aggregate,
+    metric_lengths,
     offset_cells,
     outcome_matrix,
     paired_outcomes,
@@ -22,7 +24,6 @@ from pelab.report.aggregation import (
 from pelab.report.tables import (
     Table,
     _in_window,
-    _lengths,
     _seed_values,
     interval_cell,
     interval_table,
@@ -38,8 +39,9 @@ def falls_to_copy(row: Row, kind: str) -> str:
     panel = probe_panel(row, kind)
     if panel is None or not np.isfinite(panel["copy"]):
         return "—"
-    for L in _lengths([row], f"probe/{kind}/acc_lo"):
-        lo = [j.metrics[f"probe/{kind}/acc_lo@{L}"] for j in row.jobs if f"probe/{kind}/acc_lo@{L}" in j.metrics]
+    for L in metric_lengths([row], f"probe/{kind}/acc_lo"):
+        key = metric_key(f"probe/{kind}/acc_lo", L)
+        lo = [j.metrics[key] for j in row.jobs if key in j.metrics]
         if lo and float(np.mean(lo)) <= panel["copy"]:
             return str(L)
     return "—"
@@ -61,13 +63,14 @@ def probe_summary_table(rows: Sequence[Row], kind: str) -> Table:
         L = _in_window(r, kind)
         if L is None:
             continue
-        m = f"probe/{kind}/{{}}@{L}"
+        key = {s: metric_key(f"probe/{kind}/{s}", L)
+               for s in ("acc", "lim_gap", "other_in_context", "not_in_context", "rank")}
         t.rows.append([
-            r.label, str(L), interval_cell(r, m.format("acc")), interval_cell(r, m.format("lim_gap")),
+            r.label, str(L), interval_cell(r, key["acc"]), interval_cell(r, key["lim_gap"]),
             _seed_values(r, f"probe/{kind}/effective_length", lambda v: str(int(v)) if v > 0 else "none"),
             aggregate([j.metrics[f"probe/{kind}/auc"] for j in r.jobs if f"probe/{kind}/auc" in j.metrics]),
             falls_to_copy(r, kind),
-            *(aggregate([j.metrics[m.format(x)] for j in r.jobs if m.format(x) in j.metrics])
+            *(aggregate([j.metrics[key[x]] for j in r.jobs if key[x] in j.metrics])
               for x in ("other_in_context", "not_in_context", "rank")),
         ])
     return t
@@ -224,7 +227,7 @@ def probe_tables(rows: Sequence[Row], kind: str) -> list[Table]:
     # informative where accuracy sits at chance: how much probability the gold answer gets
     logprob = metric_table(
         rows,
-        f"probe/{kind}/logprob@{{L}}",
+        f"probe/{kind}/logprob",
         f"{kind}: mean log-probability of the gold answer tokens (mean over depths)",
     )
     out += [acc, gap, shape_table(rows, kind) if kind != OFFSET_KIND else None, logprob, paired_table(rows, kind)]

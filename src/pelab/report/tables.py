@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -13,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from pelab.evaluation.stats import difference_interval, edge_mask, seeds_accuracy_interval, t_interval
+from pelab.metric_keys import interval_keys, metric_key, parse_key
 from pelab.report.aggregation import (
     Row,
     acquired,
@@ -21,6 +21,7 @@ from pelab.report.aggregation import (
     budget_key,
     by_length,
     fmt_number,
+    metric_lengths,
     outcome_matrix,
     val_curves,
 )
@@ -51,15 +52,15 @@ class Table:
 
 def metric_table(
     rows: Sequence[Row],
-    pattern: str,
+    name: str,
     title: str,
     digits: int = 2,
     caption: str = "",
     protocol: str | None = None,
 ) -> Table | None:
-    """rows x lengths of `pattern` (mean ± std over seeds); the training-length cell in bold.
+    """rows x lengths of `name@L` (mean ± std over seeds); the training-length cell in bold.
     `protocol` picks the notes (why a cell is n/a) from the extrapolation rows."""
-    cells = by_length(rows, pattern, lambda v: aggregate(v, digits))
+    cells = by_length(rows, name, lambda v: aggregate(v, digits))
     if cells.columns.empty:
         return None
     lengths = [int(L) for L in cells.columns]
@@ -105,26 +106,27 @@ def interval_cell(row: Row, metric: str, digits: int = 2) -> str:
     perplexities and ratios on the log scale: the geometric mean, i.e. exp of the mean NLL, and an interval
     that stays positive); probe accuracies and gaps with several seeds: a bootstrap over seeds, then instances.
     Not applicable, diverged and partial cells as ``aggregate`` says them."""
-    name, _, length = metric.rpartition("@")
+    k = parse_key(metric)
     vals = [j.metrics[metric] for j in row.jobs if metric in j.metrics]
     if len(row.jobs) == 1 and len(vals) == 1 and math.isfinite(vals[0]):
         m = row.jobs[0].metrics
-        lo, hi = m.get(f"{name}_lo@{length}", math.nan), m.get(f"{name}_hi@{length}", math.nan)
+        lo, hi = (m.get(b, math.nan) for b in interval_keys(metric))
         if math.isfinite(lo) and math.isfinite(hi):
             return f"{fmt_number(vals[0], digits)} [{fmt_number(lo, digits)}, {fmt_number(hi, digits)}]"
         return fmt_number(vals[0], digits)
-    probe = re.fullmatch(r"probe/([^/]+)/(acc|lim_gap)", name)
+    # probe outcomes are kept for the main evaluation only (no variant)
+    probe = k.family == "probe" and not k.variant and k.stat_name in ("acc", "lim_gap")
     if probe and len(vals) == len(row.jobs) > 1 and all(math.isfinite(v) for v in vals):
-        groups = [instance_scores(j, probe[1], int(length), probe[2]) for j in row.jobs]
+        groups = [instance_scores(j, k.kind, k.length, k.stat) for j in row.jobs]
         if all(len(g) for g in groups):  # seeds, then instances: both kinds of spread
-            if probe[2] == "acc":  # the rules of one seed (stats.depth_summary), over the seeds together
-                _, lo, hi = seeds_accuracy_interval([job_outcomes(j, probe[1], int(length)) for j in row.jobs])
+            if k.stat == "acc":  # the rules of one seed (stats.depth_summary), over the seeds together
+                _, lo, hi = seeds_accuracy_interval([job_outcomes(j, k.kind, k.length) for j in row.jobs])
             else:
                 _, lo, hi = difference_interval(groups)  # (all instances alike: a bound, not [x, x])
             mid = statistics.fmean(vals)
             return f"{fmt_number(mid, digits)} [{fmt_number(lo, digits)}, {fmt_number(hi, digits)}] ({len(vals)} seeds)"
     if len(vals) == len(row.jobs) > 1 and all(math.isfinite(v) for v in vals):
-        if name.rpartition("/")[2].startswith("ppl"):  # perplexities and their ratios: on the log scale
+        if k.stat.startswith("ppl"):  # perplexities and their ratios: on the log scale
             lo, hi = (math.exp(x) for x in t_interval([math.log(v) for v in vals]))
             mid = math.exp(statistics.fmean(math.log(v) for v in vals))  # = exp(mean NLL over seeds)
         else:
@@ -150,22 +152,17 @@ def instance_scores(job: Job, kind: str, length: int, what: str = "acc") -> list
     return [] if edges is None else (x[edges].mean(axis=0) - x[~edges].mean(axis=0)).tolist()
 
 
-def _lengths(rows: Sequence[Row], name: str) -> list[int]:
-    rx = re.compile("^" + re.escape(name) + r"@(\d+)$")
-    return sorted({int(m.group(1)) for r in rows for j in r.jobs for k in j.metrics if (m := rx.match(k))})
-
-
 def interval_table(rows: Sequence[Row], name: str, title: str, caption: str = "", digits: int = 2,
                    protocol: str | None = None) -> Table | None:
     """rows x lengths of ``name@L`` with intervals (``interval_cell``); the training length in bold.
     `protocol` picks the notes (why a cell is n/a) from the extrapolation rows."""
-    lengths = _lengths(rows, name)
+    lengths = metric_lengths(rows, name)
     if not lengths:
         return None
     seeds = "seeds" if any(len(r.jobs) > 1 for r in rows) else "seed"
     table = Table(title, ["encoding", seeds] + [str(L) for L in lengths], [], caption)
     for r in rows:
-        cells = [interval_cell(r, f"{name}@{L}", digits) for L in lengths]
+        cells = [interval_cell(r, metric_key(name, L), digits) for L in lengths]
         marked = [
             f"**{c}**" if L == r.train_length and c not in ("—", "n/a") else c for L, c in zip(lengths, cells)
         ]
@@ -179,7 +176,7 @@ def interval_table(rows: Sequence[Row], name: str, title: str, caption: str = ""
 
 def _in_window(row: Row, kind: str) -> int | None:
     """The training length when probed there, else the shortest probed length."""
-    lengths = _lengths([row], f"probe/{kind}/acc")
+    lengths = metric_lengths([row], f"probe/{kind}/acc")
     return row.train_length if row.train_length in lengths else (lengths[0] if lengths else None)
 
 
@@ -364,9 +361,9 @@ def comparison_tables(comparisons: Sequence[Comparison]) -> list[Table]:
     of the per-seed log differences, exponentiated) with its 95% t interval over the seeds, the Holm-adjusted
     p-value and the verdict."""
     tables = []
-    for name in dict.fromkeys(c.metric.rpartition("@")[0] for c in comparisons):
-        these = [c for c in comparisons if c.metric.startswith(name + "@")]
-        lengths = sorted({int(c.metric.rpartition("@")[2]) for c in these})
+    for name in dict.fromkeys(c.key.name for c in comparisons):
+        these = [c for c in comparisons if c.key.name == name]
+        lengths = sorted({c.key.length for c in these})
         diff = these[0].scale == "diff"
         caption = (f"{name} of the first minus the second on the same instances, the mean over seeds of each seed's "
                    "mean per-instance difference, with its 95% two-level bootstrap interval (seeds, then instances); "
@@ -382,7 +379,7 @@ def comparison_tables(comparisons: Sequence[Comparison]) -> list[Table]:
         fmt = (lambda c: f"{c.ratio:+.2f} [{c.lo:+.2f}, {c.hi:+.2f}]") if diff else (
             lambda c: f"{c.ratio:.3f} [{c.lo:.3f}, {c.hi:.3f}]")
         for a, b in dict.fromkeys((c.a.label, c.b.label) for c in these):
-            by_len = {int(c.metric.rpartition("@")[2]): c for c in these if (c.a.label, c.b.label) == (a, b)}
+            by_len = {c.key.length: c for c in these if (c.a.label, c.b.label) == (a, b)}
             t.rows.append([f"{a} / {b}"] + [
                 (c.verdict() if c.note else f"{fmt(c)} p_adj={c.p_adj:.2g} {c.verdict()}") if (c := by_len.get(L))
                 else "—" for L in lengths])
