@@ -42,3 +42,17 @@ def test_eval_at_logs_along_training_and_a_kill_between_points_keeps_the_first(t
     logged = [int(r["step"]) for r in csv_rows(out) if r.get("extrap/ppl@64")]
     validations = sorted({int(r["step"]) for r in csv_rows(out) if r.get("val/ppl")})
     assert logged == [validations[1]]  # the mid-schedule point, logged with the validation at step 40
+
+
+def test_steps_at_puts_each_fraction_at_the_nearest_validation_before_the_end():
+    """{step: fraction}: fraction x max_steps rounded to a validation step (every `every`), at least the first
+    validation; 1.0 and anything landing on the last step are the end-of-training evaluation's, not a point."""
+    from pelab.harness.along_training import steps_at
+
+    assert steps_at([], 100, 10) == {} and steps_at([1.0], 100, 10) == {}
+    assert steps_at([0.9, 0.1, 0.5, 1.0], 100, 10) == {10: 0.1, 50: 0.5, 90: 0.9}
+    assert steps_at([0.5], 60, 20) == {40: 0.5}  # 30 is no validation step; 20 and 40 tie: 40 (the e2e test above)
+    assert steps_at([0.01], 100, 10) == {10: 0.01}  # never before the first validation
+    assert steps_at([0.97], 100, 10) == {}  # rounds to the last step: that is the end evaluation
+    assert steps_at([0.52, 0.5], 100, 10) == {50: 0.5}  # two fractions on one step: the smaller one names it
+    assert steps_at([0.5], 10, 20) == {}  # validation only at the end

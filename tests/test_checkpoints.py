@@ -78,3 +78,45 @@ def test_last_ckpt_is_the_last_validation_even_when_validation_got_worse(tmp_pat
     assert len(vals) == 4 and min(vals) == vals[1] < vals[2] and vals[1] < vals[3]  # best at 20, worse after
     assert load_checkpoint(out / "checkpoints" / "last.ckpt")["global_step"] == s["global_step"] == 40
     assert load_checkpoint(out / "checkpoints" / "best.ckpt")["global_step"] == 20
+
+
+# -- the decisions, unit by unit (milliseconds) ------------------------------------------------------------
+def test_newest_checkpoint_is_the_newest_of_last_ckpt_and_the_requeue_checkpoints(tmp_path):
+    import os
+
+    from pelab.harness.checkpoints import newest_checkpoint
+
+    assert newest_checkpoint(tmp_path / "no-such-run") is None
+    (tmp_path / "checkpoints").mkdir()
+    assert newest_checkpoint(tmp_path) is None
+    (tmp_path / "checkpoints" / "best.ckpt").write_bytes(b"x")  # never resumed from by `auto`
+    (tmp_path / "checkpoints" / "last.ckpt").mkdir()  # not a file
+    assert newest_checkpoint(tmp_path) is None
+    (tmp_path / "checkpoints" / "last.ckpt").rmdir()
+    last, old, new = tmp_path / "checkpoints" / "last.ckpt", tmp_path / "hpc_ckpt_1.ckpt", tmp_path / "hpc_ckpt_2.ckpt"
+    for path, mtime in ((last, 2_000_000), (old, 1_000_000), (new, 3_000_000)):
+        path.write_bytes(b"x")
+        os.utime(path, (mtime, mtime))
+    assert newest_checkpoint(tmp_path) == new
+    os.utime(last, (4_000_000, 4_000_000))  # last.ckpt written after the requeue checkpoints
+    assert newest_checkpoint(tmp_path) == last
+
+
+def test_checkpoint_mismatches_name_the_weight_defining_settings_only(reference):
+    """Another model, encoding or tokenizer is named (name/kind first); what does not change the weights (dropout,
+    the attention kernel, RoPE's scaling at evaluation) is not."""
+    import copy
+
+    from pelab.harness.checkpoints import checkpoint_mismatches
+
+    cfg = load_checkpoint(reference / "checkpoints" / "last.ckpt")["hyper_parameters"]["cfg"]
+    assert checkpoint_mismatches(cfg, cfg) == []
+    now = copy.deepcopy(cfg)
+    now["model"].update(dropout=0.0, attn_backend="flex", n_layers=3)
+    now["pe"]["scaling"] = {**now["pe"]["scaling"], "type": "yarn", "factor": 4.0}
+    now["tokenizer"]["reserved_keys"] = 8
+    now["model"]["added_since"] = True  # a key the checkpoint predates
+    assert checkpoint_mismatches(cfg, now) == ["model.n_layers=2 in the checkpoint but 3 now",
+                                               "tokenizer.reserved_keys=64 in the checkpoint but 8 now"]
+    now["pe"] = {**copy.deepcopy(cfg["pe"]), "name": "alibi", "_target_": "pelab.encodings.bias.ALiBi"}
+    assert checkpoint_mismatches(cfg, now)[1] == "pe.name='rope' in the checkpoint but 'alibi' now"

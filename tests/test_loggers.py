@@ -1,7 +1,7 @@
-"""W&B failure modes (pelab.harness.loggers): an unreachable server falls back to offline, a W&B service killed
-mid-run does not stop training, mode=disabled runs without W&B.
+"""W&B (pelab.harness.loggers): the mode a run takes, and the failure modes: an unreachable server falls back to
+offline, a W&B service killed mid-run does not stop training, mode=disabled runs without W&B.
 
-Moved from tests/test_reliability.py (split by concern).
+The failure-mode tests moved from tests/test_reliability.py (split by concern).
 """
 
 from __future__ import annotations
@@ -75,3 +75,31 @@ def test_wandb_disabled_runs_without_wandb(tmp_path):
                              "trainer.max_steps=4", "trainer.val_check_interval=4"], tmp_path))
     assert summary["status"] == "ok" and summary.get("wandb") is None
     assert not (tmp_path / "wandb").exists() and (tmp_path / "csv" / "metrics.csv").exists()
+
+
+# -- the decisions, unit by unit (milliseconds) ------------------------------------------------------------
+def test_wandb_mode_the_config_then_wandb_mode_then_online_only_with_credentials(tmp_path, monkeypatch):
+    from pelab.harness.loggers import has_wandb_credentials, resolve_wandb_mode
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc (conftest's autouse fixture cleared WANDB_*)
+    assert not has_wandb_credentials()
+    assert resolve_wandb_mode(None) == resolve_wandb_mode("") == "offline"  # never a login prompt
+    assert resolve_wandb_mode("online") == "online" and resolve_wandb_mode("disabled") == "disabled"
+    for env, mode in (("online", "online"), ("offline", "offline"), ("disabled", "disabled"), ("dryrun", "offline")):
+        monkeypatch.setenv("WANDB_MODE", env)
+        assert resolve_wandb_mode(None) == mode, env
+        assert resolve_wandb_mode("offline") == "offline"  # the config wins over the environment
+    monkeypatch.delenv("WANDB_MODE")
+    monkeypatch.setenv("WANDB_API_KEY", "0123456789abcdef" * 2 + "01234567")
+    assert has_wandb_credentials() and resolve_wandb_mode(None) == "online"
+    monkeypatch.delenv("WANDB_API_KEY")
+    # what `wandb login` writes: ~/.netrc with the server's host (readable by its owner only, as netrc requires)
+    netrc = tmp_path / ".netrc"
+    netrc.write_text("machine api.wandb.ai\n  login user\n  password 0123456789abcdef\n")
+    netrc.chmod(0o600)
+    assert has_wandb_credentials() and resolve_wandb_mode(None) == "online"
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.org")  # another server: no key for it
+    assert not has_wandb_credentials() and resolve_wandb_mode(None) == "offline"
+    netrc.write_text("not a netrc file \"")  # unreadable: offline, not a crash
+    monkeypatch.delenv("WANDB_BASE_URL")
+    assert resolve_wandb_mode(None) == "offline"

@@ -55,3 +55,133 @@ def test_a_fresh_launch_over_a_run_is_refused_and_keeps_it(tmp_path):
     assert failed["status"] == "failed" and "eval.lengths" in failed["error"] and failed["earlier_status"] == "ok"
     assert failed["metrics"] == first["metrics"] and failed["global_step"] == 10
     assert [x["status"] for x in failed["launches"]] == ["ok", "failed"]
+
+
+# -- the decisions, unit by unit (milliseconds: a real composed config, files on disk, real processes) --------
+@pytest.fixture(scope="module")
+def config(tmp_path_factory) -> dict:
+    """A resolved training config (FAST), as summary.json records it and a relaunch compares it."""
+    import pelab.tasks.names  # noqa: F401  the resolver of the run name
+    from pelab.tasks.task import resolved_config
+
+    return resolved_config(compose(FAST, tmp_path_factory.mktemp("config")))
+
+
+def finished_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_pid_alive_is_true_for_a_live_process_and_false_for_an_ended_one():
+    from pelab.harness.run_folder import pid_alive
+
+    assert pid_alive(os.getpid())
+    assert not pid_alive(finished_pid())
+
+
+def test_remove_stale_temp_files_removes_the_writes_of_dead_processes_only(tmp_path):
+    from pelab.harness.run_folder import remove_stale_temp_files
+
+    assert remove_stale_temp_files(tmp_path / "no-such-folder") == []
+    ckpts = tmp_path / "checkpoints"
+    ckpts.mkdir()
+    dead = ckpts / f".last.ckpt.tmp-{finished_pid()}"  # a killed writer's half checkpoint
+    unnamed = ckpts / ".best.ckpt.tmp-x"  # no pid: nobody can be writing it
+    summary_tmp = tmp_path / "summary.json.tmp"  # a killed summary write
+    live = ckpts / f".last.ckpt.tmp-{os.getpid()}"  # a write under way (this process)
+    kept = [ckpts / "last.ckpt", tmp_path / "summary.json", live]
+    for path in (dead, unnamed, summary_tmp, *kept):
+        path.write_bytes(b"x")
+    assert sorted(remove_stale_temp_files(tmp_path)) == sorted([dead, unnamed, summary_tmp])
+    assert all(p.exists() for p in kept) and not any(p.exists() for p in (dead, unnamed, summary_tmp))
+    assert remove_stale_temp_files(tmp_path) == []  # nothing left to remove
+
+
+def test_changed_settings_lists_the_defining_differences_only(config):
+    import copy
+
+    from pelab.harness.run_folder import changed_settings
+
+    assert changed_settings(config, config) == []
+    now = copy.deepcopy(config)
+    now["optim"]["lr"] = 0.01
+    now["data"]["seq_len"] = 64
+    now["seed"] = 3
+    now["tokenizer"]["kind"] = "bpe"
+    # not defining: how long to train, how to validate, dropout / the attention kernel, data loading, new keys
+    now["trainer"]["max_steps"] = 999
+    now["data"]["val_windows"] = 4
+    now["model"]["dropout"] = 0.3
+    now["model"]["attn_backend"] = "flex"
+    now["data"]["recall_kinds"] = ["mqar"]  # no recall rows on either side (recall_mix 0): acts on nothing
+    now["model"]["added_since"] = 1
+    assert changed_settings(config, now) == [
+        "tokenizer.kind='byte' before but 'bpe' now", "data.seq_len=32 before but 64 now",
+        "optim.lr=0.002 before but 0.01 now", "seed=0 before but 3 now"]  # group order, then key order
+    # with recall rows, their settings define the run
+    before, after = copy.deepcopy(config), copy.deepcopy(config)
+    before["data"]["recall_mix"] = after["data"]["recall_mix"] = 0.25
+    after["data"]["recall_kinds"] = ["mqar"]
+    assert changed_settings(before, after) == ["data.recall_kinds=['kv', 'passkey'] before but ['mqar'] now"]
+
+
+def test_an_extension_childs_train_length_filled_from_its_parent_is_no_change(config):
+    import copy
+
+    from pelab.harness.run_folder import changed_settings, filled_from_parent
+
+    ran = copy.deepcopy(config)  # what the child recorded: null filled with the parent's 32
+    ran["extend"]["parent"] = {"train_length": 32}
+    ran["pe"]["train_length"] = 32
+    relaunch = copy.deepcopy(config)  # the same command again: null
+    relaunch["pe"]["train_length"] = None
+    assert filled_from_parent(ran, relaunch) == {("pe", "train_length")}
+    assert changed_settings(ran, relaunch) == []
+    relaunch["pe"]["train_length"] = 64  # set by hand: a change
+    assert filled_from_parent(ran, relaunch) == set()
+    assert changed_settings(ran, relaunch) == ["pe.train_length=32 before but 64 now"]
+    no_parent = copy.deepcopy(ran)
+    no_parent["extend"]["parent"] = None
+    relaunch["pe"]["train_length"] = None
+    assert changed_settings(no_parent, relaunch) == ["pe.train_length=32 before but None now"]
+
+
+def test_relaunch_decision(config, tmp_path):
+    """new / continue / skip, and the two refusals, from the folder's summary and checkpoints."""
+    import copy
+
+    from pelab.errors import ConfigError
+    from pelab.harness.run_folder import relaunch_decision
+
+    def decide(earlier: dict, ckpt_path: str | None = None, multirun: bool = False, now: dict = config) -> str:
+        return relaunch_decision(tmp_path, now, earlier, ckpt_path, multirun)
+
+    ok = {"status": "ok", "global_step": 10, "config": config}
+    # nothing trained there: a fresh run, whatever the launch says
+    assert decide({}) == decide({}, "auto", True) == "new"
+    assert decide({"status": "failed", "config": config}) == "new"  # e.g. stopped on a bad setting
+    # the same settings: a multirun skips a finished job and continues an unfinished one
+    assert decide(ok, multirun=True) == "skip"
+    assert decide({**ok, "status": "running"}, multirun=True) == "continue"
+    # a single run continues only when asked to; a fresh start would overwrite it
+    assert decide(ok, "auto") == "continue"
+    for fresh in (None, "", "null"):
+        with pytest.raises(ConfigError, match=r"holds a run \(ok, step 10\): relaunch with ckpt_path=auto"):
+            decide(ok, fresh)
+    # a killed run that left only a checkpoint (no step recorded) is still a run
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    killed = {"status": "running", "config": config}
+    assert decide(killed, "auto") == "continue"
+    with pytest.raises(ConfigError, match=r"holds a run \(running, step 0\)"):
+        decide(killed)
+    # other defining settings: refused, the first three named
+    other = copy.deepcopy(config)
+    other["optim"]["lr"], other["optim"]["weight_decay"], other["seed"] = 0.01, 0.0, 1
+    other["model"]["d_model"], other["data"]["seq_len"] = 64, 16
+    with pytest.raises(ConfigError, match=r"holds a run with other settings: model\.d_model=32 before but 64 now; "
+                                          r"data\.seq_len=32 before but 16 now; optim\.lr=0\.002 before but 0\.01 now "
+                                          r"\(\+2 more\)\."):
+        decide(ok, "auto", True, now=other)

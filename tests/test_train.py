@@ -60,7 +60,8 @@ class CountingRichBar(SparseRichProgressBar):
 
 
 def _train_losses(output_dir: Path) -> list[float]:
-    rows = list(csv.DictReader(open(output_dir / "csv" / "metrics.csv")))
+    with open(output_dir / "csv" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
     return [float(r["train/loss"]) for r in rows if r.get("train/loss")]
 
 
@@ -249,3 +250,16 @@ def test_probe_lengths_too_short_are_not_applicable(tmp_path):
     assert math.isnan(summary["metrics"]["probe/kv/acc@8"]) and math.isnan(summary["metrics"]["probe/passkey/acc@8"])
     rows = summary_of(tmp_path)["evaluation"]["probes"]["rows"]
     assert all(r["note"].startswith("n/a") and "needs at least" in r["note"] for r in rows)
+
+
+def test_objective_is_the_metric_or_inf_for_a_sweeper():
+    """What a Hydra sweeper (Optuna) minimises: the metric, or +inf when the run failed, diverged or lacks it."""
+    from pelab.tasks.train import objective
+
+    assert objective({"metrics": {"val/ppl": 3.5, "val/loss": 1.25}}, "val/ppl") == 3.5
+    assert objective({"metrics": {"val/ppl": 3}}, "val/ppl") == 3.0
+    assert objective({"metrics": {"val/ppl": "3.5"}}, "val/ppl") == 3.5  # as summary.json may hold it
+    for summary in ({}, {"metrics": None}, {"metrics": {"val/loss": 1.0}}, {"metrics": {"val/ppl": None}},
+                    {"metrics": {"val/ppl": float("nan")}}, {"metrics": {"val/ppl": "nan"}},
+                    {"metrics": {"val/ppl": float("inf")}}, {"status": "failed", "metrics": {}}):
+        assert objective(summary, "val/ppl") == float("inf"), summary
