@@ -206,13 +206,15 @@ def _options(group: str) -> list[str]:
     return sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml") if not p.stem.startswith("_"))
 
 
-REQUIRED = {"text_dir": ["data.path=/texts"], "hf": ["data.name=org/corpus"]}  # the `???` of those configs
+# the `???` of those configs (a text folder is checked on disk: it must exist and hold a matching file)
+REQUIRED = {"text_dir": ["data.path={texts}"], "hf": ["data.name=org/corpus"]}
 
 
 @pytest.mark.parametrize("choice", [f"{g}={o}" for g in ("model", "data", "trainer", "pe", "experiment")
                                     for o in _options(g)])
-def test_every_shipped_config_passes_validation(choice):
-    validate_config(compose([choice, *REQUIRED.get(choice.split("=")[1], [])]))
+def test_every_shipped_config_passes_validation(choice, tmp_path):
+    (tmp_path / "a.txt").write_text("some text")
+    validate_config(compose([choice, *(o.format(texts=tmp_path) for o in REQUIRED.get(choice.split("=")[1], []))]))
 
 
 @pytest.mark.parametrize("corpus", [o for o in _options("data") if o != "stdlib"])

@@ -210,6 +210,31 @@ class StdlibCorpus(FileCorpus):
         }
 
 
+def check_text_dir(path: str | os.PathLike | None, glob: str, encoding: str) -> Path:
+    """The settings of `data=text_dir`, checked on the file system alone (no file is read), so that the command
+    line refuses them before anything is built: a folder given and existing, an encoding Python knows, at least
+    one file matching `data.glob`. Returns the folder."""
+    if path is None or str(path) in ("", "???"):
+        raise CorpusError("data=text_dir needs a folder: set data.path=/path/to/texts")
+    root = Path(path).expanduser().resolve()
+    if not root.is_dir():
+        raise CorpusError(
+            f"data.path={path} is not an existing folder; set data.path to a folder of text files"
+        )
+    try:
+        b"x".decode(encoding, "replace")  # a LookupError for unknown names and non-text codecs (rot13, base64)
+    except (LookupError, TypeError):
+        raise CorpusError(
+            f"data.encoding={encoding!r} is not a text encoding Python knows; use e.g. utf-8, latin-1, "
+            "cp1252 or utf-16"
+        ) from None
+    if not any(p.is_file() for p in root.glob(glob)):
+        raise CorpusError(
+            f"no files match data.glob={glob!r} under data.path={root}; change data.glob or data.path"
+        )
+    return root
+
+
 class TextDirCorpus(FileCorpus):
     """Any local folder: `path` + `glob` (recursive patterns like '**/*.txt' work), decoded as `encoding`.
 
@@ -230,25 +255,8 @@ class TextDirCorpus(FileCorpus):
         test_fraction: float = 0.02,
         encoding: str = "utf-8",
     ):
-        if path is None or str(path) in ("", "???"):
-            raise CorpusError("data=text_dir needs a folder: set data.path=/path/to/texts")
-        root = Path(path).expanduser().resolve()
-        if not root.is_dir():
-            raise CorpusError(
-                f"data.path={path} is not an existing folder; set data.path to a folder of text files"
-            )
-        try:
-            b"x".decode(encoding, "replace")  # a LookupError for unknown names and non-text codecs (rot13, base64)
-        except (LookupError, TypeError):
-            raise CorpusError(
-                f"data.encoding={encoding!r} is not a text encoding Python knows; use e.g. utf-8, latin-1, "
-                "cp1252 or utf-16"
-            ) from None
+        root = check_text_dir(path, glob, encoding)
         files = sorted(p for p in root.glob(glob) if p.is_file())
-        if not files:
-            raise CorpusError(
-                f"no files match data.glob={glob!r} under data.path={root}; change data.glob or data.path"
-            )
         self.glob, self.encoding = glob, codecs.lookup(encoding).name  # latin-1 == iso8859-1: one cache key
         self._scanned = False
         super().__init__(

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pelab.data.corpora import StdlibCorpus, TextDirCorpus
+from pelab.data.corpora import StdlibCorpus, TextDirCorpus, check_text_dir
 from pelab.data.hf_corpus import HFCorpus
 from pelab.errors import CorpusError
 
@@ -51,3 +51,10 @@ def build_corpus(cfg: Mapping[str, Any] | str) -> Corpus:
             **split_knobs,
         )
     raise CorpusError(f"unknown data.source={kind!r}; known: {list(SOURCES)}")
+
+
+def check_source(cfg: Mapping[str, Any]) -> None:
+    """What the data config can be checked for before anything is built or imported (the command line's
+    validation): a text folder's path, encoding and glob. A hub corpus is checked when it is fetched."""
+    if source_kind(cfg) == "text_dir":
+        check_text_dir(cfg.get("path"), cfg.get("glob", "**/*.txt"), cfg.get("encoding", "utf-8"))

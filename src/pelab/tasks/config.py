@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 import pelab.tasks.names  # noqa: F401  registers the resolver the run name uses (${pelab.sweep_suffix:})
 from pelab.checks import is_int, need, resolved_value, show, typed_group
 from pelab.data.config import LoaderConfig, TokenizerConfig, check_loader, check_reserved, check_tokenizer
+from pelab.data.sources import check_source
 from pelab.encodings import resolve_pe_config
 from pelab.errors import ConfigError
 from pelab.evaluation.config import EvalConfig, ProbesConfig, check_eval, check_probes
@@ -174,6 +175,7 @@ def validate(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, A
     t["run"] = typed_group(RunConfig, run_keys, "")
     t["callbacks"] = typed_callbacks(cfg)
     check_loader(t["data"])
+    check_source(resolved_value(cfg, "data"))
     check_tokenizer(t["tokenizer"])
     check_optim(t["optim"])
     check_trainer(t["trainer"])
