@@ -1,5 +1,5 @@
 """pelab.harness.build: the thread count a run takes (threads=auto from the free cores, a number, OMP_NUM_THREADS, a
-resumed run's own) and the busy-core reading it rests on; the world size of a trainer config; what ckpt_path names.
+resumed run's own) and the busy-core reading it rests on; the world size of a trainer config.
 
 The thread tests moved from tests/test_reliability.py (split by concern).
 """
@@ -66,31 +66,3 @@ def test_world_size_counts_devices_times_nodes():
     assert world_size_of({"devices": -1, "accelerator": "gpu"}) == max(1, torch.cuda.device_count())
     assert world_size_of(compose(["trainer=ddp_sim"]).trainer) == 2  # the two-rank CPU config of conf/trainer/
     assert world_size_of(compose(["trainer=cpu"]).trainer) == 1
-
-
-def test_resolve_ckpt_path_auto_a_run_folder_or_a_file(tmp_path):
-    import os
-
-    import pytest
-
-    from pelab.errors import ConfigError
-    from pelab.harness.build import resolve_ckpt_path
-
-    run = tmp_path / "run"
-    for fresh in (None, "", "null"):
-        assert resolve_ckpt_path(fresh, run) is None
-    assert resolve_ckpt_path("auto", run) is None  # nothing saved yet (the folder need not exist): a fresh run
-    with pytest.raises(ConfigError, match="is a folder without checkpoints"):
-        resolve_ckpt_path(str(tmp_path), run)
-    with pytest.raises(ConfigError, match=r"ckpt_path=.*nope\.ckpt does not exist"):
-        resolve_ckpt_path(str(tmp_path / "nope.ckpt"), run)
-    (run / "checkpoints").mkdir(parents=True)
-    last = run / "checkpoints" / "last.ckpt"
-    last.write_bytes(b"x")
-    assert resolve_ckpt_path("auto", run) == str(last)
-    assert resolve_ckpt_path(str(run), tmp_path / "elsewhere") == str(last)  # a run folder: its newest checkpoint
-    assert resolve_ckpt_path(str(last), tmp_path / "elsewhere") == str(last)  # a file: itself
-    requeue = run / "hpc_ckpt_1.ckpt"  # Lightning's SLURM requeue checkpoint, newer than last.ckpt
-    requeue.write_bytes(b"x")
-    os.utime(last, (1_000_000, 1_000_000))
-    assert resolve_ckpt_path("auto", run) == str(requeue)

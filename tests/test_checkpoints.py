@@ -81,27 +81,6 @@ def test_last_ckpt_is_the_last_validation_even_when_validation_got_worse(tmp_pat
 
 
 # -- the decisions, unit by unit (milliseconds) ------------------------------------------------------------
-def test_newest_checkpoint_is_the_newest_of_last_ckpt_and_the_requeue_checkpoints(tmp_path):
-    import os
-
-    from pelab.harness.checkpoints import newest_checkpoint
-
-    assert newest_checkpoint(tmp_path / "no-such-run") is None
-    (tmp_path / "checkpoints").mkdir()
-    assert newest_checkpoint(tmp_path) is None
-    (tmp_path / "checkpoints" / "best.ckpt").write_bytes(b"x")  # never resumed from by `auto`
-    (tmp_path / "checkpoints" / "last.ckpt").mkdir()  # not a file
-    assert newest_checkpoint(tmp_path) is None
-    (tmp_path / "checkpoints" / "last.ckpt").rmdir()
-    last, old, new = tmp_path / "checkpoints" / "last.ckpt", tmp_path / "hpc_ckpt_1.ckpt", tmp_path / "hpc_ckpt_2.ckpt"
-    for path, mtime in ((last, 2_000_000), (old, 1_000_000), (new, 3_000_000)):
-        path.write_bytes(b"x")
-        os.utime(path, (mtime, mtime))
-    assert newest_checkpoint(tmp_path) == new
-    os.utime(last, (4_000_000, 4_000_000))  # last.ckpt written after the requeue checkpoints
-    assert newest_checkpoint(tmp_path) == last
-
-
 def test_checkpoint_mismatches_name_the_weight_defining_settings_only(reference):
     """Another model, encoding or tokenizer is named (name/kind first); what does not change the weights (dropout,
     the attention kernel, RoPE's scaling at evaluation) is not."""

@@ -1,5 +1,6 @@
 """One run per folder (pelab.harness.run_folder): a folder held by a live job refuses a second launch naming the
-holder, a dead holder's lock and its killed writes are cleared, a fresh launch over a finished run is refused.
+holder, a dead holder's lock and its killed writes are cleared, a fresh launch over a finished run is refused;
+which checkpoint ckpt_path names (auto, a run folder, a file).
 
 The end-to-end tests moved from tests/test_reliability.py (split by concern).
 """
@@ -185,3 +186,53 @@ def test_relaunch_decision(config, tmp_path):
                                           r"data\.seq_len=32 before but 16 now; optim\.lr=0\.002 before but 0\.01 now "
                                           r"\(\+2 more\)\."):
         decide(ok, "auto", True, now=other)
+
+
+# -- checkpoints in a run folder (ckpt_path=auto, a run folder, a file) ------------------------------------------
+def test_newest_checkpoint_is_the_newest_of_last_ckpt_and_the_requeue_checkpoints(tmp_path):
+    from pelab.harness.run_folder import newest_checkpoint
+
+    assert newest_checkpoint(tmp_path / "no-such-run") is None
+    (tmp_path / "checkpoints").mkdir()
+    assert newest_checkpoint(tmp_path) is None
+    (tmp_path / "checkpoints" / "best.ckpt").write_bytes(b"x")  # never resumed from by `auto`
+    (tmp_path / "checkpoints" / "last.ckpt").mkdir()  # not a file
+    assert newest_checkpoint(tmp_path) is None
+    (tmp_path / "checkpoints" / "last.ckpt").rmdir()
+    last, old, new = tmp_path / "checkpoints" / "last.ckpt", tmp_path / "hpc_ckpt_1.ckpt", tmp_path / "hpc_ckpt_2.ckpt"
+    for path, mtime in ((last, 2_000_000), (old, 1_000_000), (new, 3_000_000)):
+        path.write_bytes(b"x")
+        os.utime(path, (mtime, mtime))
+    assert newest_checkpoint(tmp_path) == new  # Lightning's SLURM requeue checkpoint, newer than last.ckpt
+    os.utime(last, (4_000_000, 4_000_000))  # last.ckpt written after the requeue checkpoints
+    assert newest_checkpoint(tmp_path) == last
+
+
+def test_resolve_ckpt_path_auto_a_run_folder_or_a_file(tmp_path):
+    import torch
+
+    from pelab.errors import CheckpointError, ConfigError
+    from pelab.harness.run_folder import resolve_ckpt_path
+
+    run = tmp_path / "run"
+    for fresh in (None, "", "null"):
+        assert resolve_ckpt_path(fresh, run) is None
+    assert resolve_ckpt_path("auto", run) is None  # nothing saved yet (the folder need not exist): a fresh run
+    with pytest.raises(ConfigError, match="is a folder without checkpoints"):
+        resolve_ckpt_path(str(tmp_path), run)
+    with pytest.raises(ConfigError, match=r"ckpt_path=.*nope\.ckpt does not exist"):
+        resolve_ckpt_path(str(tmp_path / "nope.ckpt"), run)
+    (run / "checkpoints").mkdir(parents=True)
+    last = run / "checkpoints" / "last.ckpt"
+    torch.save({"global_step": 10, "state_dict": {"w": torch.zeros(64)}}, last)  # a real (zip) checkpoint
+    assert resolve_ckpt_path("auto", run) == str(last)
+    assert resolve_ckpt_path(str(run), tmp_path / "elsewhere") == str(last)  # a run folder: its newest checkpoint
+    assert resolve_ckpt_path(str(last), tmp_path / "elsewhere") == str(last)  # a file: itself
+    cut = tmp_path / "cut.ckpt"  # a copy cut short: its zip directory is missing
+    cut.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match=rf"ckpt_path={cut} is not a readable checkpoint"):
+        resolve_ckpt_path(str(cut), run)
+    requeue = run / "hpc_ckpt_1.ckpt"
+    requeue.write_bytes(last.read_bytes())
+    os.utime(last, (1_000_000, 1_000_000))
+    assert resolve_ckpt_path("auto", run) == str(requeue)  # the newer one
