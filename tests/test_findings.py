@@ -4,11 +4,14 @@ built from the committed run folders (ARGS, relative to the repository root) con
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 from pathlib import Path
 
 import pytest
+
+from helpers.shared import build_once
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"<!-- generated: python -m pelab\.report (?P<args>[^>]*?) -->\n(?P<body>.*?)<!-- end generated -->",
@@ -47,17 +50,38 @@ def test_the_studies_findings_are_generated():
         assert f"experiments/{runs}" in summary, f"experiments/README.md quotes no generated table of {runs}"
 
 
-@pytest.mark.parametrize("page,args,body", generated_blocks(), ids=lambda x: x if "/" in x else None)
-def test_a_pages_tables_are_the_reports_tables(page, args, body, tmp_path, monkeypatch):
+@pytest.fixture(scope="session")
+def report_of(tmp_path_factory):
+    """report.md of `python -m pelab.report ARGS` (minus the page's --out), built once per session for each ARGS:
+    several pages quote the same report (the summary page and each study's own), which takes minutes to build."""
     from pelab.report.cli import main
 
-    monkeypatch.chdir(ROOT)
-    argv = [a for a in shlex.split(args)]
-    if "--out" in argv:  # the page names where it keeps the report; the test builds its own
-        i = argv.index("--out")
-        del argv[i:i + 2]
-    assert main([*argv, "--out", str(tmp_path)]) == 0
-    report = (tmp_path / "report.md").read_text()
+    def report(args: str) -> str:
+        argv = shlex.split(args)
+        if "--out" in argv:  # the page names where it keeps the report; the test builds its own
+            i = argv.index("--out")
+            del argv[i:i + 2]
+
+        def build(out: Path) -> None:
+            with pytest.MonkeyPatch.context() as mp:
+                mp.chdir(ROOT)  # ARGS are relative to the repository root
+                assert main([*argv, "--out", str(out)]) == 0
+
+        key = hashlib.sha256(shlex.join(argv).encode()).hexdigest()[:16]
+        return (build_once(tmp_path_factory, f"report-{key}", build) / "report.md").read_text()
+
+    return report
+
+
+def _block_id(block: tuple[str, str, str]) -> str:
+    """The page and the runs folder its block reports on (the block text itself is no readable id)."""
+    page, args, _ = block
+    return f"{page}:{shlex.split(args)[0]}"
+
+
+@pytest.mark.parametrize("page,args,body", generated_blocks(), ids=[_block_id(b) for b in generated_blocks()])
+def test_a_pages_tables_are_the_reports_tables(page, args, body, report_of):
+    report = report_of(args)
     quoted = tables(body)
     assert quoted, f"{page}: a generated block without a table"
     for table in quoted:
