@@ -1,4 +1,8 @@
-"""`summary.json`: the one file per run that reports, sweeps and people read (no W&B needed)."""
+"""`summary.json`: the one file per run that reports, sweeps and people read (no W&B needed).
+
+What it holds is declared once, in `FIELDS` (key, type, meaning); a job writes it through `RunRecord`, which
+refuses a key that is not declared or a value of another type, so the file's schema cannot drift from this
+list."""
 
 from __future__ import annotations
 
@@ -11,6 +15,75 @@ from pathlib import Path
 from typing import Any
 
 SUMMARY_FILE = "summary.json"
+
+NUMBER = (int, float)
+NONE = type(None)
+# key -> (the types its value may have, what it holds). In the order a run usually writes them.
+FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "status": ((str,), "running, ok, failed, preempted or interrupted"),
+    "earlier_status": ((str, NONE), "the status the previous launch of this run left"),
+    "name": ((str,), "the run's name (W&B run name, folder name)"),
+    "task": ((str,), "eval for an evaluation job (absent for training)"),
+    "ckpt_path": ((str,), "the checkpoint an evaluation job read"),
+    "output_dir": ((str,), "the run folder"),
+    "command": ((str,), "the command line of this launch"),
+    "versions": ((dict,), "python, torch, lightning, wandb, pelab"),
+    "provenance": ((dict,), "code (commit, dirty tree) and machine (host, CPUs, GPUs, torch threads)"),
+    "launches": ((list,), "every launch: start, end, wall seconds, status, commit, host, command"),
+    "wall_seconds": (NUMBER, "this launch's wall time so far"),
+    "wall_seconds_total": (NUMBER, "all launches' wall time"),
+    "attention": ((dict,), "the attention path each scheme took (and a FlexAttention failure)"),
+    "config": ((dict,), "the resolved config"),
+    "threads": ((dict,), "CPU threads the run uses and how they were chosen (kept on resume)"),
+    "wandb": ((dict, NONE), "the W&B run (id, mode, folder) or null"),
+    "extended_from": ((dict,), "the parent run of a context extension"),
+    "resumed_from": ((dict,), "the checkpoint this launch resumed from, and its step"),
+    "data": ((dict,), "corpus, tokenizer, split sizes, cache fingerprint"),
+    "model": ((dict,), "parameter counts, FLOPs per token"),
+    "metrics": ((dict,), "metric key -> number (pelab.metric_keys)"),
+    "global_step": ((int, NONE), "the step training reached"),
+    "start_step": ((int, NONE), "the step this launch started from"),
+    "nonfinite_skips": ((int,), "updates skipped for a non-finite loss or gradient"),
+    "along_training": ((list,), "evaluations during training (eval.at), by step"),
+    "evaluation": ((dict, NONE), "the final evaluation's details: blocks, rows, intervals, timings"),
+    "scaling_table": ((list,), "eval.py's scaling_sweep rows"),
+    "preempted": ((dict,), "the signal, step and checkpoint of a preemption"),
+    "interrupted": ((dict,), "the same for Ctrl-C"),
+    "error": ((str,), "why the job failed"),
+    "traceback": ((str,), "where it failed"),
+}
+# A second evaluation of the same run (a RoPE scaling of eval.py, the parent's weights at step 0): its details.
+VARIANT_PREFIX = "evaluation/"
+
+
+class RunRecord(dict):
+    """summary.json as a job writes it: a dict whose keys are the declared `FIELDS`, each value of its type.
+    A writer's typo or an undeclared key is an error where it is written, not a silent new column."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__()
+        self.update(*args, **kwargs)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        types, _ = FIELDS.get(key) or ((dict, NONE) if key.startswith(VARIANT_PREFIX) else (None, None))
+        if types is None:
+            raise KeyError(f"summary.json has no field {key!r}; declare it in pelab.summary.FIELDS")
+        if not isinstance(value, types):
+            raise TypeError(f"summary.json field {key!r} holds {', '.join(t.__name__ for t in types)}; "
+                            f"got {type(value).__name__}")
+        super().__setitem__(key, value)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def __reduce__(self) -> tuple:  # pickled for ddp_spawn's ranks: rebuilt through the checks
+        return (RunRecord, (dict(self),))
 
 
 def versions() -> dict[str, str]:

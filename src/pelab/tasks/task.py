@@ -35,7 +35,7 @@ from omegaconf.errors import MissingMandatoryValue
 from pelab.errors import ConfigError, is_user_error
 from pelab.provenance import code_version, launch_record, machine, now
 from pelab.result_table import result_table
-from pelab.summary import command_line, read_summary, versions, write_summary
+from pelab.summary import RunRecord, command_line, read_summary, versions, write_summary
 from pelab.tasks.names import in_multirun, sweep_group
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class Task:
     """What a running job owns: its summary (written whatever happens) and its W&B run (finished likewise)."""
 
     output_dir: Path
-    summary: dict[str, Any]
+    summary: RunRecord
     rank: int = 0
     run: Any | None = field(default=None, repr=False)
     t0: float = field(default_factory=time.time, repr=False)
@@ -131,9 +131,9 @@ def run_task(output_dir: Path, *, rank: int = 0, signals: tuple[int, ...] = (), 
         sys.modules["pelab.model"].reset_attention_paths()
     output_dir.mkdir(parents=True, exist_ok=True)
     earlier = earlier_summary(output_dir) if rank == 0 else {}
-    summary: dict[str, Any] = {"status": "running", **carried(earlier), **fields, "output_dir": str(output_dir),
-                               "command": command_line(), "versions": versions(), "provenance": {"code": code_version()},
-                               "launches": [*earlier.get("launches", []), launch_record(command_line())]}
+    summary = RunRecord({"status": "running", **carried(earlier), **fields, "output_dir": str(output_dir),
+                         "command": command_line(), "versions": versions(), "provenance": {"code": code_version()},
+                         "launches": [*earlier.get("launches", []), launch_record(command_line())]})
     task = Task(output_dir, summary, rank)
     task.save()
     with JobSignals(signals, quit_now=task.quit_now, hint=hint or RESUME_HINT) as job_signals:
