@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from pelab import report
+from pelab.data.recall import MQAR_OFFSET as OFFSET_KIND
 from pelab.evaluation import stats
-from pelab.evaluation.probes import OFFSET_KIND, ProbeCell, ProbeResult
+from pelab.evaluation.probes import ProbeCell, ProbeResult
 from pelab.summary import write_summary
 
 DEPTHS = [0.0, 0.5, 1.0]
@@ -27,7 +28,7 @@ def _result(bits: dict[int, str], offset: dict[int, str] | None = None) -> Probe
             c.lo, c.hi = stats.wilson(b.count("1"), len(b))
     for m, b in (offset or {}).items():
         c = ProbeCell(OFFSET_KIND, float("nan"), 128 * (m + 1), prefix=m, n=len(b), outcomes=b)
-        res.offset[m] = c
+        res.offset[(OFFSET_KIND, m)] = c
         c.acc, (c.lo, c.hi) = b.count("1") / len(b), stats.wilson(b.count("1"), len(b))
     return res
 

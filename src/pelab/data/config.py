@@ -18,7 +18,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pelab.checks import is_int, need, show, typed_group
-from pelab.data.recall import MQAR, MQAR_KINDS, PASSKEY_SINGLE, SINGLE_KINDS, TRAIN_KINDS
+from pelab.data.recall import PROBE_KINDS, kind_names, probe_kind
 from pelab.data.tokenizer import TOKENIZER_KINDS
 
 # How the data loader scores synthetic recall rows (see pelab.data.datamodule).
@@ -81,17 +81,20 @@ def check_loader(d: DictConfig) -> None:
     for k in ("val_windows", "val_batch_size"):
         need(d[k] is None or d[k] >= 1, f"data.{k}", d[k], "must be >= 1 or null.")
     need(0.0 <= d.recall_mix <= 1.0, "data.recall_mix", d.recall_mix, "must be in [0, 1] (0 = pure text).")
-    need(len(d.recall_kinds) > 0 and set(d.recall_kinds) <= set(TRAIN_KINDS), "data.recall_kinds", d.recall_kinds,
-         f"must be a non-empty list of {show(TRAIN_KINDS)}.")
+    trainable = kind_names(trainable=True)
+    need(len(d.recall_kinds) > 0 and set(d.recall_kinds) <= set(trainable), "data.recall_kinds", d.recall_kinds,
+         f"must be a non-empty list of {show(trainable)}.")
     for k in ("recall_key_len", "recall_value_len"):
         need(d[k] >= 1, f"data.{k}", d[k], "must be >= 1 hex chars.")
     need(d.recall_loss in RECALL_LOSSES, "data.recall_loss", d.recall_loss, f"must be one of {show(RECALL_LOSSES)}.")
     need(d.recall_pairs >= 1, "data.recall_pairs", d.recall_pairs, "must be >= 1 key-value pairs per mqar row.")
-    mqar = d.recall_mix > 0 and MQAR in d.recall_kinds
-    # an mqar row holds N pairs and N queries with their answers: 4N tokens
-    need(not mqar or 4 * d.recall_pairs <= d.seq_len + 1, "data.recall_pairs", d.recall_pairs,
-         f"does not fit: an mqar row needs 4 x pairs tokens and has data.seq_len + 1 = {d.seq_len + 1}; "
-         "lower data.recall_pairs or raise data.seq_len.")
+    # kinds whose rows need a number of tokens set by data.recall_pairs (mqar: N pairs, N queries, N answers)
+    sized = [probe_kind(k) for k in dict.fromkeys(d.recall_kinds) if probe_kind(k).row_min_length] \
+        if d.recall_mix > 0 else []
+    for e in sized:
+        need(e.row_min_length(d.recall_pairs) <= d.seq_len + 1, "data.recall_pairs", d.recall_pairs,
+             f"does not fit: an {e.family} row needs {e.row_min_length_rule} tokens and has data.seq_len + 1 = "
+             f"{d.seq_len + 1}; lower data.recall_pairs or raise data.seq_len.")
     cur = d.recall_curriculum
     ok = cur is None or (OmegaConf.is_list(cur) and len(cur) > 0 and all(
         OmegaConf.is_list(e) and len(e) in (2, 3) and all(is_int(v) for v in e[:2])
@@ -102,9 +105,11 @@ def check_loader(d: DictConfig) -> None:
         steps = [e[0] for e in cur]
         need(steps[0] >= 0 and all(a < b for a, b in itertools.pairwise(steps)), "data.recall_curriculum", cur,
              "must list steps >= 0 in increasing order.")
-        least = 4 * d.recall_pairs if mqar else 1
+        least = max([1] + [k.row_min_length(d.recall_pairs) for k in sized])
+        why = [f" ({k.row_min_length_rule.replace('pairs', 'data.recall_pairs')} for {k.family})" for k in sized
+               if k.row_min_length(d.recall_pairs) == least]
         need(all(e[1] >= least for e in cur), "data.recall_curriculum", cur,
-             f"spans must be >= {least} tokens" + (" (4 x data.recall_pairs for mqar)." if mqar else "."))
+             f"spans must be >= {least} tokens" + (why[0] if why else "") + ".")
     need(d.num_workers >= 0, "data.num_workers", d.num_workers, "must be >= 0.")
 
 
@@ -125,9 +130,8 @@ def check_reserved(tok: Any, d: DictConfig, probes: DictConfig | None) -> None:
     if probes is not None and probes.enabled:
         uses.append(("probes.kinds", probes.kinds, "probes.pairs", probes.pairs))
     for where, kinds, pairs_key, pairs in uses:
-        for kind in set(kinds) & set(SINGLE_KINDS):
-            n = pairs if kind in MQAR_KINDS else 1
-            for k in ("reserved_values",) if kind == PASSKEY_SINGLE else ("reserved_keys", "reserved_values"):
+        for kind in dict.fromkeys(k for k in kinds if k in PROBE_KINDS):
+            for k, n in PROBE_KINDS[kind].vocabulary(pairs).items():
                 have = int(tok.get(k, 0))
                 need(have >= n, f"tokenizer.{k}", have, f"is too small for {kind} in {where}: "
                      + (f"it needs {n} distinct ids ({pairs_key}={pairs}); raise it or lower {pairs_key}."

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import DictConfig
 
 from pelab.checks import need, show
 from pelab.data.corpora import SPLITS
-from pelab.data.recall import MQAR, MQAR_OFFSET, RECALL_KINDS
+from pelab.data.recall import OFFSET, import_plugins, kind_names, probe_kind
 from pelab.errors import ConfigError
 
 PROTOCOLS = ("nonoverlap", "sliding")
@@ -89,6 +89,9 @@ class ProbesConfig:
     filler: str
     pairs: int
     prefix_multiples: list[int]
+    # modules that register probe kinds / evaluations defined outside the package (pelab.data.recall.kinds);
+    # not in conf/probes/default.yaml, so a run without plugins keeps its config: +probes.plugins=[module]
+    plugins: list[str] = field(default_factory=list)
 
 
 def check_lengths(key: str, lengths: Any, train_length: int) -> None:
@@ -118,7 +121,9 @@ def check_eval(e: DictConfig, train_length: int) -> None:
 
 
 def check_probes(p: DictConfig, train_length: int) -> None:
-    need(set(p.kinds) <= set(RECALL_KINDS), "probes.kinds", p.kinds, f"must list kinds of {show(RECALL_KINDS)} ([] = no probes).")
+    import_plugins(p.plugins)  # before the kinds are checked: a plugin registers its own
+    known = kind_names()
+    need(set(p.kinds) <= set(known), "probes.kinds", p.kinds, f"must list kinds of {show(known)} ([] = no probes).")
     need(len(p.depths) > 0 and all(0.0 <= d <= 1.0 for d in p.depths), "probes.depths", p.depths,
          "must be a non-empty list of depths in [0, 1] (0 = start of the context, 1 = its end).")
     if p.enabled:
@@ -131,11 +136,13 @@ def check_probes(p: DictConfig, train_length: int) -> None:
     need(len(p.prefix_multiples) > 0 and all(m >= 0 for m in p.prefix_multiples), "probes.prefix_multiples",
          p.prefix_multiples, "must be a non-empty list of whole numbers >= 0 (filler before the window, in "
          "multiples of data.seq_len).")
-    if p.enabled and {MQAR, MQAR_OFFSET} & set(p.kinds):
-        # an mqar probe holds N pairs, the query and the answer: 2N + 2 tokens
-        shortest = min(resolve_lengths(list(p.lengths), train_length)) if MQAR in p.kinds else train_length
-        if MQAR_OFFSET in p.kinds:
-            shortest = min(shortest, train_length)
-        need(2 * p.pairs + 2 <= shortest, "probes.pairs", p.pairs,
-             f"does not fit: an mqar probe needs 2 x pairs + 2 tokens and the shortest probe length is {shortest}; "
-             "lower probes.pairs or drop the short probes.lengths.")
+    # kinds whose probes need a number of tokens set by probes.pairs (mqar: N pairs, the query, the answer),
+    # probed at probes.lengths (depth layout) or at the training length (offset layout)
+    sized = [probe_kind(k) for k in dict.fromkeys(p.kinds) if probe_kind(k).min_length]
+    if p.enabled and sized:
+        shortest = min(train_length if e.layout == OFFSET else min(resolve_lengths(list(p.lengths), train_length))
+                       for e in sized)
+        for e in sized:
+            need(e.min_length(p.pairs) <= shortest, "probes.pairs", p.pairs,
+                 f"does not fit: an {e.family} probe needs {e.min_length_rule} tokens and the shortest probe length is "
+                 f"{shortest}; lower probes.pairs or drop the short probes.lengths.")

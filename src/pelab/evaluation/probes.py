@@ -40,11 +40,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pelab.data.recall import (
-    MQAR_OFFSET,
-    RECALL_KINDS,
+    OFFSET,
     RecallSample,
     as_id_list,
+    kind_names,
     make_probe_samples,
+    probe_kind,
 )
 from pelab.errors import PositionOutOfRange, RecallLengthError
 from pelab.evaluation import stats
@@ -55,7 +56,6 @@ from pelab.summary import json_safe
 log = logging.getLogger(__name__)
 
 DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
-OFFSET_KIND = MQAR_OFFSET  # position vs distance: cells keyed by the filler prefix, not by depth
 ERRORS = ("ok", "other_in_context", "not_in_context")
 NAN = float("nan")
 
@@ -249,7 +249,8 @@ class ProbeResult:
     lengths: list[int]
     train_length: int | None = None
     cells: dict[tuple[str, float, int], ProbeCell] = field(default_factory=dict)
-    offset: dict[int, ProbeCell] = field(default_factory=dict)  # mqar_offset cells by prefix multiple
+    # the cells of kinds with the offset layout (mqar_offset), by (kind, prefix multiple)
+    offset: dict[tuple[str, int], ProbeCell] = field(default_factory=dict)
 
     def cell(self, kind: str, depth: float, length: int) -> ProbeCell:
         return self.cells[(kind, float(depth), int(length))]
@@ -306,8 +307,8 @@ class ProbeResult:
         """Per kind and length ``probe/{kind}/{name}@{L}``: acc (mean over depths), acc_lo / acc_hi,
         logprob, lim_gap, lim_gap_lo / lim_gap_hi, rank (mean rank of the gold among the candidates),
         other_in_context / not_in_context (error fractions); per kind ``effective_length`` (0 = none;
-        NaN when every cell is n/a) and ``auc``; for mqar_offset ``acc``, ``acc_lo``, ``acc_hi`` at each
-        total length."""
+        NaN when every cell is n/a) and ``auc``; for the offset kinds (mqar_offset) ``acc``, ``acc_lo``,
+        ``acc_hi`` at each total length."""
         m: dict[str, float] = {}
         for k in self.kinds:
             for L in self.lengths:
@@ -324,17 +325,25 @@ class ProbeResult:
             m[f"probe/{k}/effective_length"] = eff
             m[f"probe/{k}/auc"] = self.auc(k)
         for c in self.offset.values():
-            m[metric_key(f"probe/{OFFSET_KIND}/acc", c.length)] = c.acc
-            m[metric_key(f"probe/{OFFSET_KIND}/acc", c.length, "lo")] = c.lo
-            m[metric_key(f"probe/{OFFSET_KIND}/acc", c.length, "hi")] = c.hi
+            m[metric_key(f"probe/{c.kind}/acc", c.length)] = c.acc
+            m[metric_key(f"probe/{c.kind}/acc", c.length, "lo")] = c.lo
+            m[metric_key(f"probe/{c.kind}/acc", c.length, "hi")] = c.hi
         return m
 
+    def offset_kinds(self) -> list[str]:
+        """The kinds probed with the offset layout (their cells in ``offset``), in order."""
+        return list(dict.fromkeys(k for k, _ in self.offset))
+
     def rows(self, kind: str | None = None) -> list[dict[str, Any]]:
-        """One dict per cell (every ProbeCell field; the W&B tables pick their columns), one kind if given;
-        mqar_offset cells with ``kind=OFFSET_KIND``."""
-        if kind == OFFSET_KIND:
-            return [asdict(c) for _, c in sorted(self.offset.items())]
+        """One dict per cell (every ProbeCell field; the W&B tables pick their columns), one kind if given
+        (an offset kind: its cells by prefix)."""
+        if kind in self.offset_kinds():
+            return [asdict(c) for (k, _), c in sorted(self.offset.items()) if k == kind]
         return [asdict(c) for (k, _, _), c in sorted(self.cells.items()) if kind is None or k == kind]
+
+    def offset_rows(self) -> list[dict[str, Any]]:
+        """The cells of every offset kind, by kind then prefix."""
+        return [asdict(c) for _, c in sorted(self.offset.items())]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable; non-finite floats become "nan" / "inf" strings (see extrapolation.json_safe).
@@ -353,7 +362,7 @@ class ProbeResult:
                     k: {m: self.grid(k, m) for m in ("acc", "lo", "hi", "logprob")} for k in self.kinds
                 },
                 "rows": self.rows(),
-                "offset": self.rows(OFFSET_KIND),
+                "offset": self.offset_rows(),
             }
         )
 
@@ -365,7 +374,7 @@ class ProbeResult:
 def run_probes(
     model: nn.Module,
     tokenizer: Any,
-    kinds: Sequence[str] = RECALL_KINDS,
+    kinds: Sequence[str] | None = None,
     depths: Sequence[float] = DEFAULT_DEPTHS,
     lengths: Sequence[int] = (256,),
     samples_per_cell: int = 20,
@@ -381,18 +390,18 @@ def run_probes(
     """Records per (kind, depth, length) cell on seeded samples (``make_probe_samples``; ``sample_options``
     such as key_len / value_len go to it), every kind and depth of one length scored in the same batches.
 
-    ``lengths`` are absolute token counts (``extrapolation.resolve_lengths`` converts multiples).
-    mqar_offset (in ``kinds``) is probed once per prefix multiple m at (m + 1) * ``train_length`` tokens.
-    A length the model cannot represent (``PositionOutOfRange``) or that is too short for a kind gives
-    NaN cells with a note; nothing raises for those.
+    ``kinds``: names in the probe-kind table (None: every registered kind). ``lengths`` are absolute token
+    counts (``extrapolation.resolve_lengths`` converts multiples). A kind with the offset layout (mqar_offset)
+    is probed once per prefix multiple m at (m + 1) * ``train_length`` tokens. A length the model cannot
+    represent (``PositionOutOfRange``) or that is too short for a kind gives NaN cells with a note; nothing
+    raises for those.
     """
-    for k in kinds:
-        if k not in RECALL_KINDS:
-            raise ValueError(f"unknown probes.kinds entry {k!r}; known: {list(RECALL_KINDS)}")
+    kinds = list(kind_names() if kinds is None else kinds)
+    layout = {k: probe_kind(k).layout for k in kinds}  # unknown kinds raise here
     filler_ids = as_id_list(filler_ids)  # once, not per cell
     depths_f = sorted({float(d) for d in depths})
     lens = sorted({int(L) for L in lengths})
-    grid_kinds = [k for k in kinds if k != OFFSET_KIND]
+    grid_kinds = [k for k in kinds if layout[k] != OFFSET]
     res = ProbeResult(kinds=grid_kinds, depths=depths_f, lengths=lens, train_length=train_length)
     n = int(samples_per_cell)
     lo, hi = stats.wilson(n // 2, n)
@@ -414,15 +423,15 @@ def run_probes(
                 for c in cells:
                     c.note = f"n/a — {exc}"
         _score_cells(batch, **score)
-    if OFFSET_KIND in kinds:
+    for kind in [k for k in kinds if layout[k] == OFFSET]:
         if train_length is None:
-            raise ValueError(f"probes.kinds contains {OFFSET_KIND}: run_probes needs train_length")
+            raise ValueError(f"probes.kinds contains {kind}: run_probes needs train_length")
         for m in sorted({int(m) for m in prefix_multiples}):
-            c = res.offset[m] = ProbeCell(kind=OFFSET_KIND, depth=NAN, length=(m + 1) * train_length, prefix=m)
+            c = res.offset[(kind, m)] = ProbeCell(kind=kind, depth=NAN, length=(m + 1) * train_length, prefix=m)
             try:
                 # a training-length window (the gold pair at a fixed distance from the query) after
                 # m * train_length filler tokens: (m + 1) * train_length tokens in all
-                _score_cells([(c, make(OFFSET_KIND, train_length, 0.0, prefix_multiple=m))], **score)
+                _score_cells([(c, make(kind, train_length, 0.0, prefix_multiple=m))], **score)
             except RecallLengthError as exc:
                 c.note = f"n/a — {exc}"
     return res

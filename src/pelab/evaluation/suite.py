@@ -25,7 +25,7 @@ from pelab.evaluation.extrapolation import (
     spread_blocks,
 )
 from pelab.evaluation.plots import plot_loss_by_position, plot_ppl_vs_length, probe_figures, save_figure
-from pelab.evaluation.probes import OFFSET_KIND, run_probes
+from pelab.evaluation.probes import run_probes
 from pelab.metric_keys import with_variant
 from pelab.summary import json_safe
 
@@ -222,8 +222,8 @@ def log_to_wandb(run: Any, metrics: dict, extrap: Any, probes: Any | None, paths
         # not in the context, depth of the wrongly picked value) beside each accuracy
         pcols = ["kind", "depth", "length", "n", "acc", "lo", "hi", "logprob", "rank", "other", "absent",
                  "other_depth", "chance", "chance_copy", "note"]
-        for kind in probes.kinds + ([OFFSET_KIND] if probes.offset else []):
-            cols = pcols + (["prefix"] if kind == OFFSET_KIND else [])
+        for kind in probes.kinds + probes.offset_kinds():
+            cols = pcols + (["prefix"] if kind in probes.offset_kinds() else [])
             data[f"probe/{kind}/{ns}table"] = wandb.Table(
                 columns=cols, data=[[r[c] for c in cols] for r in probes.rows(kind)])
     for key, path in paths.items():

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
-from pelab.data.recall.kinds import MQAR_OFFSET as OFFSET_KIND
+from pelab.data.recall import PROBE_KINDS
 from pelab.metric_keys import length_of, lengths_of
 from pelab.report.discovery import Job
 from pelab.summary import as_float, retrieval_acquired
@@ -356,14 +356,30 @@ def pairing_key(job: Job) -> str:
 
 
 def probe_outcomes(job: Job, kind: str) -> dict[tuple[float, int], str]:
-    """{(depth, length): outcome bits} of one job and kind (mqar_offset: (prefix multiple, length))."""
-    rows = job.probes.get("offset" if kind == OFFSET_KIND else "rows") or []
-    key = "prefix" if kind == OFFSET_KIND else "depth"
+    """{(depth, length): outcome bits} of one job and kind (a kind with the offset layout, e.g. mqar_offset:
+    (prefix multiple, length), read from the summary's "offset" rows)."""
+    offset = kind in offset_kinds_of(job)
     return {
-        (as_float(r[key]), int(r["length"])): str(r["outcomes"])
-        for r in rows
+        (as_float(r["prefix" if offset else "depth"]), int(r["length"])): str(r["outcomes"])
+        for r in job.probes.get("offset" if offset else "rows") or []
         if r.get("kind") == kind and r.get("outcomes")
     }
+
+
+def offset_kinds_of(job: Job) -> list[str]:
+    """The kinds one job probed with the offset layout (the kinds of its summary's "offset" rows)."""
+    return list(dict.fromkeys(str(r.get("kind")) for r in job.probes.get("offset") or []))
+
+
+def offset_kinds(rows: Sequence[Row]) -> list[str]:
+    """The kinds probed with the offset layout by any job of ``rows``, in order."""
+    return list(dict.fromkeys(k for r in rows for j in r.jobs for k in offset_kinds_of(j)))
+
+
+def kind_title(kind: str) -> str:
+    """A kind's subtitle in the report (its probe-kind entry's ``title``; "" for a kind not registered here)."""
+    entry = PROBE_KINDS.get(kind)
+    return entry.title if entry is not None else ""
 
 
 def outcome_matrix(job: Job, kind: str, length: int) -> tuple[list[float], np.ndarray]:
@@ -396,12 +412,13 @@ def paired_outcomes(a: Row, b: Row, kind: str, seed: Any = None) -> dict[int, tu
     return out
 
 
-def offset_cells(row: Row) -> dict[int, list[dict]]:
-    """{prefix multiple: the seeds' mqar_offset rows} of one row."""
+def offset_cells(row: Row, kind: str) -> dict[int, list[dict]]:
+    """{prefix multiple: the seeds' rows} of one row and offset-layout kind (mqar_offset)."""
     out: dict[int, list[dict]] = {}
     for j in row.jobs:
         for r in j.probes.get("offset") or []:
-            out.setdefault(int(r["prefix"]), []).append(r)
+            if r.get("kind") == kind:
+                out.setdefault(int(r["prefix"]), []).append(r)
     return dict(sorted(out.items()))
 
 

@@ -10,12 +10,13 @@ from pathlib import Path
 
 from pelab.metric_keys import metric_key
 from pelab.report.aggregation import (
-    OFFSET_KIND,
     Row,
     acquired_rows,
     group_rows,
+    kind_title,
     metric_lengths,
     not_acquired_rows,
+    offset_kinds,
     probe_kinds,
     probe_panel,
     trained_on_text,
@@ -225,14 +226,13 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
             if chance
             else "",
         )
-    section(
-        f"Probe: {OFFSET_KIND} (position vs distance)",
-        [offset_table(probed), paired_table(probed, OFFSET_KIND)],
-    )
+    for kind in offset_kinds(probed):
+        title = kind_title(kind)
+        section(f"Probe: {kind}" + (f" ({title})" if title else ""), [offset_table(probed, kind), paired_table(probed, kind)])
     unlearned = not_acquired_rows(rows)
     section(
         "Runs that did not acquire retrieval",
-        [t for kind in probe_kinds(unlearned) if kind != OFFSET_KIND for t in (
+        [t for kind in probe_kinds(unlearned) if kind not in offset_kinds(unlearned) for t in (
             interval_table(unlearned, f"probe/{kind}/acc", f"{kind}, not acquired: accuracy (mean over depths)"),
             shape_table(unlearned, kind, f"{kind}, not acquired: shape of the depth curve"))] if unlearned else [],
         text=("Their in-window accuracy never reached the criterion, so what they retrieve past the window is not "

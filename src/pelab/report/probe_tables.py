@@ -1,5 +1,5 @@
 """Rendering, the probes' tables: retrieval at the training length, paired McNemar comparisons on the same
-instances, mqar_offset (position vs distance), and each kind's tables by length."""
+instances, the offset-layout kinds (mqar_offset: position vs distance), and each kind's tables by length."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import numpy as np
 from pelab.evaluation.stats import difference_interval, mcnemar, seeds_accuracy_interval
 from pelab.metric_keys import metric_key
 from pelab.report.aggregation import (
-    OFFSET_KIND,
     Row,
     aggregate,
+    kind_title,
     metric_lengths,
     offset_cells,
+    offset_kinds,
     outcome_matrix,
     paired_outcomes,
     probe_outcomes,
@@ -94,7 +95,7 @@ def paired_table(rows: Sequence[Row], kind: str) -> Table | None:
         return None
     cols = sorted(lengths)
     train_length = results[0][0].train_length
-    if kind == OFFSET_KIND and train_length:  # its lengths are (m + 1) x the training length
+    if kind in offset_kinds(rows) and train_length:  # its lengths are (m + 1) x the training length
         names = [f"prefix {L // train_length - 1}×L" for L in cols]
     else:
         names = [str(L) for L in cols]
@@ -122,16 +123,16 @@ def paired_table(rows: Sequence[Row], kind: str) -> Table | None:
     return t
 
 
-def offset_table(rows: Sequence[Row]) -> Table | None:
-    """mqar_offset: accuracy with the gold pair at a fixed distance from the query after a filler prefix of
-    m × the training length, one column per m (absolute position grows, distance does not)."""
-    cells = {r.label: offset_cells(r) for r in rows}
+def offset_table(rows: Sequence[Row], kind: str) -> Table | None:
+    """An offset-layout kind (mqar_offset): accuracy with the gold pair at a fixed distance from the query after
+    a filler prefix of m × the training length, one column per m (absolute position grows, distance does not)."""
+    cells = {r.label: offset_cells(r, kind) for r in rows}
     prefixes = sorted({m for c in cells.values() for m in c})
     if not prefixes:
         return None
     seeds = "seeds" if any(len(r.jobs) > 1 for r in rows) else "seed"
     cols = ["encoding", seeds] + [f"prefix {m}×L" for m in prefixes]
-    t = Table(f"{OFFSET_KIND}: position vs distance", cols,
+    t = Table(f"{kind}: {kind_title(kind) or 'accuracy by filler prefix'}", cols,
               [], caption=(
                   "Accuracy (95% interval: Wilson with one seed; with several, seeds then instances) with the gold pair at "
                   "the same distance from its query as in training and m × L filler tokens before the "
@@ -230,7 +231,7 @@ def probe_tables(rows: Sequence[Row], kind: str) -> list[Table]:
         f"probe/{kind}/logprob",
         f"{kind}: mean log-probability of the gold answer tokens (mean over depths)",
     )
-    out += [acc, gap, shape_table(rows, kind) if kind != OFFSET_KIND else None, logprob, paired_table(rows, kind)]
+    out += [acc, gap, shape_table(rows, kind) if kind not in offset_kinds(rows) else None, logprob, paired_table(rows, kind)]
     for r in rows:
         p = probe_panel(r, kind)
         if p is None:

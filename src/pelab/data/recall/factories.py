@@ -1,5 +1,6 @@
 """The factories: probe samples by kind, length and depth (`make_probe_samples`), training-mix sequences and
-batches (`make_recall_sequence`, `make_recall_batch`); each dispatches to its kind's family module."""
+batches (`make_recall_sequence`, `make_recall_batch`); each asks its kind's entry in the probe-kind table
+(`kinds.PROBE_KINDS`) for the builder."""
 
 from __future__ import annotations
 
@@ -9,23 +10,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from pelab.data.recall.kinds import (
-    KV,
-    KV_KINDS,
-    MQAR,
-    MQAR_KINDS,
-    PASSKEY,
-    PASSKEY_KINDS,
-    PASSKEY_SINGLE,
-    RECALL_KINDS,
-    TRAIN_KINDS,
-)
-from pelab.data.recall.kv import build_kv, kv_samplers
-from pelab.data.recall.mqar import mqar_probe, mqar_rows
-from pelab.data.recall.passkey import build_passkey
+from pelab.data.recall.kinds import KV, PASSKEY, RecallOptions, kind_names, probe_kind
 from pelab.data.recall.pieces import Pieces, as_id_list, pieces_of
 from pelab.data.recall.sample import RecallSample, Tokenizer
-from pelab.data.recall.spaces import PASSKEY_MAX, PASSKEY_MIN, PROBE_SPACE, TRAIN_SPACE, reserved_ids
+from pelab.data.recall.spaces import PROBE_SPACE, TRAIN_SPACE
 from pelab.errors import RecallLengthError
 
 
@@ -59,32 +47,11 @@ def make_probe_samples(
     ``pairs``: N of mqar. mqar_offset: ``length`` is the window (the training length), the samples are
     ``(1 + prefix_multiple) * length`` tokens long and ``depth`` is not used (see README.md).
     """
-    if kind not in RECALL_KINDS:
-        raise ValueError(f"unknown probes.kinds entry {kind!r}; known: {list(RECALL_KINDS)}")
+    entry = probe_kind(kind)
     depth = _check_depth(depth)
-    pc = pieces_of(tokenizer)
-    length = int(length)
-    if kind in MQAR_KINDS:
-        return mqar_probe(pc, kind, length, depth, n, seed, filler_ids, pairs, prefix_multiple)
-    filler_ids = as_id_list(filler_ids)
-    single = reserved_ids(pc)[1] if kind == PASSKEY_SINGLE else None
-    keys, values = kv_samplers(pc, kind, space, key_len, value_len) if kind in KV_KINDS else (None, None)
-    out = []
-    for i in range(n):
-        rng = random.Random(f"{seed}/{kind}/{length}/{i}")
-        if keys is not None:
-            ids, ans, gold, n_pairs, _, starts = build_kv(pc, rng, length, depth, keys, values)
-            s = RecallSample(ids, ans, gold, depth, length, kind, n_pairs, values.size)
-            s.candidates = [ids[j] for j in starts]
-            s.candidate_depths = [j / (len(ids) - 1) for j in starts]
-        else:
-            ids, ans, gold = build_passkey(pc, rng, length, depth, space, filler_ids, single)
-            n_keys = len(single) if single is not None else (PASSKEY_MAX - PASSKEY_MIN + 1) // 2
-            s = RecallSample(ids, ans, gold, depth, length, kind, 1, n_keys)
-            s.candidates, s.candidate_depths = [ans[0]], [gold / (len(ids) - 1)]
-        s.gold_distance = len(ids) - gold
-        out.append(s)
-    return out
+    opts = RecallOptions(space=space, filler_ids=filler_ids, key_len=key_len, value_len=value_len, pairs=pairs,
+                         prefix_multiple=prefix_multiple)
+    return entry.probe(pieces_of(tokenizer), kind, int(length), depth, n, seed, opts)
 
 
 def make_recall_sequence(
@@ -105,30 +72,12 @@ def make_recall_sequence(
     distractor pairs before the final one: more retrieval signal per sequence. Depth is uniform in [0, 1].
     mqar asks all its ``pairs`` keys (filler: ``filler_ids`` or the sentence).
     """
-    pc = pieces_of(tokenizer)
-    if kind == MQAR:
-        F = pc.filler_array(filler_ids)
-        g = np.random.default_rng(rng.getrandbits(64))
-        text = F[(g.integers(len(F)) + np.arange(length)) % len(F)][None]
-        rows, mask = mqar_rows(text, pairs, *reserved_ids(pc), g)
-        return rows[0].tolist(), mask[0].tolist()
-    depth = rng.random()
-    if kind in KV_KINDS:
-        keys, values = kv_samplers(pc, kind, space, key_len, value_len)
-        ids, ans, _, _, spans, _ = build_kv(
-            pc, rng, length, depth, keys, values, n_extra_queries=rng.randint(0, max_extra_queries)
-        )
-    elif kind in PASSKEY_KINDS:
-        single = reserved_ids(pc)[1] if kind == PASSKEY_SINGLE else None
-        ids, ans, _ = build_passkey(pc, rng, length, depth, space, filler_ids, single)
-        spans = [(len(ids), len(ids) + len(ans))]
-    else:
-        raise ValueError(f"unknown recall kind {kind!r}; known: {list(TRAIN_KINDS)}")
-    seq = ids + ans
-    mask = [False] * len(seq)
-    for a, b in spans:
-        mask[a:b] = [True] * (b - a)
-    return seq, mask
+    entry = probe_kind(kind, "recall kind")
+    if entry.row is None:
+        raise ValueError(f"recall kind {kind!r} is probe-only; the training mix can draw {list(kind_names(True))}")
+    opts = RecallOptions(space=space, filler_ids=filler_ids, key_len=key_len, value_len=value_len, pairs=pairs,
+                         max_extra_queries=max_extra_queries)
+    return entry.row(pieces_of(tokenizer), length, rng, opts)
 
 
 def make_recall_batch(
@@ -169,12 +118,17 @@ def make_recall_batch(
     filler_ids = as_id_list(filler_ids)
     pc = pieces_of(tokenizer)
     kinds = list(kinds)
-    if MQAR in kinds and 4 * pairs > S:  # checked up front: mqar rows are built after the loop
-        kinds.remove(MQAR)
-        last_error = RecallLengthError(f"mqar with data.recall_pairs={pairs} needs {4 * pairs} tokens, got {S}")
+    opts = RecallOptions(space=TRAIN_SPACE, filler_ids=filler_ids, key_len=key_len, value_len=value_len,
+                         pairs=pairs, max_extra_queries=max_extra_queries)
+    for kind in [k for k in kinds if probe_kind(k, "recall kind").rows is not None]:
+        entry = probe_kind(kind)
+        need = entry.row_min_length(pairs) if entry.row_min_length else 0
+        if need > S:  # checked up front: vectorised rows are built after the loop
+            kinds.remove(kind)
+            last_error = RecallLengthError(f"{kind} with data.recall_pairs={pairs} needs {need} tokens, got {S}")
+    batched: dict[str, list[int]] = {k: [] for k in kinds if probe_kind(k).rows is not None}  # kind -> its rows
     rows: list[list[int] | None] = [None] * n
     masks: list[list[bool] | None] = [None] * n
-    mqar_at: list[int] = []
     i = 0
     while i < n:
         if not kinds:
@@ -183,8 +137,8 @@ def make_recall_batch(
                 "use a longer data.seq_len or set data.recall_mix=0"
             )
         kind = kinds[rng.randrange(len(kinds))]
-        if kind == MQAR:
-            mqar_at.append(i)
+        if kind in batched:
+            batched[kind].append(i)
             i += 1
             continue
         try:
@@ -204,15 +158,16 @@ def make_recall_batch(
     if done:
         x[done, :S] = np.asarray([rows[j] for j in done], dtype=np.int64)
         m[done, :S] = np.asarray([masks[j] for j in done], dtype=bool)
-    if mqar_at or S < T:  # real text needed (drawn here only then: kv / passkey rows stay as they were)
+    if any(batched.values()) or S < T:  # real text needed (drawn here only then: other rows stay as they were)
         g = np.random.default_rng(rng.getrandbits(64))
         if text is None:
             F = pc.filler_array(filler_ids)
             text = F[(g.integers(len(F), size=(n, 1)) + np.arange(T)) % len(F)]
         text = np.asarray(text, dtype=np.int64)
         x[done, S:] = text[done, S:]
-        if mqar_at:
-            x[mqar_at], m[mqar_at] = mqar_rows(text[mqar_at], pairs, *reserved_ids(pc), g, S)
+        for kind, at in batched.items():
+            if at:
+                x[at], m[at] = probe_kind(kind).rows(pc, text[at], g, S, opts)
     x_t = torch.from_numpy(x)
     return (x_t, torch.from_numpy(m)) if return_mask else x_t
 

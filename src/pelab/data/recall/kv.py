@@ -1,25 +1,62 @@
 """kv and kv_single: a JSON object of key-value pairs with the gold pair at a chosen depth, then the query
-``Key: "k" Value: "`` (see README.md, Kinds)."""
+``Key: "k" Value: "`` (see README.md, Kinds). kv draws hex keys and values, kv_single reserved ids: the
+same builders with other samplers (`hex_samplers`, `reserved_samplers`)."""
 
 from __future__ import annotations
 
 import functools
 import random
+from collections.abc import Callable
 from typing import Any
 
-from pelab.data.recall.kinds import KV_SINGLE
+from pelab.data.recall.kinds import RecallOptions
 from pelab.data.recall.pieces import Pieces
+from pelab.data.recall.sample import RecallSample, with_mask
 from pelab.data.recall.spaces import ANY_SPACE, HexSampler, ReservedSampler, hex_sampler, reserved_ids
 from pelab.errors import RecallLengthError
 
+Samplers = Callable[[Pieces, RecallOptions], tuple[Any, Any]]
 
-def kv_samplers(pc: Pieces, kind: str, space: str, key_len: int, value_len: int) -> tuple[Any, Any]:
-    """The key and value samplers of a kv kind: hex strings (keys from ``space``, values from all hex
-    strings) or, for kv_single, the tokenizer's reserved ids."""
-    if kind == KV_SINGLE:
-        K, M = reserved_ids(pc)
-        return ReservedSampler(K, "keys"), ReservedSampler(M, "values")
-    return hex_sampler(key_len, space), hex_sampler(value_len, ANY_SPACE)
+
+def hex_samplers(pc: Pieces, opts: RecallOptions) -> tuple[HexSampler, HexSampler]:
+    """kv: hex keys from ``opts.space``, hex values from all hex strings."""
+    return hex_sampler(opts.key_len, opts.space), hex_sampler(opts.value_len, ANY_SPACE)
+
+
+def reserved_samplers(pc: Pieces, opts: RecallOptions) -> tuple[ReservedSampler, ReservedSampler]:
+    """kv_single: the tokenizer's reserved key and value ids."""
+    K, M = reserved_ids(pc)
+    return ReservedSampler(K, "keys"), ReservedSampler(M, "values")
+
+
+def kv_probe(
+    pc: Pieces, name: str, length: int, depth: float, n: int, seed: int, opts: RecallOptions, samplers: Samplers
+) -> list[RecallSample]:
+    """``n`` kv probe samples of one cell; sample i draws from ``random.Random(f"{seed}/{name}/{length}/{i}")``."""
+    keys, values = samplers(pc, opts)
+    out = []
+    for i in range(n):
+        rng = random.Random(f"{seed}/{name}/{length}/{i}")
+        ids, ans, gold, n_pairs, _, starts = build_kv(pc, rng, length, depth, keys, values)
+        s = RecallSample(ids, ans, gold, depth, length, name, n_pairs, values.size)
+        s.candidates = [ids[j] for j in starts]
+        s.candidate_depths = [j / (len(ids) - 1) for j in starts]
+        s.gold_distance = len(ids) - gold
+        out.append(s)
+    return out
+
+
+def kv_row(
+    pc: Pieces, length: int, rng: random.Random, opts: RecallOptions, samplers: Samplers
+) -> tuple[list[int], list[bool]]:
+    """One kv training sequence (depth uniform in [0, 1]) with ``0..opts.max_extra_queries`` extra questions
+    about distractor pairs before the final one, and its answer mask."""
+    depth = rng.random()
+    keys, values = samplers(pc, opts)
+    ids, ans, _, _, spans, _ = build_kv(
+        pc, rng, length, depth, keys, values, n_extra_queries=rng.randint(0, opts.max_extra_queries)
+    )
+    return with_mask(ids, ans, spans)
 
 
 def _kv_pair(pc: Pieces, key: list[int], value: list[int]) -> tuple[list[int], int]:

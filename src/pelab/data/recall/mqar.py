@@ -4,12 +4,12 @@ queries (training rows); vectorised, one numpy pass per probe cell / per trainin
 from __future__ import annotations
 
 import functools
+import random
 import zlib
-from typing import Any
 
 import numpy as np
 
-from pelab.data.recall.kinds import MQAR_OFFSET
+from pelab.data.recall.kinds import RecallOptions
 from pelab.data.recall.pieces import Pieces
 from pelab.data.recall.sample import RecallSample
 from pelab.data.recall.spaces import reserved_ids
@@ -52,29 +52,23 @@ def _mqar_draws(
 
 
 def mqar_probe(
-    pc: Pieces,
-    kind: str,
-    length: int,
-    depth: float,
-    n: int,
-    seed: int,
-    filler_ids: Any,
-    pairs: int,
-    prefix_multiple: int = 0,
+    pc: Pieces, kind: str, length: int, depth: float, n: int, seed: int, opts: RecallOptions, offset: bool = False
 ) -> list[RecallSample]:
-    """mqar / mqar_offset probe samples (see README.md, Kinds), built for all n instances at once."""
+    """mqar / mqar_offset (``offset=True``: the gold at OFFSET_DEPTH of a ``length``-token window after
+    ``opts.prefix_multiple * length`` filler tokens) probe samples (see README.md, Kinds), built for all n
+    instances at once."""
     K, M = reserved_ids(pc)
-    N = _check_pairs(pairs, K, M, "probes.pairs")
+    N = _check_pairs(opts.pairs, K, M, "probes.pairs")
     H = length - 2 * N - 2  # filler tokens of the window
     if H < 0:
         raise RecallLengthError(
             f"mqar with probes.pairs={N} needs at least {2 * N + 2} tokens; got length={length}"
         )
-    if kind == MQAR_OFFSET:
-        depth, P = OFFSET_DEPTH, int(prefix_multiple) * length
+    if offset:
+        depth, P = OFFSET_DEPTH, int(opts.prefix_multiple) * length
     else:
         P = 0
-    F = pc.filler_array(filler_ids)
+    F = pc.filler_array(opts.filler_ids)
     keys, values, starts = _mqar_draws(int(seed), kind, length, n, N, len(K), len(M), len(F))
 
     slots = np.array([round(j * H / (N - 1)) for j in range(N)] if N > 1 else [round(depth * H)])
@@ -137,3 +131,20 @@ def mqar_rows(
     mask = np.zeros((n, T), dtype=bool)
     mask[:, S - 2 * N + 1 : S : 2] = True
     return rows, mask
+
+
+def mqar_row(pc: Pieces, length: int, rng: random.Random, opts: RecallOptions) -> tuple[list[int], list[bool]]:
+    """One mqar training sequence of ``length`` tokens (filler: ``opts.filler_ids`` or the sentence, at a
+    random offset) and its answer mask: all its ``opts.pairs`` keys asked."""
+    F = pc.filler_array(opts.filler_ids)
+    g = np.random.default_rng(rng.getrandbits(64))
+    text = F[(g.integers(len(F)) + np.arange(length)) % len(F)][None]
+    rows, mask = mqar_rows(text, opts.pairs, *reserved_ids(pc), g)
+    return rows[0].tolist(), mask[0].tolist()
+
+
+def mqar_batch_rows(
+    pc: Pieces, text: np.ndarray, g: np.random.Generator, span: int, opts: RecallOptions
+) -> tuple[np.ndarray, np.ndarray]:
+    """mqar training rows over a batch's real text rows (``mqar_rows`` with the tokenizer's reserved ids)."""
+    return mqar_rows(text, opts.pairs, *reserved_ids(pc), g, span)

@@ -1,13 +1,15 @@
 """passkey and passkey_single: a needle with the pass key in filler text, then the question (see README.md,
-Kinds)."""
+Kinds). passkey draws a 5-digit key, passkey_single one reserved value id (``single=True``)."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
 
-from pelab.data.recall.pieces import PASSKEY_FILLER, Pieces
-from pelab.data.recall.spaces import passkey_in_space
+from pelab.data.recall.kinds import RecallOptions
+from pelab.data.recall.pieces import PASSKEY_FILLER, Pieces, as_id_list
+from pelab.data.recall.sample import RecallSample, with_mask
+from pelab.data.recall.spaces import PASSKEY_MAX, PASSKEY_MIN, passkey_in_space, reserved_ids
 from pelab.errors import RecallLengthError
 
 
@@ -72,3 +74,31 @@ def build_passkey(
     ids = filler[:at] + needle + filler[at:] + query
     assert len(ids) + len(answer) == length
     return ids, list(answer), at + key_off
+
+
+def passkey_probe(
+    pc: Pieces, name: str, length: int, depth: float, n: int, seed: int, opts: RecallOptions, single: bool = False
+) -> list[RecallSample]:
+    """``n`` passkey probe samples of one cell; sample i draws from ``random.Random(f"{seed}/{name}/{length}/{i}")``."""
+    filler_ids = as_id_list(opts.filler_ids)
+    ids_range = reserved_ids(pc)[1] if single else None
+    out = []
+    for i in range(n):
+        rng = random.Random(f"{seed}/{name}/{length}/{i}")
+        ids, ans, gold = build_passkey(pc, rng, length, depth, opts.space, filler_ids, ids_range)
+        n_keys = len(ids_range) if ids_range is not None else (PASSKEY_MAX - PASSKEY_MIN + 1) // 2
+        s = RecallSample(ids, ans, gold, depth, length, name, 1, n_keys)
+        s.candidates, s.candidate_depths = [ans[0]], [gold / (len(ids) - 1)]
+        s.gold_distance = len(ids) - gold
+        out.append(s)
+    return out
+
+
+def passkey_row(
+    pc: Pieces, length: int, rng: random.Random, opts: RecallOptions, single: bool = False
+) -> tuple[list[int], list[bool]]:
+    """One passkey training sequence (depth uniform in [0, 1]) and its answer mask."""
+    depth = rng.random()
+    ids_range = reserved_ids(pc)[1] if single else None
+    ids, ans, _ = build_passkey(pc, rng, length, depth, opts.space, opts.filler_ids, ids_range)
+    return with_mask(ids, ans, [(len(ids), len(ids) + len(ans))])

@@ -40,3 +40,10 @@ class RecallSample:
     prefix: int = 0
 
 
+def with_mask(ids: list[int], answer: list[int], spans: list[tuple[int, int]]) -> tuple[list[int], list[bool]]:
+    """A training sequence ``ids + answer`` and its answer mask: True on the (start, end) ``spans``."""
+    seq = ids + answer
+    mask = [False] * len(seq)
+    for a, b in spans:
+        mask[a:b] = [True] * (b - a)
+    return seq, mask

@@ -1,0 +1,67 @@
+"""The built-in probe kinds, registered in the order the config and error messages list them (see README.md,
+Kinds). A new kind = a module with its builders + one `register_probe_kind` call (here, or in a module named in
+``probes.plugins``)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from pelab.data.recall.kinds import (
+    KV,
+    KV_SINGLE,
+    MQAR,
+    MQAR_OFFSET,
+    OFFSET,
+    PASSKEY,
+    PASSKEY_SINGLE,
+    ProbeKind,
+    register_probe_kind,
+)
+from pelab.data.recall.kv import hex_samplers, kv_probe, kv_row, reserved_samplers
+from pelab.data.recall.mqar import mqar_batch_rows, mqar_probe, mqar_row
+from pelab.data.recall.passkey import passkey_probe, passkey_row
+
+
+def one_key_one_value(pairs: int) -> dict[str, int]:
+    return {"reserved_keys": 1, "reserved_values": 1}
+
+
+def one_value(pairs: int) -> dict[str, int]:
+    return {"reserved_values": 1}
+
+
+def a_key_and_value_per_pair(pairs: int) -> dict[str, int]:
+    return {"reserved_keys": pairs, "reserved_values": pairs}
+
+
+def mqar_probe_length(pairs: int) -> int:
+    """An mqar probe holds N pairs, the query and the answer: 2N + 2 tokens."""
+    return 2 * pairs + 2
+
+
+def mqar_row_length(pairs: int) -> int:
+    """An mqar training row holds N pairs and N queries with their answers: 4N tokens."""
+    return 4 * pairs
+
+
+register_probe_kind(ProbeKind(
+    KV, "kv", partial(kv_probe, samplers=hex_samplers), row=partial(kv_row, samplers=hex_samplers),
+))
+register_probe_kind(ProbeKind(PASSKEY, "passkey", passkey_probe, row=passkey_row))
+register_probe_kind(ProbeKind(
+    MQAR, "mqar", mqar_probe, row=mqar_row, rows=mqar_batch_rows, vocabulary=a_key_and_value_per_pair,
+    single_token=True, min_length=mqar_probe_length, min_length_rule="2 x pairs + 2", row_min_length=mqar_row_length,
+    row_min_length_rule="4 x pairs",
+))
+register_probe_kind(ProbeKind(
+    KV_SINGLE, "kv", partial(kv_probe, samplers=reserved_samplers), row=partial(kv_row, samplers=reserved_samplers),
+    vocabulary=one_key_one_value, single_token=True,
+))
+register_probe_kind(ProbeKind(
+    PASSKEY_SINGLE, "passkey", partial(passkey_probe, single=True), row=partial(passkey_row, single=True),
+    vocabulary=one_value, single_token=True,
+))
+register_probe_kind(ProbeKind(
+    MQAR_OFFSET, "mqar", partial(mqar_probe, offset=True), vocabulary=a_key_and_value_per_pair, single_token=True,
+    min_length=mqar_probe_length, min_length_rule="2 x pairs + 2", layout=OFFSET, title="position vs distance",
+))
