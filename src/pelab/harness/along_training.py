@@ -54,10 +54,10 @@ class EvaluationAlongTraining(Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         every = int(trainer.val_check_interval) if trainer.val_check_interval else 1
-        self.steps = steps_at(list(self.ecfg.get("at") or []), int(trainer.max_steps), every)
+        self.steps = steps_at(list(self.ecfg["at"] or []), int(trainer.max_steps), every)
         if self.steps:
-            at_tokens = self.ecfg.get("at_tokens")
-            budget = OmegaConf.create({**self.ecfg, "tokens": self.ecfg.get("tokens") if at_tokens is None
+            at_tokens = self.ecfg["at_tokens"]
+            budget = OmegaConf.create({**self.ecfg, "tokens": self.ecfg["tokens"] if at_tokens is None
                                        else at_tokens})
             self.blocks = eval_blocks(trainer.datamodule, budget, self.lengths)
 
@@ -68,8 +68,8 @@ class EvaluationAlongTraining(Callback):
         t0 = time.perf_counter()
         result = evaluate_extrapolation(pl_module.model, self.blocks, self.lengths, self.train_length,
                                         device=pl_module.device, protocols=("nonoverlap",),
-                                        batch_tokens=int(self.ecfg.get("batch_tokens", 16384)))
-        result.split, result.seed = str(self.ecfg["split"]), int(self.ecfg.get("seed", 0))
+                                        batch_tokens=int(self.ecfg["batch_tokens"]))
+        result.split, result.seed = str(self.ecfg["split"]), int(self.ecfg["seed"])
         metrics = result.metrics()
         record = {"step": step, "fraction": step / int(trainer.max_steps), "asked": self.steps[step],
                   "schedule": "mid-schedule",

@@ -32,9 +32,9 @@ def run_training(cfg: DictConfig, job: JobRecord, signals: tuple[int, ...]) -> N
     parent = extension_parent(cfg)
     precision, world = trainer_settings(cfg)
     ckpt_path, ckpt_vocab = resume_point(cfg, output_dir, summary)
-    summary["threads"] = set_threads(cfg.get("threads", "auto"), summary.get("threads") if ckpt_path else None, world)
+    summary["threads"] = set_threads(cfg.threads, summary.get("threads") if ckpt_path else None, world)
     job.start_wandb((summary["config"].get("logger") or {}).get("wandb"), name=cfg.name,
-                     config=summary["config"], tags=list(cfg.get("tags") or []), notes=cfg.get("notes"))
+                     config=summary["config"], tags=list(cfg.tags), notes=cfg.notes)
     if parent:
         record_parent(job, cfg, parent)
     if parent and not ckpt_path:  # a resumed child already holds its own weights
@@ -50,7 +50,7 @@ def run_training(cfg: DictConfig, job: JobRecord, signals: tuple[int, ...]) -> N
     job.save()
     log_run_start(job.run, summary, module.model, datamodule, int(cfg.data.seq_len), output_dir)
     before = {}
-    if parent and not ckpt_path and cfg.extend.get("eval_before") and job.rank == 0:
+    if parent and not ckpt_path and cfg.extend.eval_before and job.rank == 0:
         from pelab.evaluation.suite import run_evaluation
 
         # the parent's weights under the child's settings, before any step: the "step 0" of PI's tables
@@ -60,12 +60,12 @@ def run_training(cfg: DictConfig, job: JobRecord, signals: tuple[int, ...]) -> N
     trainer, preemption = build_trainer(cfg, precision, job, signals)
     summary["metrics"] = {**fit(trainer, module, datamodule, ckpt_path, preemption, summary), **before}
     job.save()  # the training metrics stay whatever happens in evaluation
-    if cfg.get("evaluate_after_fit", True) and trainer.is_global_zero:
+    if cfg.evaluate_after_fit and trainer.is_global_zero:
         from pelab.evaluation.suite import run_evaluation
 
         final = run_evaluation(module.model, datamodule, cfg, output_dir, job.run, summary)
         summary["metrics"].update(final)
-        if cfg.eval.get("at"):  # the end of the schedule closes the curve of eval.at
+        if cfg.eval.at:  # the end of the schedule closes the curve of eval.at
             ex = summary["evaluation"]["extrapolation"]
             job.add_point({"step": summary["global_step"], "fraction": 1.0, "schedule": "end",
                             "tokens_seen": module.tokens_per_step() * int(summary["global_step"]),
@@ -82,13 +82,13 @@ def check_before_training(cfg: DictConfig, module: Any, datamodule: Any, world: 
     from pelab.harness.build import on_cuda
     from pelab.harness.memory import check_run
 
-    if cfg.get("evaluate_after_fit", True) or (cfg.eval.get("at") or []):
+    if cfg.evaluate_after_fit or cfg.eval.at:
         length = int(cfg.data.seq_len)
         longest = max(resolve_lengths(list(cfg.eval.lengths), length) + [length])
         split, available = str(cfg.eval.split), datamodule.n_tokens(cfg.eval.split)
-        check_eval_budget(split, cfg.eval.get("tokens"), longest, available)
-        if cfg.eval.get("at"):
-            check_eval_budget(split, cfg.eval.get("at_tokens"), longest, available, key="eval.at_tokens")
+        check_eval_budget(split, cfg.eval.tokens, longest, available)
+        if cfg.eval.at:
+            check_eval_budget(split, cfg.eval.at_tokens, longest, available, key="eval.at_tokens")
     check_run(cfg, module.model, datamodule.vocab_size, int(cfg.data.batch_size) // world, precision,
               on_cuda(OmegaConf.to_container(cfg.trainer, resolve=True)))
 
