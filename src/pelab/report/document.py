@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pelab.evaluation.registry import EVALUATIONS
 from pelab.metric_keys import metric_key
 from pelab.report.aggregation import (
     Row,
@@ -53,11 +54,6 @@ class Report:
     ok: list[Job]
     failed: list[Job]
     path: Path
-
-
-ATTENTION_TABLES = {"entropy": "Attention entropy (nats)", "distance": "Mean attention distance (tokens)",
-                    "mass_past_L": "Attention mass at distances >= the training length",
-                    "max_logit": "Largest pre-softmax logit (mean over queries)"}
 
 
 def evaluated_on(jobs: Sequence[Job]) -> str:
@@ -197,13 +193,10 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
         ["loss_by_position"] if text_rows else [],
         "Mean NLL by position in the window at the longest evaluated length (dashed line: training length).",
     )
-    section(
-        "Attention diagnostics",
-        [interval_table(rows, f"attn/{stat}", label, digits=3) for stat, label in ATTENTION_TABLES.items()],
-        [f"attn_{stat}_vs_length" for stat in ATTENTION_TABLES],
-        "eval.diagnostics.enabled=true runs (pelab.evaluation.attention_stats): at each length, the queries of its "
-        "last position bucket ([L/2, L) past the training length), mean over layers and heads.",
-    )
+    for evaluation in EVALUATIONS.values():  # the sections the evaluations declare (attention diagnostics, plugins)
+        for sec in evaluation.sections:
+            section(sec.heading, [interval_table(rows, metric, title, digits=sec.digits) for metric, title in sec.tables],
+                    sec.figures, sec.text)
     section("Retrieval training (in-window criterion)", [criterion_table(rows)])
     probed, not_acquired = acquired_rows(rows)
     if not_acquired:
