@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     if a.threads:
         torch.set_num_threads(a.threads)
-    kinds = a.kinds or [k for k in recall.RECALL_KINDS if k != probes.OFFSET_KIND]
+    kinds = a.kinds or [k for k, e in recall.PROBE_KINDS.items() if e.layout == recall.DEPTH]
     tok = ByteTokenizer()
     torch.manual_seed(0)
     model_cfg = OmegaConf.load(ROOT / "conf" / "model" / f"{a.model}.yaml")

@@ -19,7 +19,7 @@ class RecallMixer:
     """Default `mixer`: rows of synthetic recall sequences (pelab.data.recall), seeded from the
     batch's generator. A class (not a closure) so it pickles into DataLoader workers.
 
-    kinds: which generators to mix (pelab.data.recall.TRAIN_KINDS); key_len / value_len: hex chars of kv
+    kinds: which generators to mix (pelab.data.recall.kind_names(trainable=True)); key_len / value_len: hex chars of kv
     keys / values; pairs: N of mqar rows; curriculum: [[step, span], ...] or [[step, span, share], ...]
     (from `step` on, each recall sequence occupies only the first `span` tokens of its row, then the row's
     own text; before the first entry and with None: the whole row; `share`, where given, replaces
