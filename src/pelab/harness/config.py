@@ -11,7 +11,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pelab.checks import is_int, need, resolved_value, show, typed_group
+from pelab.data.config import LoaderConfig, TokenizerConfig
+from pelab.encodings.settings import PEConfig
 from pelab.errors import ConfigError
+from pelab.evaluation.config import EvalConfig, ProbesConfig
+from pelab.model.config import GPTConfig
 
 
 @dataclass
@@ -134,3 +138,46 @@ def check_callbacks(c: dict[str, DictConfig]) -> None:
     if "throughput" in c:
         flops = c["throughput"].available_flops
         need(flops is None or flops > 0, "callbacks.throughput.available_flops", flops, "must be > 0 or null.")
+
+
+# -- the run's top-level keys, and the whole typed tree ----------------------------------------------
+@dataclass
+class DebugConfig:
+    inject_nan_at_step: Any  # null, a step, or a list of steps
+    emulate_world_size: int | None
+
+
+@dataclass
+class RunConfig:
+    """The top-level keys of conf/train.yaml (the groups are typed by their own schemas): what a run is called
+    and how the harness runs it."""
+
+    seed: int
+    name: str
+    tags: list[str]
+    notes: str | None
+    optimized_metric: str
+    ckpt_path: str | None
+    compile: bool
+    matmul_precision: str
+    threads: Any
+    evaluate_after_fit: bool
+    debug: DebugConfig
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """A train config typed once (pelab.tasks.config.validate, before torch is imported), each group as its
+    layer's schema object; the harness reads its settings here. The DictConfig stays beside it for what Hydra
+    instantiates by `_target_` (the DataModule, the Trainer, callbacks, loggers) and for the record."""
+
+    run: RunConfig
+    model: GPTConfig  # the vocabulary a stand-in until the data is built
+    pe: PEConfig  # the encoding's resolved config (its own PEConfig subclass)
+    data: LoaderConfig  # the loader keys (a corpus's own keys stay in the DictConfig)
+    tokenizer: TokenizerConfig
+    optim: OptimConfig
+    trainer: TrainerConfig
+    eval: EvalConfig
+    probes: ProbesConfig
+    callbacks: dict[str, Any]  # pelab's own callback entries that are on, typed

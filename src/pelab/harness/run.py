@@ -9,11 +9,13 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from pelab.harness.config import TrainSettings
 from pelab.harness.job import JobRecord
 
 
-def run_training(cfg: DictConfig, job: JobRecord, signals: tuple[int, ...]) -> None:
-    """The job once its settings are valid: data, model, fit, evaluation, each result into the job's record."""
+def run_training(cfg: DictConfig, settings: TrainSettings, job: JobRecord, signals: tuple[int, ...]) -> None:
+    """The job once its settings are valid (`settings`, the typed tree; `cfg` for what Hydra instantiates and
+    the record): data, model, fit, evaluation, each result into the job's record."""
     import lightning.pytorch as L
 
     from pelab.harness.build import (
@@ -32,23 +34,24 @@ def run_training(cfg: DictConfig, job: JobRecord, signals: tuple[int, ...]) -> N
     parent = extension_parent(cfg)
     precision, world = trainer_settings(cfg)
     ckpt_path, ckpt_vocab = resume_point(cfg, output_dir, summary)
-    summary["threads"] = set_threads(cfg.threads, summary.get("threads") if ckpt_path else None, world)
-    job.start_wandb((summary["config"].get("logger") or {}).get("wandb"), name=cfg.name,
-                     config=summary["config"], tags=list(cfg.tags), notes=cfg.notes)
+    recorded_threads = summary.get("threads") if ckpt_path else None  # a resumed run keeps its count
+    summary["threads"] = set_threads(settings.run.threads, recorded_threads, world)
+    job.start_wandb((summary["config"].get("logger") or {}).get("wandb"), name=settings.run.name,
+                     config=summary["config"], tags=list(settings.run.tags), notes=settings.run.notes)
     if parent:
         record_parent(job, cfg, parent)
     if parent and not ckpt_path:  # a resumed child already holds its own weights
         ckpt_vocab = parent["vocab_size"]
-    L.seed_everything(int(cfg.seed), workers=True, verbose=False)
-    datamodule = prepare_data(cfg, int(cfg.data.batch_size) // world, summary, ckpt_path or
+    L.seed_everything(settings.run.seed, workers=True, verbose=False)
+    datamodule = prepare_data(cfg, settings.data.batch_size // world, summary, ckpt_path or
                               (parent or {}).get("path"), ckpt_vocab)
     module = build_module(summary, datamodule.vocab_size)
     # The checks that need the data (split sizes, vocabulary), before the first step
-    check_before_training(cfg, module, datamodule, world, precision)
+    check_before_training(cfg, settings, module, datamodule, world, precision)
     if parent and not ckpt_path:
         load_parent_weights(module, parent["path"])
     job.save()
-    log_run_start(job.run, summary, module.model, datamodule, int(cfg.data.seq_len), output_dir)
+    log_run_start(job.run, summary, module.model, datamodule, settings.data.seq_len, output_dir)
     before = {}
     if parent and not ckpt_path and cfg.extend.eval_before and job.rank == 0:
         from pelab.evaluation.suite import run_evaluation
@@ -60,12 +63,12 @@ def run_training(cfg: DictConfig, job: JobRecord, signals: tuple[int, ...]) -> N
     trainer, preemption = build_trainer(cfg, precision, job, signals)
     summary["metrics"] = {**fit(trainer, module, datamodule, ckpt_path, preemption, summary), **before}
     job.save()  # the training metrics stay whatever happens in evaluation
-    if cfg.evaluate_after_fit and trainer.is_global_zero:
+    if settings.run.evaluate_after_fit and trainer.is_global_zero:
         from pelab.evaluation.suite import run_evaluation
 
         final = run_evaluation(module.model, datamodule, cfg, output_dir, job.run, summary)
         summary["metrics"].update(final)
-        if cfg.eval.at:  # the end of the schedule closes the curve of eval.at
+        if settings.eval.at:  # the end of the schedule closes the curve of eval.at
             ex = summary["evaluation"]["extrapolation"]
             job.add_point({"step": summary["global_step"], "fraction": 1.0, "schedule": "end",
                             "tokens_seen": module.tokens_per_step() * int(summary["global_step"]),
@@ -74,7 +77,8 @@ def run_training(cfg: DictConfig, job: JobRecord, signals: tuple[int, ...]) -> N
                             "metrics": {k: v for k, v in final.items() if k.startswith("extrap/")}})
 
 
-def check_before_training(cfg: DictConfig, module: Any, datamodule: Any, world: int, precision: str) -> None:
+def check_before_training(cfg: DictConfig, settings: TrainSettings, module: Any, datamodule: Any, world: int,
+                          precision: str) -> None:
     """What needs the data to be checked, before the first step: the evaluation text against its split (the
     final evaluation and eval.at), the probes' filler, and memory (a training step, the evaluation)."""
     from pelab.evaluation.config import resolve_lengths
@@ -82,14 +86,14 @@ def check_before_training(cfg: DictConfig, module: Any, datamodule: Any, world: 
     from pelab.harness.build import on_cuda
     from pelab.harness.memory import check_run
 
-    if cfg.evaluate_after_fit or cfg.eval.at:
-        length = int(cfg.data.seq_len)
-        longest = max(resolve_lengths(list(cfg.eval.lengths), length) + [length])
-        split, available = str(cfg.eval.split), datamodule.n_tokens(cfg.eval.split)
-        check_eval_budget(split, cfg.eval.tokens, longest, available)
-        if cfg.eval.at:
-            check_eval_budget(split, cfg.eval.at_tokens, longest, available, key="eval.at_tokens")
-    check_run(cfg, module.model, datamodule.vocab_size, int(cfg.data.batch_size) // world, precision,
+    ev, length = settings.eval, settings.data.seq_len
+    if settings.run.evaluate_after_fit or ev.at:
+        longest = max(resolve_lengths(list(ev.lengths), length) + [length])
+        available = datamodule.n_tokens(ev.split)
+        check_eval_budget(ev.split, ev.tokens, longest, available)
+        if ev.at:
+            check_eval_budget(ev.split, ev.at_tokens, longest, available, key="eval.at_tokens")
+    check_run(cfg, module.model, datamodule.vocab_size, settings.data.batch_size // world, precision,
               on_cuda(OmegaConf.to_container(cfg.trainer, resolve=True)))
 
 

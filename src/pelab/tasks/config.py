@@ -11,7 +11,7 @@ name, ...) and the Trainer takes any Lightning keyword.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +20,16 @@ from omegaconf import DictConfig, OmegaConf
 import pelab.tasks.names  # noqa: F401  registers the resolver the run name uses (${pelab.sweep_suffix:})
 from pelab.checks import is_int, need, resolved_value, show, typed_group
 from pelab.data.config import LoaderConfig, TokenizerConfig, check_loader, check_reserved, check_tokenizer
+from pelab.data.recall import import_plugins
 from pelab.data.sources import check_source
-from pelab.encodings import resolve_pe_config
+from pelab.encodings import pe_settings
 from pelab.errors import ConfigError
 from pelab.evaluation.config import EvalConfig, ProbesConfig, check_eval, check_probes
 from pelab.harness.config import (
     OptimConfig,
+    RunConfig,
     TrainerConfig,
+    TrainSettings,
     check_callbacks,
     check_optim,
     check_trainer,
@@ -36,30 +39,6 @@ from pelab.harness.config import (
 )
 from pelab.harness.run_folder import resolve_ckpt_path
 from pelab.model import GPTConfig
-
-
-@dataclass
-class DebugConfig:
-    inject_nan_at_step: Any  # null, a step, or a list of steps
-    emulate_world_size: int | None
-
-
-@dataclass
-class RunConfig:
-    """The top-level keys of conf/train.yaml (the groups are typed by their own schemas)."""
-
-    seed: int
-    name: str
-    tags: list[str]
-    notes: str | None
-    optimized_metric: str
-    ckpt_path: str | None
-    compile: bool
-    matmul_precision: str
-    threads: Any
-    evaluate_after_fit: bool
-    debug: DebugConfig
-
 
 # Groups typed in the listed keys only (the others are free).
 OPEN_GROUPS = ("data", "trainer", "tokenizer")
@@ -157,10 +136,11 @@ def check_additions(cfg: DictConfig, overrides: list[str]) -> None:
         raise ConfigError("; ".join(bad) + ". Your own keys go under +extra.*; Hydra's under hydra.*.")
 
 
-def validate(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, Any]:
-    """Type and range-check every group of a train config; return the typed groups ("run" = the top-level
-    keys, "model" the GPTConfig, "pe" the resolved encoding config). Cheap: no data, no model. `overrides`:
-    the command line's (default: Hydra's record of them), checked for keys no config reads."""
+def validate(cfg: DictConfig, overrides: list[str] | None = None) -> TrainSettings:
+    """Type and range-check every group of a train config; return the typed tree (`TrainSettings`: each group
+    as its schema's object, "run" = the top-level keys, "pe" the resolved encoding config). Cheap: no data, no
+    model, no torch. `overrides`: the command line's (default: Hydra's record of them), checked for keys no
+    config reads."""
     from hydra.core.hydra_config import HydraConfig
 
     if overrides is None and HydraConfig.initialized():
@@ -174,6 +154,7 @@ def validate(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, A
     run_keys = {f.name: resolved_value(cfg, f.name) for f in fields(RunConfig) if f.name in cfg}
     t["run"] = typed_group(RunConfig, run_keys, "")
     t["callbacks"] = typed_callbacks(cfg)
+    import_plugins(t["probes"].plugins)  # kinds from outside the package, before any kind list is checked
     check_loader(t["data"])
     check_source(resolved_value(cfg, "data"))
     check_tokenizer(t["tokenizer"])
@@ -189,6 +170,7 @@ def validate(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, A
         check_world(t["data"].batch_size, world, t["run"].debug.emulate_world_size)
     check_ckpt_path(cfg)
     check_extend(cfg)
-    t["pe"] = resolve_pe_config(cfg.pe, d_model=t["model"].d_model, n_heads=t["model"].n_heads,
-                                train_length=t["data"].seq_len)
-    return t
+    pe = pe_settings(cfg.pe, d_model=t["model"].d_model, n_heads=t["model"].n_heads, train_length=t["data"].seq_len)
+    typed = {g: OmegaConf.to_object(v) for g, v in t.items() if g not in ("model", "callbacks")}
+    return TrainSettings(**typed, model=t["model"], pe=pe,
+                         callbacks={k: OmegaConf.to_object(v) for k, v in t["callbacks"].items()})

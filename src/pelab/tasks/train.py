@@ -18,15 +18,17 @@ import hydra
 from omegaconf import DictConfig
 
 from pelab import CONF_DIR
+from pelab.harness.config import TrainSettings
 from pelab.tasks.names import in_multirun
 from pelab.tasks.task import cli_main, earlier_summary, launcher_rank, resolved_config, run_task
 
 log = logging.getLogger(__name__)
 
 
-def validate_config(cfg: DictConfig) -> dict[str, Any]:
+def validate_config(cfg: DictConfig) -> TrainSettings:
     """Every setting typed and range-checked before any data is built or any step is taken (each layer's
-    schema, composed by pelab.tasks.config). A bad one is a ConfigError naming the key."""
+    schema, composed by pelab.tasks.config): the typed tree the harness reads. A bad one is a ConfigError
+    naming the key."""
     from pelab.tasks.config import validate
 
     return validate(cfg)
@@ -69,12 +71,12 @@ def train_in(cfg: DictConfig, output_dir: Path, signals: tuple[int, ...]) -> dic
         task.save()
         # Every check that needs no data before torch, Lightning or W&B is imported (a bad input is refused in
         # a second and costs no W&B connection) ...
-        validate_config(cfg)
+        settings = validate_config(cfg)
         task.record_machine()
         from pelab.harness.run import run_training  # here: it imports torch and Lightning
 
         with kept_threads():
-            run_training(cfg, task, signals)
+            run_training(cfg, settings, task, signals)
     return task.summary
 
 
