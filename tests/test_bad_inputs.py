@@ -158,6 +158,7 @@ BAD_INPUTS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides, setting", BAD_INPUTS, ids=[" ".join(o) for o, _ in BAD_INPUTS])
 def test_bad_input_is_a_one_line_error_naming_the_setting_before_training(overrides, setting, tmp_path):
     (tmp_path / "empty").mkdir()
@@ -196,6 +197,7 @@ CLI_BAD = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, key", CLI_BAD, ids=_ids(CLI_BAD))
 def test_cli_bad_input_stops_before_any_cost(args, key, tmp_path):
     _fails_before_any_cost(args, key, tmp_path)
@@ -232,6 +234,7 @@ def test_probe_key_lengths_follow_the_training_mix():
 
 
 # -- limits known once the data is built: before the first step ------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides, key", [
     (["data.seq_len=8192", "eval.lengths=[1]"], "data.seq_len=8192"),  # a training step: 8 x 8192 tokens
     (["data.batch_size=4096"], "data.batch_size=4096"),
@@ -248,6 +251,7 @@ def test_a_step_that_cannot_fit_in_memory_is_refused_before_training(overrides, 
     assert summary["status"] == "failed" and "global_step" not in summary and not (out / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_an_evaluation_budget_larger_than_the_split_is_refused_before_training(tmp_path):
     out = tmp_path / "run"
     with pytest.raises(ConfigError, match=r"eval.tokens=100000000 is more than the test split holds"):

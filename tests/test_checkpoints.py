@@ -67,6 +67,7 @@ def test_eval_of_a_checkpoint_with_another_encoding_or_vocabulary_is_refused(ref
         evaluate(cfg)
 
 
+@pytest.mark.slow
 def test_last_ckpt_is_the_last_validation_even_when_validation_got_worse(tmp_path):
     """Validations after step 20 are made worse: best.ckpt stays at 20 while last.ckpt follows every validation
     to the end (Lightning alone left it at the last improvement, so eval.py and extend.from read old weights)."""

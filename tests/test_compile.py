@@ -22,6 +22,7 @@ def _loss_and_grads(model, x, params):
     return logits.detach(), torch.autograd.grad(logits.square().mean(), params)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["rope", "cope", "sandwich"])
 def test_scheme_compiles_as_one_graph_with_eager_numbers(scheme):
     """The whole training forward is one graph (fullgraph=True: no graph break, e.g. RoPE's out= buffers,

@@ -141,12 +141,14 @@ def test_an_unknown_scaling_type_in_the_sweep_is_named_by_the_encodings_own_chec
         scaling_variants(merged, ["none", "bogus"])
 
 
+@pytest.mark.slow
 def test_eval_without_ckpt_path_names_it(tmp_path):
     res = run_cli([f"paths.output_dir={tmp_path}", "logger=csv"], cwd=tmp_path, script="eval.py", timeout=120)
     assert res.returncode != 0
     assert "ckpt_path" in res.stderr + res.stdout
 
 
+@pytest.mark.slow
 def test_reported_numbers_come_from_test_and_selection_from_val(tmp_path):
     """A corpus whose validation documents repeat one byte pattern and whose test documents are random letters:
     val/ppl (what selects checkpoints) is read on the easy validation text, the reported extrapolation on the

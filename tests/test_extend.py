@@ -19,6 +19,7 @@ def parent(sweep):
     return summary
 
 
+@pytest.mark.slow
 def test_extended_run_starts_from_the_parents_weights_and_records_it(parent, tmp_path):
     out = tmp_path / "child"
     # Twice the parent's length; lengths 0.5, 1, 2 x 64 = the parent's 32, 64, 128 on the same 256 tokens.
@@ -86,6 +87,7 @@ def test_scaling_child_scales_relative_to_the_parents_length(parent, tmp_path):
     assert link["train_length"] == 32 and cfg.pe.train_length == 32
 
 
+@pytest.mark.slow
 def test_a_finished_scaling_child_is_skipped_by_a_relaunched_multirun(parent, tmp_path):
     """The child records the pe.train_length it took from its parent; the same launch again (null there) is the
     same run: skipped when finished, resumed when not, never refused as "other settings"."""

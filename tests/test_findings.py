@@ -79,6 +79,7 @@ def _block_id(block: tuple[str, str, str]) -> str:
     return f"{page}:{shlex.split(args)[0]}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page,args,body", generated_blocks(), ids=[_block_id(b) for b in generated_blocks()])
 def test_a_pages_tables_are_the_reports_tables(page, args, body, report_of):
     report = report_of(args)

@@ -178,6 +178,7 @@ def test_rope_tables_computed_once_per_forward():
 
 
 # ---- the last block on the last rows only (probe scoring) ------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("scheme", "path"),
     [(s, "default") for s in SCHEMES]

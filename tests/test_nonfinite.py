@@ -45,6 +45,7 @@ def test_nan_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
     assert summary["status"] == "failed" and "step 12" in summary["error"]  # (W&B state: the sweep test)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fused", ["null", "true"], ids=["checked-each-step", "fused-no-sync"])
 def test_nan_skip_mode_skips_the_update_up_to_max_skips(fused, tmp_path):
     """Both checks: each step's flag read at once (CPU default), and the fused AdamW's (CUDA default), whose

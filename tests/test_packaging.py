@@ -68,6 +68,7 @@ def _dist_info(wheel: zipfile.ZipFile, name: str) -> str:
     return wheel.read(path).decode()
 
 
+@pytest.mark.slow
 def test_wheel_holds_every_config_and_module(wheel):
     names = set(wheel.namelist())
     configs = {f"pelab/conf/{p.relative_to(CONF).as_posix()}" for p in CONF.rglob("*.yaml")}

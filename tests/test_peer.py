@@ -23,6 +23,7 @@ def peer():
     return module
 
 
+@pytest.mark.slow
 def test_peer_evaluation_is_pelabs_own(peer, tmp_path):
     """A PELab GPT through the peer's adapter and evaluation gives PELab's numbers exactly; a length past
     the adapter's learned table is n/a (NaN with a note), as PELab's learned positions are."""

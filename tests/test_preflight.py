@@ -28,6 +28,7 @@ def _no_heavy_imports(tmp_path: Path) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join([str(stubs), str(ROOT / "src")])}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, key", [
     (["model.n_heads=0"], "model.n_heads"),  # the model's schema
     (["pe=rope", "pe.frequency_fraction=2"], "pe.frequency_fraction"),  # an encoding's own check

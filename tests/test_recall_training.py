@@ -229,6 +229,7 @@ def test_probe_instances_never_appear_in_training_batches(small_texts, tmp_path)
 # a micro model learns mqar from these rows (fast)
 
 
+@pytest.mark.slow
 def test_micro_model_learns_mqar_from_answer_only_rows(small_texts, tmp_path):
     from pelab.model import build_model
 
@@ -335,6 +336,7 @@ def test_the_result_table_says_when_retrieval_was_not_learned():
     assert "kv: in-window accuracy is not above copying" in table and "passkey:" not in table
 
 
+@pytest.mark.slow
 def test_harness_trains_on_two_means(tmp_path):
     """Through the real harness: with recall_loss=two_means the first loss is two means of ~ln V each (random
     init), with answers one; the mqar mix and its curriculum run end to end; the reserved ranges reach

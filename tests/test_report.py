@@ -110,6 +110,7 @@ def test_report_figures_are_real_images(sweep, tmp_path):
     assert w > h * 0.8
 
 
+@pytest.mark.slow
 def test_report_of_unchanged_runs_is_the_same_file_dated_by_the_newest_run(sweep, tmp_path):
     first = report.build_report([sweep], tmp_path / "a").path.read_text()
     second = report.build_report([sweep], tmp_path / "b").path.read_text()

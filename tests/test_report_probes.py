@@ -144,6 +144,7 @@ def test_the_report_recomputes_probe_intervals_from_the_outcomes_a_summary_keeps
     assert probe_intervals({"metrics": stale}) == {}  # no outcomes kept: the summary's own numbers stand
 
 
+@pytest.mark.slow
 def test_declared_retrieval_comparisons_hold_only_in_every_seed(tmp_path):
     """--compare probe/mqar/acc --pairs: per seed a t test over the instances (each the mean of its depths),
     p = the largest over the seeds, 1 when they disagree in sign; the interval holds the seed spread; a run that

@@ -39,6 +39,7 @@ def test_a_second_launch_into_a_held_folder_is_refused_naming_the_holder(tmp_pat
     assert not (tmp_path / LOCK).exists()
 
 
+@pytest.mark.slow
 def test_a_fresh_launch_over_a_run_is_refused_and_keeps_it(tmp_path):
     from pelab.errors import ConfigError
 

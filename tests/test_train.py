@@ -169,6 +169,7 @@ def test_pe_diagnostics_figures_reach_disk_and_wandb(tmp_path):
     assert any("pe/bias_by_distance" in json.dumps(h) for h in history)
 
 
+@pytest.mark.slow
 def test_terminal_progress_bar_reads_metrics_only_every_refresh_rate_steps(tmp_path):
     """The Rich bar (a terminal) reads the logged metrics (a host sync on CUDA) every `refresh_rate` steps, not
     after every step as Lightning's RichProgressBar does; it still shows them."""
@@ -182,6 +183,7 @@ def test_terminal_progress_bar_reads_metrics_only_every_refresh_rate_steps(tmp_p
     assert steps and all(s % 10 == 0 for s in steps), CountingRichBar.reads
 
 
+@pytest.mark.slow
 def test_tokens_per_sec_is_tokens_over_training_time_and_mfu_follows_from_flops_per_token(tmp_path, monkeypatch):
     """train/tokens_per_sec = the tokens of the last log_every_n_steps steps over the training time they took
     (validation excluded); train/mfu = FLOPs/token x tokens/s / the peak (set here: Lightning knows no CPU peak).
@@ -243,6 +245,7 @@ def test_an_evaluation_failure_keeps_the_training_metrics(tmp_path, monkeypatch)
     assert summary["status"] == "failed" and summary["global_step"] == 4
     assert summary["metrics"]["val/ppl"] > 1 and "train/loss" in summary["metrics"]
 
+@pytest.mark.slow
 def test_probe_lengths_too_short_are_not_applicable(tmp_path):
     summary = train(compose([*FAST, "logger=csv", "data.seq_len=8", "trainer.max_steps=2", "trainer.val_check_interval=2",
                              "eval.lengths=[1]", "probes.lengths=[1]"], tmp_path))
