@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> dict:
     tok = ByteTokenizer()
     torch.manual_seed(0)
     model_cfg = OmegaConf.load(ROOT / "conf" / "model" / f"{a.model}.yaml")
-    model = build_model(model_cfg, default_pe_config(a.pe), tok.vocab_size, a.train_length or a.length)
+    model = build_model(model_cfg, default_pe_config(a.pe), tok.vocab_size, a.train_len or a.length)
     model = model.to(a.device).eval()
     cuda = torch.device(a.device).type == "cuda"
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if a.dtype == "bf16" else nullcontext()
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
         with autocast:
             return probes.run_probes(
                 model, tok, kinds=kinds, lengths=[a.length], samples_per_cell=n, seed=1234, device=a.device,
-                batch_size=a.batch_size, batch_tokens=a.batch_tokens, train_length=a.train_length or a.length,
+                batch_size=a.batch_size, batch_tokens=a.batch_tokens, train_length=a.train_len or a.length,
             )
 
     run(2)  # warm-up: allocator, kernels, the samplers' pools
