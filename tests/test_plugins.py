@@ -11,32 +11,21 @@ import textwrap
 
 import pytest
 
+from helpers.plugins import TOY_KIND
 from helpers.runs import FAST, compose
 from pelab.data.recall import PROBE_KINDS
 from pelab.evaluation.registry import EVALUATIONS
 from pelab.tasks.train import train
 
-PLUGIN = '''
-import random
-
+# The toy probe kind (tests/helpers/plugins.py) and, in the same module, an evaluation that scores its samples.
+PLUGIN = TOY_KIND + '''
 import matplotlib.pyplot as plt
 import torch
 
-from pelab.data.recall import ProbeKind, RecallSample, make_probe_samples, register_probe_kind
+from pelab.data.recall import make_probe_samples
 from pelab.evaluation.common import evaluating
 from pelab.evaluation.registry import EvalResult, Evaluation, ReportSection, register_evaluation
 from pelab.metric_keys import metric_key
-
-LETTERS = [ord(c) for c in "abcd"]  # the kind's own small vocabulary
-
-
-def probe(pc, name, length, depth, n, seed, opts):
-    """The context repeats one of four letters; the answer is that letter (depth plays no part)."""
-    out = []
-    for i in range(n):
-        t = random.Random(f"{seed}/{name}/{length}/{i}").choice(LETTERS)
-        out.append(RecallSample([t] * (length - 1), [t], 0, depth, length, name, 1, len(LETTERS), [t], [0.0]))
-    return out
 
 
 def run(model, datamodule, s):
@@ -53,7 +42,6 @@ def run(model, datamodule, s):
                       {"check_acc": fig})
 
 
-register_probe_kind(ProbeKind("repeat_letter", "toy", probe))
 register_evaluation(Evaluation("check", run, sections=(ReportSection("Check", (("probe/repeat_letter/forward_acc", "Accuracy from a plain forward"),)),)))
 '''
 

@@ -10,6 +10,7 @@ import textwrap
 import pytest
 import torch
 
+from helpers.plugins import TOY_KIND
 from pelab.data.recall import (
     DEPTH,
     OFFSET,
@@ -29,31 +30,12 @@ from pelab.model import GPT, GPTConfig
 
 TOK = ByteTokenizer()
 
-# A kind with its own small vocabulary: the context repeats one of four letters, the answer is that letter.
-PLUGIN = '''
-import random
-
-from pelab.data.recall import ProbeKind, RecallSample, register_probe_kind
-
-LETTERS = [ord(c) for c in "abcd"]
-
-
-def probe(pc, name, length, depth, n, seed, opts):
-    out = []
-    for i in range(n):
-        t = random.Random(f"{seed}/{name}/{length}/{i}").choice(LETTERS)
-        out.append(RecallSample([t] * (length - 1), [t], 0, depth, length, name, 1, len(LETTERS), [t], [0.0]))
-    return out
-
-
-register_probe_kind(ProbeKind("repeat_letter", "toy", probe))
-'''
 
 
 @pytest.fixture
 def plugin(tmp_path, monkeypatch):
     """The module on sys.path, imported as probes.plugins would; unregistered afterwards."""
-    (tmp_path / "toy_kind.py").write_text(textwrap.dedent(PLUGIN))
+    (tmp_path / "toy_kind.py").write_text(textwrap.dedent(TOY_KIND))
     monkeypatch.syspath_prepend(str(tmp_path))
     import_plugins(["toy_kind"])
     yield "repeat_letter"
