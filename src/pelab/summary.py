@@ -103,11 +103,9 @@ def versions() -> dict[str, str]:
         except PackageNotFoundError:
             return None
 
-    out = {"python": platform.python_version(), "torch": installed("torch"), "lightning": installed("lightning")}
-    if installed("wandb") is not None:
-        out["wandb"] = installed("wandb")
-    out["pelab"] = pelab.__version__
-    return out
+    out = {"python": platform.python_version(), "torch": installed("torch"), "lightning": installed("lightning"),
+           "wandb": installed("wandb"), "pelab": pelab.__version__}
+    return {k: v for k, v in out.items() if v is not None or k != "wandb"}  # wandb is optional
 
 
 def json_safe(x: Any) -> Any:

@@ -122,10 +122,11 @@ def os_error_line(err: BaseException) -> str | None:
 
 def preflight(conf_dir: str) -> None:
     """The checks above that need no config, for `python train.py` / `pelab-train`."""
-    refuse_unless(lambda: (check_environment(), check_command_line(sys.argv[1:], conf_dir)))
+    refuse_unless(check_environment)
+    refuse_unless(lambda: check_command_line(sys.argv[1:], conf_dir))
 
 
-def refuse_unless(check: Callable[[], object]) -> None:
+def refuse_unless(check: Callable[[], None]) -> None:
     """Run `check`; a ConfigError is one `Error:` line and exit code 1, before anything is written."""
     try:
         check()
