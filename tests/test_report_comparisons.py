@@ -93,7 +93,7 @@ def test_a_baseline_with_other_seeds_or_text_is_one_line(study, tmp_path):
     run(study / "late_s5", "late", 5, 3.0)
     run(study / "late_s6", "late", 6, 3.1)
     rows, shown = rows_of(study)
-    unpaired = r"'late' \(seeds \[5, 6\]\) and 'base' \(seeds \[0, 1, 2\]\) share 0 seed\(s\)"
+    unpaired = r"'late' \(seeds \[5, 6\]\) and 'base' \(seeds \[0, 1, 2\]\) share no seed"
     with pytest.raises(ReportError, match="cannot be paired with 'late': " + unpaired):
         compare(rows, shown, baseline="base")
     with pytest.raises(ReportError, match="--baseline 'nobody' names no row"):
@@ -102,22 +102,32 @@ def test_a_baseline_with_other_seeds_or_text_is_one_line(study, tmp_path):
         compare(rows, shown, chosen=["late/base"])  # --pairs by whole labels says the same
 
 
-def test_pairs_by_first_words_say_why_rows_that_exist_cannot_be_paired(tmp_path):
+def test_rows_sharing_too_few_seeds_get_their_estimate_and_no_verdict(tmp_path):
+    """Pairable rows (same text) sharing 1 seed: the estimate is shown with why there is no verdict, and the
+    comparison stays out of the Holm family; sharing none is a one-line error."""
     for s in SEEDS:
         for steps in (100, 400):
             run(tmp_path / f"base_{steps}_s{s}", "base", s, 2.0, steps=steps)
     for s in (2, 6):
         run(tmp_path / f"late_s{s}", "late", s, 3.0, steps=400)
     rows, shown = rows_of(tmp_path)
-    with pytest.raises(ReportError, match=r"--pairs 'late/base' cannot be compared: 'late trainer.max_steps=400' "
-                                          r"\(seeds \[2, 6\]\) and 'base trainer.max_steps=400' \(seeds \[0, 1, 2\]\) "
-                                          r"share 1 seed\(s\), a paired test needs 2"):
-        compare(rows, shown, chosen=["late/base"])
+    (c,) = compare(rows, shown, ["extrap/ppl_ratio"], chosen=["late/base"])
+    assert c.n == 1 and c.ratio == pytest.approx(1.5) and math.isnan(c.p) and math.isnan(c.p_adj)
+    assert c.verdict() == "1 paired seed(s): no between-setting verdict below 3" and not c.resolved
+    for s in (5, 6):
+        run(tmp_path / f"never_s{s}", "never", s, 3.0, steps=100)
+    rows, shown = rows_of(tmp_path)
+    with pytest.raises(ReportError, match=r"--pairs 'never/base' cannot be compared: 'never trainer.max_steps=100' "
+                                          r"\(seeds \[5, 6\]\) and 'base trainer.max_steps=100' \(seeds \[0, 1, 2\]\) "
+                                          r"share no seed"):
+        compare(rows, shown, chosen=["never/base"])
 
 
-def test_across_budgets_a_claim_holds_only_where_every_budget_resolves_it_one_way(tmp_path):
-    """Declared pairs at two budgets: one steady gap at both, one reversed between them, one at the short budget
-    only, one noise at both, one whose long runs share one seed: each verdict across budgets."""
+def test_across_budgets_shows_each_budget_the_sign_in_every_seed_run_and_the_interaction(tmp_path):
+    """Pairs at two budgets: a steady gap at both, one reversed between them, one at the short budget only, noise
+    at both, one whose long runs have one seed: per budget the estimate and its verdict, how many seed-runs share
+    the mean's sign, and the budget interaction (a t over seeds of each seed's last-minus-first contrast). The old
+    rule ("depends on budget" wherever a budget did not resolve) is gone: direction and size are read apart."""
     big, noise = DIFFS["big"], DIFFS["noise"]
     gaps = {"same": (big, big), "flip": (big, [-d for d in big]), "short": (big, noise), "noise": (noise, noise)}
     for s, base in zip(SEEDS, BASE):
@@ -127,23 +137,30 @@ def test_across_budgets_a_claim_holds_only_where_every_budget_resolves_it_one_wa
             run(tmp_path / f"{name}_100_s{s}", name, s, base * math.exp(at100[s]), steps=100)
             run(tmp_path / f"{name}_400_s{s}", name, s, base * math.exp(at400[s]), steps=400)
         run(tmp_path / f"once_100_s{s}", "once", s, base * math.exp(big[s]), steps=100)
-    run(tmp_path / "once_400_s0", "once", 0, BASE[0] * math.exp(big[0]), steps=400)  # one seed: no paired test
+    run(tmp_path / "once_400_s0", "once", 0, BASE[0] * math.exp(big[0]), steps=400)  # one seed: no verdict
     rep = report.build_report([tmp_path], tmp_path / "out", compare=["extrap/ppl_ratio"],
                               pairs=[f"{n}/base" for n in (*gaps, "once")])
     table = next(t for t in rep.tables if t.title == "Across budgets")
     cell = {r[0]: r[1] for r in table.rows}
-    assert cell["same / base"].endswith("→ holds at every budget")
-    assert cell["same / base"].startswith(f"100: {math.exp(1.0):.3f} res. · 400: {math.exp(1.0):.3f} res.")
-    assert cell["flip / base"].endswith("→ depends on budget (resolved in both directions)")
-    assert cell["short / base"].endswith("→ depends on budget (resolved at 100 only)")
-    assert cell["noise / base"].endswith("→ not resolved at any budget")
-    assert cell["once / base"].endswith("400: — → depends on budget (resolved at 100 only; not compared at 400)")
-    # the declared pair that could not be tested at 400 is said in the paired table, not dropped, and not tested
+    inter = lambda first, last: scipy.stats.ttest_1samp([y - x for x, y in zip(first, last)], 0.0).pvalue
+    e = math.exp(1.0)
+    assert cell["same / base"].startswith(f"100: {e:.3f} res. · 400: {e:.3f} res.")
+    assert cell["same / base"].endswith("sign of the mean in 6/6 seed-runs; interaction: no measurable difference "
+                                        "(the same value in both rows in every seed)")
+    assert cell["flip / base"].endswith(f"sign of the mean in 3/6 seed-runs; interaction p = "
+                                        f"{inter(big, [-d for d in big]):.2g}")
+    assert " res. · 400: " in cell["short / base"] and cell["short / base"].split("400: ")[1].startswith(
+        f"{math.exp(sum(noise) / 3):.3f} n.r.")
+    assert cell["short / base"].endswith(f"in 5/6 seed-runs; interaction p = {inter(big, noise):.2g}")
+    assert cell["noise / base"].endswith("in 4/6 seed-runs; interaction: no measurable difference (the same value "
+                                         "in both rows in every seed)")
+    assert cell["once / base"].endswith(f"400: {math.exp(big[0]):.3f} → sign of the mean in 4/4 seed-runs; "
+                                        "interaction: 1 paired seed(s): no between-setting verdict below 3")
+    # the declared pair with one seed at 400: its estimate and why no verdict, outside the family
     ratios = next(t for t in rep.tables if t.title == "Paired comparisons: extrap/ppl_ratio")
     said = {r[0]: r[1] for r in ratios.rows}["once trainer.max_steps=400 / base trainer.max_steps=400"]
-    assert said.startswith("not compared: 'once trainer.max_steps=400' (seeds [0]) and 'base trainer.max_steps=400' "
-                           "(seeds [0, 1, 2]) share 1 seed(s)")
-    assert "over all 9 comparisons" in ratios.caption  # 5 pairs x 2 budgets, less the one not tested
+    assert said == f"{math.exp(big[0]):.3f} (1 paired seed(s): no between-setting verdict below 3)"
+    assert "Bonferroni over the 9 comparisons" in ratios.caption  # 5 pairs x 2 budgets, less the one not tested
     # one budget: no such table
     one = report.build_report([tmp_path / "same_100_s0", tmp_path / "same_100_s1", tmp_path / "base_100_s0",
                                tmp_path / "base_100_s1"], tmp_path / "out1", compare=["extrap/ppl_ratio"])

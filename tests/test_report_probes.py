@@ -144,44 +144,45 @@ def test_the_report_recomputes_probe_intervals_from_the_outcomes_a_summary_keeps
     assert probe_intervals({"metrics": stale}) == {}  # no outcomes kept: the summary's own numbers stand
 
 
-@pytest.mark.slow
-def test_declared_retrieval_comparisons_hold_only_in_every_seed(tmp_path):
-    """--compare probe/mqar/acc --pairs: per seed a t test over the instances (each the mean of its depths),
-    p = the largest over the seeds, 1 when they disagree in sign; the interval holds the seed spread; a run that
-    did not acquire retrieval is not compared."""
+def test_retrieval_is_compared_over_seeds_not_over_probe_instances(tmp_path):
+    """--compare probe/mqar/acc: the seed is the unit, as for perplexity: per seed the difference of the two runs'
+    accuracies, a t over the seeds (not over the instances of 3 models, which share their model and filler);
+    seeds that did not acquire retrieval are left out; fewer than 3 paired seeds: no verdict; every seed at 100 %
+    in both rows: "no measurable difference"."""
+    import scipy.stats
+
     from pelab.report.aggregation import group_rows
-    from pelab.report.comparisons import compare, holm
+    from pelab.report.comparisons import compare
     from pelab.report.discovery import find_jobs
 
-    n = 60
-    better, worse = "1" * 54 + "0" * 6, "1" * 30 + "0" * 30  # 0.9 vs 0.5, b wrong wherever a is
-    for s in (0, 1):
-        _write(tmp_path / f"alibi_s{s}", "alibi", _result({256: better}), seed=s, **{"train/retrieval_acc": 0.99,
-                                                                                    "train/steps_to_criterion": 300})
-        _write(tmp_path / f"rope_s{s}", "rope", _result({256: worse}), seed=s, **{"train/retrieval_acc": 0.99,
-                                                                                  "train/steps_to_criterion": 300})
-        # seed 0 better than rope, seed 1 worse: no claim
-        _write(tmp_path / f"xpos_s{s}", "xpos", _result({256: better if s == 0 else "0" * n}), seed=s,
-               **{"train/retrieval_acc": 0.99, "train/steps_to_criterion": 300})
-        _write(tmp_path / f"nope_s{s}", "nope", _result({256: better}), seed=s,
+    n, ok = 60, {"train/retrieval_acc": 0.99, "train/steps_to_criterion": 300}
+    acc = {"alibi": (54, 50, 57), "rope": (30, 33, 28), "xpos": (54, 20, 40), "full": (60, 60, 60)}
+    bits = lambda k: "1" * k + "0" * (n - k)
+    for s in (0, 1, 2):
+        for pe, ks in acc.items():
+            _write(tmp_path / f"{pe}_s{s}", pe, _result({256: bits(ks[s])}), seed=s, **ok)
+        _write(tmp_path / f"full2_s{s}", "full2", _result({256: bits(60)}), seed=s, **ok)
+        _write(tmp_path / f"nope_s{s}", "nope", _result({256: bits(54)}), seed=s,
                **{"train/retrieval_acc": 0.5, "train/steps_to_criterion": float("nan")})  # never acquired
-        _write(tmp_path / f"t5_bias_s{s}", "t5_bias", _result({256: better}), seed=s,  # acquired in seed 0 only
+        _write(tmp_path / f"t5_bias_s{s}", "t5_bias", _result({256: bits(54)}), seed=s,  # acquired in seed 0 only
                **{"train/retrieval_acc": 0.99 if s == 0 else 0.1, "train/steps_to_criterion": 300 if s == 0 else "nan"})
     g = group_rows(find_jobs([tmp_path]))
-    cs = {c.a.label: c for c in compare(g.rows, g.shown, ["probe/mqar/acc"],
-                                        chosen=["alibi/rope", "xpos/rope", "nope/rope", "t5_bias/rope"])}
-    assert cs["t5_bias"].note == "not compared: fewer than two seeds acquired retrieval in both rows"
+    cs = {c.a.label: c for c in compare(g.rows, g.shown, ["probe/mqar/acc"], chosen=[
+        "alibi/rope", "xpos/rope", "nope/rope", "t5_bias/rope", "full/full2"])}
+    assert cs["t5_bias"].verdict() == "1 paired seed(s): no between-setting verdict below 3"
     assert cs["nope"].note == "not compared: nope did not acquire retrieval" and math.isnan(cs["nope"].p_adj)
+    assert cs["full"].verdict() == "no measurable difference (the same value in both rows in every seed)"
     a, x = cs["alibi"], cs["xpos"]
-    assert a.scale == "diff" and a.ratio == pytest.approx(0.4) and 0.2 < a.lo < 0.4 < a.hi < 0.6  # instances only
-    assert a.resolved and a.p == pytest.approx(float(__import__("scipy").stats.ttest_1samp(
-        [1.0] * 24 + [0.0] * 36, 0.0).pvalue))  # per instance: 1 where only alibi is right, else 0
-    assert x.p == 1.0 and not x.resolved and x.verdict() == "not resolved at 2 seeds"
-    assert x.lo < 0 < x.hi  # the seed spread is in the interval
-    assert [c.p_adj for c in (a, x)] == pytest.approx(holm([a.p, x.p]))  # a family of the two tested pairs
-    md = report.build_report([tmp_path], tmp_path / "out", compare=["probe/mqar/acc"],
-                             pairs=["alibi/rope", "xpos/rope"]).markdown
-    assert f"| alibi / rope | +0.40 [{a.lo:+.2f}, {a.hi:+.2f}] p_adj=" in md and "resolved = in every seed" in md
+    per_seed = lambda pe: [(u - v) / n for u, v in zip(acc[pe], acc["rope"])]  # recomputed from the bits' counts
+    assert a.scale == "diff" and a.n == 3 and a.ratio == pytest.approx(sum(per_seed("alibi")) / 3)
+    assert a.p == pytest.approx(scipy.stats.ttest_1samp(per_seed("alibi"), 0.0).pvalue)
+    assert x.p == pytest.approx(scipy.stats.ttest_1samp(per_seed("xpos"), 0.0).pvalue)
+    lo_p, hi_p = sorted((a.p, x.p))  # Holm over the two tested pairs, by hand: 2 x the smaller, then the larger
+    assert sorted((a.p_adj, x.p_adj)) == pytest.approx([min(1, 2 * lo_p), min(1, max(2 * lo_p, hi_p))])
+    # the interval beside the verdict: a t interval over the 3 seeds at 1 - 0.05 / 2 (Bonferroni over 2)
+    ci = scipy.stats.ttest_1samp(per_seed("alibi"), 0.0).confidence_interval(1 - 0.05 / 2)
+    assert (a.lo, a.hi) == pytest.approx((ci.low, ci.high)) and a.level == pytest.approx(0.975)
+    assert a.resolved and not x.resolved and x.verdict() == "not resolved at 3 seeds"
 
 
 def _by_depth(bits: dict[float, str], length: int = 256) -> ProbeResult:

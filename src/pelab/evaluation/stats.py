@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.stats
@@ -214,3 +215,123 @@ def bits(outcomes: Sequence[bool]) -> str:
 
 def unbits(s: str) -> list[bool]:
     return [c == "1" for c in s]
+
+
+# ---------------------------------------------------------------------------------------------
+# Between settings: the seed is the unit.
+#
+# Two settings run on the same seeds (same initialisation, data order and evaluation text) are compared seed by
+# seed: a per-seed contrast d_s (log(a / b) for a perplexity, a - b for an accuracy), then a one-sample t over the
+# seeds (df = n - 1). With balanced data this equals the linear mixed model with a random seed intercept. Probe
+# instances and evaluation blocks are within-run precision, never the unit of a between-setting test: they share
+# one trained model per seed. Sign and Wilcoxon tests cannot reach alpha / 6 below 8 seeds, so they are not used.
+
+MIN_SEEDS = 3  # fewer paired seeds: no between-setting verdict (t(1) is 12.7; one seed-pair decides everything)
+
+
+@dataclass(frozen=True)
+class SeedTest:
+    """A one-sample t test of per-seed contrasts: `estimate` their mean, [lo, hi] its t interval at `level`, `p`
+    two-sided; `note` says why there is no test (then p is NaN): fewer than MIN_SEEDS seeds, or no spread."""
+
+    n: int
+    estimate: float
+    lo: float
+    hi: float
+    p: float
+    sd: float
+    level: float
+    note: str = ""
+
+    @property
+    def tested(self) -> bool:
+        return not self.note
+
+
+def seed_test(contrasts: Sequence[float], level: float = LEVEL, min_seeds: int = MIN_SEEDS) -> SeedTest:
+    """`scipy.stats.ttest_1samp` of per-seed contrasts against 0, with its interval at `level` (a Bonferroni
+    interval when `level` = 1 - alpha / m). Every seed giving the same contrast has no spread to test: 0 everywhere
+    reads "no measurable difference" (e.g. every seed at 100 % in both rows), never p = 0 or NaN."""
+    d = np.asarray(contrasts, dtype=float)
+    d = d[np.isfinite(d)]
+    n, nan = int(d.size), float("nan")
+    mean = float(d.mean()) if n else nan
+    sd = float(d.std(ddof=1)) if n > 1 else nan
+    if n < min_seeds:
+        return SeedTest(n, mean, nan, nan, nan, sd, level,
+                        f"{n} paired seed(s): no between-setting verdict below {min_seeds}")
+    if np.ptp(d) <= 1e-12 * max(1.0, float(np.abs(d).max())):
+        note = ("no measurable difference (the same value in both rows in every seed)" if np.all(d == 0) else
+                "the same difference in every seed: no spread to test")
+        return SeedTest(n, mean, mean, mean, nan, 0.0, level, note)
+    res = scipy.stats.ttest_1samp(d, 0.0)
+    ci = res.confidence_interval(level)
+    return SeedTest(n, mean, float(ci.low), float(ci.high), float(res.pvalue), sd, level)
+
+
+def intersection_union(tests: Sequence[SeedTest]) -> float:
+    """p of "the difference has one sign at every budget" (Berger 1982's intersection-union test): the largest of
+    the per-budget p-values, and 1 when the estimates disagree in sign or a budget has no test."""
+    if not tests or not all(t.tested for t in tests):
+        return 1.0
+    signs = {np.sign(t.estimate) for t in tests}
+    return max(t.p for t in tests) if len(signs) == 1 and 0 not in signs else 1.0
+
+
+def holm(p: Sequence[float], alpha: float = 0.05) -> list[float]:
+    """Holm's step-down adjusted p-values (family-wise error rate), ``statsmodels.stats.multitest.multipletests``."""
+    if not len(p):
+        return []
+    from statsmodels.stats.multitest import multipletests
+
+    return [float(x) for x in multipletests(list(p), alpha=alpha, method="holm")[1]]
+
+
+def bonferroni_level(m: int, alpha: float = 0.05) -> float:
+    """The confidence level of the intervals beside a family of m verdicts: 1 - alpha / m (Holm has no matching
+    simultaneous intervals; Bonferroni's hold jointly)."""
+    return 1.0 - alpha / max(1, m)
+
+
+def budget_interaction(contrasts: np.ndarray) -> SeedTest | None:
+    """Does the contrast change with the budget? `contrasts` (seeds, budgets), one seed's runs at every budget
+    (they share initialisation and data order, so the seed is the unit). Two budgets: a t test of each seed's
+    last-minus-first difference; more: the same on each seed's least-squares slope over the budget index. None
+    with one budget."""
+    d = np.asarray(contrasts, dtype=float)
+    if d.ndim != 2 or d.shape[1] < 2:
+        return None
+    x = np.arange(d.shape[1]) - (d.shape[1] - 1) / 2
+    per_seed = d[:, -1] - d[:, 0] if d.shape[1] == 2 else d @ x / (x @ x)
+    return seed_test(per_seed)
+
+
+def pooled_sd(groups: Sequence[Sequence[float]]) -> tuple[float, int]:
+    """(sd, df) pooled over groups of per-seed contrasts: sqrt(sum (n_i - 1) s_i^2 / sum (n_i - 1)); groups with
+    fewer than two values add nothing. (nan, 0) without any."""
+    ss, df = 0.0, 0
+    for g in groups:
+        x = np.asarray(g, dtype=float)
+        x = x[np.isfinite(x)]
+        if x.size > 1:
+            ss += float(((x - x.mean()) ** 2).sum())
+            df += x.size - 1
+    return (math.sqrt(ss / df), df) if df else (float("nan"), 0)
+
+
+def sd_upper(sd: float, df: int, level: float = 0.8) -> float:
+    """One-sided `level` upper confidence bound of a standard deviation estimated with df degrees of freedom:
+    sd * sqrt(df / chi2_{1-level}(df)) (the planning value that guards against a small pilot's luck)."""
+    return sd * math.sqrt(df / scipy.stats.chi2.ppf(1 - level, df)) if df > 0 else float("nan")
+
+
+def seeds_for_power(effect: float, sd: float, alpha: float, power: float = 0.8) -> int | None:
+    """Seeds needed to detect a true mean contrast `effect` with sd `sd` at two-sided `alpha` with `power`, by the
+    noncentral t of a one-sample t test (``statsmodels.stats.power.TTestPower``); at least MIN_SEEDS; None when
+    effect or sd is not a positive finite number."""
+    if not (math.isfinite(effect) and math.isfinite(sd)) or effect == 0 or sd <= 0:
+        return None
+    from statsmodels.stats.power import TTestPower
+
+    n = TTestPower().solve_power(effect_size=abs(effect) / sd, alpha=alpha, power=power, alternative="two-sided")
+    return max(MIN_SEEDS, math.ceil(float(np.squeeze(n))))

@@ -37,6 +37,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="compare only these pairs of rows (A, B: the first words of row labels, e.g. sinusoidal/rope, "
                         "at every value of the other settings; or two whole row labels, quoted, for one pair that "
                         "differs in several settings): the claims a study set out to test, one family")
+    p.add_argument("--questions", default=None, metavar="FILE",
+                   help="the study's declared questions (YAML: pair, metric@L, budgets, estimand, smallest_effect; "
+                        "see pelab.report.questions): tested once each, one Holm family")
+    p.add_argument("--plan", action="store_true",
+                   help="with --questions: print the seeds each question needs for 80%% power at alpha/m for its "
+                        "smallest effect, from the sd of the runs at hand (the pilot), and exit")
     p.add_argument(
         "--wandb",
         action="store_true",
@@ -53,6 +59,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def print_plan(folders: Sequence[str], questions: str | None) -> int:
+    """`--plan`: the seeds per declared question, from the runs under `folders` as the pilot."""
+    from pelab.report.aggregation import group_rows
+    from pelab.report.discovery import find_jobs
+    from pelab.report.questions import load_questions, plan, plan_lines
+
+    if not questions:
+        raise ReportError("--plan needs --questions FILE: the questions to plan the seeds of")
+    decl = load_questions(questions)
+    ok = [j for j in find_jobs(folders) if j.status == "ok"]
+    rows = group_rows(ok).rows if ok else []
+    print("\n".join(plan_lines(plan(decl, rows))))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args = parse_args(argv)
@@ -62,8 +83,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         else (Path(args.folders[0]) / "report" if len(args.folders) == 1 else Path("report"))
     )
     try:
+        if args.plan:
+            return print_plan(args.folders, args.questions)
         report = build_report(args.folders, out, args.title, baseline=args.baseline, compare=args.compare,
-                              compare_lengths=args.compare_lengths, pairs=args.pairs)
+                              compare_lengths=args.compare_lengths, pairs=args.pairs, questions=args.questions)
     except ReportError as err:
         print(f"pelab.report: {err}", file=sys.stderr)
         return 2

@@ -1,39 +1,35 @@
-"""Paired comparisons between settings, and how a comparison moves along training.
+"""Paired comparisons between settings: the seed is the unit.
 
-Runs with the same seed see the same batches (the data order is a function of seed, step and rank) and, since
-wave 3, are scored on the same evaluation blocks, so two settings run on the same seeds are compared seed by
-seed: the difference of log perplexity (or of log ratio) per seed, a Student-t interval of its mean over the
-seeds (``scipy.stats.ttest_rel``) and a p-value. Every comparison of one report is one family: the p-values are
-Holm-adjusted across it, and a difference is called "resolved" only where the adjusted test rejects at 5%;
-otherwise "not resolved at n seeds". With 3 seeds t(2) = 4.30: only differences large against the seed-to-seed
-spread resolve, as they should.
+Runs with the same seed see the same batches (the data order is a function of seed, step and rank) and are scored on
+the same evaluation blocks and probe instances, so two settings run on the same seeds are compared seed by seed: one
+contrast per seed (log(a / b) for a perplexity or any positive metric, a - b for a retrieval accuracy), then a
+one-sample t over the seeds (``pelab.evaluation.stats.seed_test``). Retrieval is compared like perplexity: per-seed
+accuracies, never the probe instances of 2-3 trained models (they share their model and their filler text; their
+intervals stay in the probe tables as within-run precision). Fewer than 3 paired seeds: no verdict, said in the
+table; the same value in both rows in every seed: "no measurable difference".
 
-Retrieval accuracy (`--compare probe/<kind>/acc`) is compared on the same probe instances instead: per seed, the
-per-instance difference of the two rows' outcomes (averaged over the depths at which an instance was asked, so the
-instances are the independent unit), a one-sample t test of its mean, and an intersection-union rule across seeds:
-p = the largest per-seed p, and 1 when the seeds disagree in sign, so "resolved" means "in every seed". The
-interval is a two-level bootstrap of the difference (seeds, then instances): it holds the seed-to-seed spread.
-Rows whose runs did not acquire retrieval in-window are not compared (their probes measure nothing learned).
+Every comparison of one report is one family: p Holm-adjusted across it, "resolved" where the adjusted p < 5 %; the
+interval beside a verdict is the Bonferroni interval at 1 - 0.05 / m (it holds jointly; Holm has no matching
+interval), the unadjusted 95 % one is kept as `lo95`/`hi95`. These are exploratory families (every pair the options
+pick); a study's declared questions (`pelab.report.questions`) are the confirmatory ones. The seed-level tests hold
+for the evaluated text: every run is scored on the same blocks.
 
 Which rows are compared: pairs that differ in exactly one of the settings that label the rows (e.g. the
-encoding at one budget, or the budget for one encoding), on the seeds both have (at least two), with the same
-corpus and evaluation text; or every row against a `baseline`.
+encoding at one budget, or the budget for one encoding), on the seeds both have, with the same corpus and evaluation
+text; or every row against a `baseline`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-import scipy.stats
-
 from pelab.errors import ReportError
-from pelab.evaluation.stats import difference_interval
+from pelab.evaluation.stats import LEVEL, SeedTest, bonferroni_level, holm, seed_test
 from pelab.metric_keys import MetricKey, metric_key, parse_key
-from pelab.report.aggregation import Row, acquired_rows, metric_lengths, outcome_matrix, pairing_key, settings
+from pelab.report.aggregation import Row, acquired_rows, metric_lengths, settings
 
 ALPHA = 0.05
 # The metrics compared, by default: on the log scale (perplexities and ratios are positive; a difference of logs
@@ -41,19 +37,47 @@ ALPHA = 0.05
 COMPARED = ("extrap/ppl", "extrap/ppl_ratio")
 
 
+def log_scale(metric: str) -> bool:
+    """Whether `metric` is compared as a ratio (log scale: perplexities, ratios, any positive quantity) or as a
+    difference (retrieval accuracies, which can be 0)."""
+    return not metric.startswith("probe/")
+
+
+def seed_values(row: Row, metric: str) -> dict[Any, float]:
+    """{seed: the metric of that seed's run} (NaN where the run lacks it)."""
+    return {j.setting("seed"): float(j.metrics.get(metric, math.nan)) for j in row.jobs}
+
+
+def contrasts(a: Row, b: Row, metric: str) -> dict[Any, float]:
+    """{seed: a's value contrasted with b's} on the seeds both have with finite values: log(a / b) on the log scale
+    (both positive), a - b otherwise."""
+    va, vb = seed_values(a, metric), seed_values(b, metric)
+    log = log_scale(metric)
+    out = {}
+    for s in sorted(set(va) & set(vb), key=str):
+        x, y = va[s], vb[s]
+        if math.isfinite(x + y) and (not log or (x > 0 and y > 0)):
+            out[s] = math.log(x / y) if log else x - y
+    return out
+
+
 @dataclass
 class Comparison:
     a: Row
     b: Row
     metric: str  # e.g. "extrap/ppl_ratio@1024"
-    n: int  # seeds
-    ratio: float  # exp(mean log difference): a / b
-    lo: float
+    n: int  # paired seeds
+    ratio: float  # log scale: exp(mean contrast) = a / b; diff scale: the mean difference a - b
+    lo: float  # the interval beside the verdict: Bonferroni at 1 - alpha / m once the family is known
     hi: float
     p: float
     p_adj: float = math.nan
     scale: str = "log"  # log: ratio a / b and its interval; diff: difference a - b (retrieval accuracy)
-    note: str = ""  # why a declared pair was not tested (then p is NaN and it is not in the Holm family)
+    note: str = ""  # why there is no verdict (then p is NaN and it is not in the Holm family)
+    per_seed: dict = field(default_factory=dict)  # {seed: contrast}
+    lo95: float = math.nan  # the unadjusted 95 % interval
+    hi95: float = math.nan
+    level: float = LEVEL  # of [lo, hi]
 
     @property
     def key(self) -> MetricKey:
@@ -68,70 +92,30 @@ class Comparison:
             return self.note
         return "resolved" if self.resolved else f"not resolved at {self.n} seeds"
 
+    def natural(self, x: float) -> float:
+        """A contrast on the metric's own scale (a ratio on the log scale)."""
+        return math.exp(x) if self.scale == "log" else x
 
-def holm(p: Sequence[float]) -> list[float]:
-    """Holm's step-down adjustment of a family of p-values (controls the family-wise error rate): the i-th
-    smallest times (m - i), made monotone, capped at 1. (scipy.stats has Benjamini-Hochberg, not Holm.)"""
-    m = len(p)
-    order = sorted(range(m), key=lambda i: p[i])
-    out, running = [math.nan] * m, 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p[i]))
-        out[i] = running
-    return out
+    def set_level(self, level: float) -> None:
+        """Recompute [lo, hi] at `level` (the family's Bonferroni level) from the per-seed contrasts."""
+        t = seed_test(list(self.per_seed.values()), level)
+        if t.tested:
+            self.lo, self.hi, self.level = self.natural(t.lo), self.natural(t.hi), level
+
+
+def from_test(a: Row, b: Row, metric: str, d: dict[Any, float], t: SeedTest) -> Comparison:
+    scale = "log" if log_scale(metric) else "diff"
+    nat = (lambda x: math.exp(x) if math.isfinite(x) else x) if scale == "log" else (lambda x: x)
+    return Comparison(a, b, metric, t.n, nat(t.estimate), nat(t.lo), nat(t.hi), t.p, scale=scale, note=t.note,
+                      per_seed=d, lo95=nat(t.lo), hi95=nat(t.hi))
 
 
 def paired(a: Row, b: Row, metric: str) -> Comparison | None:
-    """`metric` of a vs b on their common seeds (log scale), or None with fewer than two finite pairs."""
-    by_seed = lambda row: {j.setting("seed"): j.metrics.get(metric, math.nan) for j in row.jobs}
-    va, vb = by_seed(a), by_seed(b)
-    seeds = sorted(s for s in set(va) & set(vb) if va[s] > 0 and vb[s] > 0 and math.isfinite(va[s] + vb[s]))
-    if len(seeds) < 2:
+    """`metric` of a vs b on their common seeds (see the module doc); None where no seed has both values."""
+    d = contrasts(a, b, metric)
+    if not d:
         return None
-    x, y = np.log([va[s] for s in seeds]), np.log([vb[s] for s in seeds])
-    d = x - y
-    if np.ptp(d) <= 1e-9 * max(1.0, float(np.abs(d).max())):  # identical differences (up to rounding): no spread
-        # to test (e.g. a ratio at the training length)
-        return None
-    res = scipy.stats.ttest_rel(x, y)
-    ci = res.confidence_interval(1 - ALPHA)
-    return Comparison(a, b, metric, len(seeds), math.exp(d.mean()), math.exp(ci.low), math.exp(ci.high),
-                      float(res.pvalue))
-
-
-def instance_differences(a: Row, b: Row, kind: str, length: int, seed: Any) -> np.ndarray:
-    """Per probe instance of one seed: a's outcome minus b's, averaged over the depths (or prefixes) at which the
-    instance was asked at `length` (instance i is the same at every depth). Empty when the seed's jobs did not
-    probe the same instances."""
-    ja = next((j for j in a.jobs if j.setting("seed") == seed), None)
-    jb = next((j for j in b.jobs if j.setting("seed") == seed), None)
-    if ja is None or jb is None or pairing_key(ja) != pairing_key(jb):
-        return np.empty(0)
-    (da, xa), (db, xb) = outcome_matrix(ja, kind, length), outcome_matrix(jb, kind, length)
-    common = sorted(set(da) & set(db))
-    if not common:
-        return np.empty(0)
-    n = min(xa.shape[1], xb.shape[1])
-    pick = lambda depths, x: x[[depths.index(d) for d in common], :n]  # (common depths, n)
-    return (pick(da, xa) - pick(db, xb)).mean(axis=0)
-
-
-def paired_accuracy(a: Row, b: Row, metric: str) -> Comparison | None:
-    """Retrieval accuracy of a vs b on the same instances (see the module doc), or None with fewer than two seeds
-    that probed the same instances."""
-    k = parse_key(metric)
-    if k.variant:  # probe outcomes are kept for the main evaluation only
-        return None
-    groups = [d for s in sorted(set(a.seeds) & set(b.seeds))
-              if (d := instance_differences(a, b, k.kind, k.length, s)).size >= 2]
-    if len(groups) < 2:
-        return None
-    means = [float(d.mean()) for d in groups]
-    ps = [1.0 if np.all(d == d[0]) else float(scipy.stats.ttest_1samp(d, 0.0).pvalue) for d in groups]
-    same_sign = all(m > 0 for m in means) or all(m < 0 for m in means)
-    _, lo, hi = difference_interval(groups)  # (no instance differing: a bound, not [0, 0])
-    return Comparison(a, b, metric, len(groups), float(np.mean(means)), lo, hi, max(ps) if same_sign else 1.0,
-                      scale="diff")
+    return from_test(a, b, metric, d, seed_test(list(d.values())))
 
 
 def same_text(a: Row, b: Row) -> bool:
@@ -147,9 +131,9 @@ def unpaired_because(a: Row, b: Row) -> str:
     """Why rows a and b admit no paired test ("" when they do): the one reason every option reports."""
     if not same_text(a, b):
         return f"{a.label!r} and {b.label!r} saw other data or evaluation text"
-    common = sorted(set(a.seeds) & set(b.seeds))
-    if len(common) < 2:
-        return f"{a.label!r} (seeds {a.seeds}) and {b.label!r} (seeds {b.seeds}) share {len(common)} seed(s), a paired test needs 2"
+    common = sorted(set(a.seeds) & set(b.seeds), key=str)
+    if not common:
+        return f"{a.label!r} (seeds {a.seeds}) and {b.label!r} (seeds {b.seeds}) share no seed"
     return ""
 
 
@@ -233,22 +217,29 @@ def compare(rows: Sequence[Row], keys: Sequence[str], metrics: Sequence[str] = C
                 metric = metric_key(name, L)
                 if name.startswith("probe/"):
                     unlearned = [r.label for r in (a, b) if id(r) not in learned]
-                    c = paired_accuracy(learned[id(a)], learned[id(b)], metric) if not unlearned else None
+                    c = paired(learned[id(a)], learned[id(b)], metric) if not unlearned else None
                     if c is None:  # said, not dropped: a declared claim that could not be tested
                         why = (f"{' and '.join(unlearned)} did not acquire retrieval" if unlearned else
-                               "fewer than two seeds acquired retrieval in both rows")
+                               "no seed acquired retrieval in both rows")
                         c = Comparison(a, b, metric, 0, math.nan, math.nan, math.nan, math.nan, scale="diff",
                                        note=f"not compared: {why}")
+                elif len({j.metrics.get(metric) for j in (*a.jobs, *b.jobs)}) == 1:
+                    continue  # one value in every run by definition (a ratio at the training length)
                 elif unpaired:
-                    if len({j.metrics.get(metric) for j in (*a.jobs, *b.jobs)}) == 1:
-                        continue  # one value in every run (a ratio at the training length): nothing to compare
                     c = Comparison(a, b, metric, 0, math.nan, math.nan, math.nan, math.nan,
                                    note=f"not compared: {unpaired}")
                 else:
                     c = paired(a, b, metric)
                 if c is not None:
                     out.append(c)
-    tested = [c for c in out if not c.note]
+    finish_family(out)
+    return out
+
+
+def finish_family(comparisons: Sequence[Comparison], alpha: float = ALPHA) -> None:
+    """Holm-adjust the tested comparisons as one family and put their Bonferroni intervals beside them."""
+    tested = [c for c in comparisons if not c.note]
+    level = bonferroni_level(len(tested), alpha)
     for c, p in zip(tested, holm([c.p for c in tested])):
         c.p_adj = p
-    return out
+        c.set_level(level)

@@ -27,6 +27,7 @@ from pelab.report.comparisons import compare as compare_rows
 from pelab.report.discovery import Job, find_jobs
 from pelab.report.figures import make_figures
 from pelab.report.probe_tables import offset_table, paired_table, probe_tables, shape_table
+from pelab.report.questions import answer_all, load_questions
 from pelab.report.tables import (
     Table,
     along_training_table,
@@ -37,9 +38,11 @@ from pelab.report.tables import (
     criterion_table,
     evaluation_text,
     failures_table,
+    interaction_table,
     interval_table,
     metadata_table,
     metric_table,
+    question_table,
 )
 
 REPORT_FILE = "report.md"
@@ -73,11 +76,26 @@ def _newest_launch(jobs: Sequence[Job]) -> str:
     return f"; the newest run ended {max(ends)[:16].replace('T', ' ')} UTC" if ends else ""
 
 
+def one_rate_warning(rows: Sequence[Row]) -> str:
+    """A warning where encodings are compared at one learning rate that no row varies: a comparison of encodings at
+    one untuned rate is also a comparison of how well each suits that rate."""
+    names = {r.jobs[0].setting("pe.name") for r in rows}
+    rates = {j.setting("optim.lr") for r in rows for j in r.jobs}
+    if len(names) < 2 or len(rates) != 1:
+        return ""
+    return (f"**Warning:** every encoding trained at one learning rate (optim.lr={rates.pop()}), not tuned per "
+            "encoding: a difference between encodings is also a difference in how well each suits that rate.")
+
+
 def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "PELab report",
                  baseline: str | None = None, compare: Sequence[str] | None = None,
-                 compare_lengths: Sequence[int] | None = None, pairs: Sequence[str] | None = None) -> Report:
+                 compare_lengths: Sequence[int] | None = None, pairs: Sequence[str] | None = None,
+                 questions: str | Path | None = None) -> Report:
     """Read the jobs under `folders`, write `<out>/report.md` and the PNG figures; return the pieces.
-    `baseline`, `compare`, `compare_lengths`, `pairs`: the paired comparisons' family (`pelab.report.comparisons`)."""
+    `baseline`, `compare`, `compare_lengths`, `pairs`: an exploratory family of paired comparisons
+    (`pelab.report.comparisons`); `questions`: the study's declared questions (`pelab.report.questions`), the
+    confirmatory family (then the exploratory one is made only where those options ask for it)."""
+    declaration = load_questions(questions) if questions else None  # a bad file fails before any reading
     jobs = find_jobs(folders)  # first: a mistyped folder is an error, not an empty <folder>/report
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -111,6 +129,8 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
         if also:
             md.append("- also varying between rows: " + ", ".join(f"`{k}`" for k in also))
         md += [f"- {line}" for line in common_settings(ok)]
+        if warning := one_rate_warning(rows):
+            md += ["", warning]
     tables: list[Table] = []
     figures = make_figures(rows, out) if rows else {}
 
@@ -150,8 +170,19 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
         text="A single run's interval is a paired bootstrap over its evaluation blocks (the blocks' difficulty "
         "cancels).",
     )
+    answers = answer_all(declaration, rows) if declaration and rows else []
+    section(
+        "Declared questions",
+        [question_table(answers), interaction_table(answers)],
+        (),
+        (f"The questions of `{declaration.path}`, declared {declaration.declared}." if declaration else ""),
+    )
+    if answers:
+        md += ["**Claims** (generated from the verdicts above):", ""] + [f"- {a.sentence()}" for a in answers]
+    exploratory = not declaration or compare or pairs or baseline
     metrics = compare or (COMPARED if text_rows else [])  # no perplexity to compare where no run saw text
-    comparisons = compare_rows(rows, shown, metrics, compare_lengths, baseline, pairs) if rows and metrics else []
+    comparisons = (compare_rows(rows, shown, metrics, compare_lengths, baseline, pairs)
+                   if rows and metrics and exploratory else [])
     section(
         "Paired comparisons",
         [*comparison_tables(comparisons), budget_table(comparisons)],

@@ -9,9 +9,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from pelab.evaluation.stats import difference_interval, edge_mask, seeds_accuracy_interval, t_interval
+from pelab.evaluation.stats import (
+    MIN_SEEDS,
+    budget_interaction,
+    difference_interval,
+    edge_mask,
+    seeds_accuracy_interval,
+    t_interval,
+)
 from pelab.metric_keys import interval_keys, metric_key, parse_key
 from pelab.report.aggregation import (
     Row,
@@ -27,6 +35,7 @@ from pelab.report.aggregation import (
 )
 from pelab.report.comparisons import Comparison
 from pelab.report.discovery import Job
+from pelab.report.questions import Answer
 
 
 @dataclass
@@ -357,34 +366,41 @@ def last_line(text: str, width: int) -> str:
 
 
 def comparison_tables(comparisons: Sequence[Comparison]) -> list[Table]:
-    """One table per compared metric: a row per pair, a cell per length: the ratio first / second (the mean
-    of the per-seed log differences, exponentiated) with its 95% t interval over the seeds, the Holm-adjusted
-    p-value and the verdict."""
+    """One table per compared metric: a row per pair, a cell per length: the ratio first / second (the mean of the
+    per-seed log differences, exponentiated; retrieval: the mean per-seed accuracy difference) with its Bonferroni
+    interval over the seeds, the Holm-adjusted p and the verdict."""
     tables = []
+    m = sum(not c.note for c in comparisons)
+    level = next((c.level for c in comparisons if not c.note), 0.95)
     for name in dict.fromkeys(c.key.name for c in comparisons):
         these = [c for c in comparisons if c.key.name == name]
         lengths = sorted({c.key.length for c in these})
         diff = these[0].scale == "diff"
-        caption = (f"{name} of the first minus the second on the same instances, the mean over seeds of each seed's "
-                   "mean per-instance difference, with its 95% two-level bootstrap interval (seeds, then instances); "
-                   "the Holm-adjusted p (per seed a t test over the instances; the largest p over the seeds, 1 when "
-                   "they disagree in sign: resolved = in every seed)" if diff else
-                   f"{name} of the first over the second, per seed then averaged on the log scale, with its 95% t "
-                   "interval over the seeds (same seed = same batches and evaluation blocks), the Holm-adjusted p")
+        caption = (f"{name} of the first minus the second: per seed the difference of the two runs' accuracies, then "
+                   "its mean over the seeds" if diff else
+                   f"{name} of the first over the second, per seed then averaged on the log scale")
         t = Table(f"Paired comparisons: {name}", ["pair"] + [str(L) for L in lengths], [],
-                  caption=(f"{caption} over all {sum(not c.note for c in comparisons)} comparisons of this report, "
-                           "and the verdict: "
-                           "resolved where the adjusted p < 0.05."),
+                  caption=(f"{caption}; the seed is the unit (same seed = same batches, evaluation blocks and probe "
+                           f"instances). Beside it its {level:.1%} interval over the seeds (Bonferroni over the {m} "
+                           f"comparisons of this report: they hold jointly), the Holm-adjusted p over the same {m}, "
+                           f"and the verdict: resolved where the adjusted p < 0.05. No verdict with fewer than "
+                           f"{MIN_SEEDS} paired seeds. An exploratory family: the pairs the options picked, not "
+                           "questions declared before the runs."),
                   collapsed=len({(c.a.label, c.b.label) for c in these}) > 12)
-        fmt = (lambda c: f"{c.ratio:+.2f} [{c.lo:+.2f}, {c.hi:+.2f}]") if diff else (
+        fmt = (lambda c: f"{c.ratio:+.3f} [{c.lo:+.3f}, {c.hi:+.3f}]") if diff else (
             lambda c: f"{c.ratio:.3f} [{c.lo:.3f}, {c.hi:.3f}]")
         for a, b in dict.fromkeys((c.a.label, c.b.label) for c in these):
             by_len = {c.key.length: c for c in these if (c.a.label, c.b.label) == (a, b)}
-            t.rows.append([f"{a} / {b}"] + [
-                (c.verdict() if c.note else f"{fmt(c)} p_adj={c.p_adj:.2g} {c.verdict()}") if (c := by_len.get(L))
-                else "—" for L in lengths])
+            t.rows.append([f"{a} / {b}"] + [_comparison_cell(c, fmt) if (c := by_len.get(L)) else "—"
+                                            for L in lengths])
         tables.append(t)
     return tables
+
+
+def _comparison_cell(c: Comparison, fmt: Callable[[Comparison], str]) -> str:
+    if c.note and c.n and math.isfinite(c.ratio):  # untested but measured: the estimate, and why no verdict
+        return (f"{c.ratio:.3f}" if c.scale == "log" else f"{c.ratio:+.3f}") + f" ({c.note})"
+    return c.verdict() if c.note else f"{fmt(c)} p_adj={c.p_adj:.2g} {c.verdict()}"
 
 
 def _budget(row: Row) -> int | None:
@@ -392,33 +408,11 @@ def _budget(row: Row) -> int | None:
     return steps.pop() if len(steps) == 1 else None
 
 
-def _direction(c: Comparison) -> int:
-    """+1 where the first row's value is the higher, -1 the lower, 0 equal (ratio on the log scale, else diff)."""
-    x = math.log(c.ratio) if c.scale == "log" else c.ratio
-    return (x > 0) - (x < 0)
-
-
-def budget_verdict(cells: dict[int, Comparison | None]) -> str:
-    """What a declared pair's comparisons at each budget allow a page to claim: "holds at every budget" (resolved
-    at each, in one direction), "depends on budget" (resolved at some, or in both directions; says where), or
-    "not resolved at any budget". A budget whose rows could not be paired counts as not resolved there."""
-    done = {b: c for b, c in cells.items() if c is not None and not c.note}
-    resolved = {b: c for b, c in done.items() if c.resolved}
-    missing = [b for b, c in cells.items() if c is None or c.note]
-    if not resolved:
-        return "not resolved at any budget" + (f" (not compared at {', '.join(map(str, missing))})" if missing else "")
-    if len({_direction(c) for c in resolved.values()}) > 1:
-        return "depends on budget (resolved in both directions)"
-    if len(resolved) == len(cells):
-        return "holds at every budget"
-    return (f"depends on budget (resolved at {', '.join(map(str, resolved))} only"
-            + (f"; not compared at {', '.join(map(str, missing))}" if missing else "") + ")")
-
-
 def budget_table(comparisons: Sequence[Comparison]) -> Table | None:
-    """Where the rows span several training budgets (trainer.max_steps): each declared pair, read across them, one
-    cell per metric and length: the pair's ratio (difference) at each budget with its verdict there, and what holds
-    across budgets (`budget_verdict`). None where no pair is compared at two budgets."""
+    """Where the rows span several training budgets (trainer.max_steps): each pair, read across them, one cell per
+    metric and length: the pair's estimate and verdict at each budget, how many seed-runs have the sign of the mean,
+    and the budget interaction (a t over seeds of each seed's last-minus-first contrast: runs of one seed share
+    initialisation and data order), outside the family. None where no pair is compared at two budgets."""
     at_budget = [c for c in comparisons if _budget(c.a) is not None and _budget(c.a) == _budget(c.b)]
     of_pair: dict[tuple[str, str], list[Comparison]] = {}
     for c in at_budget:
@@ -426,22 +420,88 @@ def budget_table(comparisons: Sequence[Comparison]) -> Table | None:
     of_pair = {k: cs for k, cs in of_pair.items() if len({_budget(c.a) for c in cs}) > 1}  # read across budgets
     if not of_pair:
         return None
-    metrics = list(dict.fromkeys(c.metric for cs in of_pair.values() for c in cs))
+    metrics = list(dict.fromkeys(parse_key(c.metric).name + (f"@{parse_key(c.metric).length}" if parse_key(
+        c.metric).length else "") for cs in of_pair.values() for c in cs))
     t = Table("Across budgets", ["pair"] + metrics, [], caption=(
-        "Each pair declared at several training budgets (trainer.max_steps): at each, its ratio (retrieval: "
-        "difference) and whether the adjusted test resolves it there (res. / n.r.; — not compared there, e.g. fewer "
-        "than two shared seeds), then what holds across them: a claim is made only where it holds at every budget."))
+        "Each pair at several training budgets (trainer.max_steps): its estimate at each (res. / n.r.: whether the "
+        "family's adjusted test resolves it there; — no verdict there), the seed-runs whose contrast has the sign of "
+        "the mean over all of them, and the budget interaction (p of a t over seeds of each seed's last-minus-first "
+        "contrast, unadjusted, outside the family: does the size of the effect move with the budget?). A claim "
+        "across budgets is a declared question (`--questions`): averaged over them, or at every one."))
     for (a, b), cs in of_pair.items():
         budgets = sorted({_budget(c.a) for c in cs})
         cells = []
         for m in metrics:
-            by_budget: dict[int, Comparison | None] = dict.fromkeys(budgets)
-            by_budget.update({_budget(c.a): c for c in cs if c.metric == m})
-            parts = [f"{n}: " + ("—" if c is None or c.note else
-                                 (f"{c.ratio:.3f}" if c.scale == "log" else f"{c.ratio:+.2f}")
-                                 + (" res." if c.resolved else " n.r.")) for n, c in by_budget.items()]
-            cells.append(" · ".join(parts) + f" → {budget_verdict(by_budget)}")
+            by_budget = {_budget(c.a): c for c in cs if c.metric == m}
+            parts = [f"{n}: " + ("—" if (c := by_budget.get(n)) is None or not c.per_seed else
+                                 (f"{c.ratio:.3f}" if c.scale == "log" else f"{c.ratio:+.3f}")
+                                 + ("" if c.note else (" res." if c.resolved else " n.r."))) for n in budgets]
+            cells.append(" · ".join(parts) + _across(list(by_budget.values())))
         t.rows.append([f"{a} / {b}"] + cells)
+    return t
+
+
+def _across(cs: Sequence[Comparison]) -> str:
+    """" → same sign in k/n seed-runs; interaction p = x" for one pair's comparisons at its budgets."""
+    runs = [v for c in cs for v in c.per_seed.values()]
+    if not runs:
+        return ""
+    mean = statistics.fmean(runs)
+    same = sum((v > 0) == (mean > 0) and v != 0 for v in runs)
+    out = f" → sign of the mean in {same}/{len(runs)} seed-runs"
+    seeds = set.intersection(*(set(c.per_seed) for c in cs)) if len(cs) > 1 else set()
+    if len(cs) > 1 and seeds:
+        order = sorted(cs, key=lambda c: _budget(c.a))
+        x = np.array([[c.per_seed[s] for c in order] for s in sorted(seeds, key=str)])
+        inter = budget_interaction(x)
+        if inter is not None:
+            out += (f"; interaction p = {inter.p:.2g}" if inter.tested else f"; interaction: {inter.note}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# declared questions
+
+
+def question_table(answers: Sequence[Answer]) -> Table | None:
+    """The declared questions: one row each, the estimand, the seeds, the estimate with its Bonferroni interval, p,
+    Holm p and the verdict."""
+    if not answers:
+        return None
+    m = sum(a.tested for a in answers)
+    post_hoc = any(a.post_hoc for a in answers)
+    t = Table("Declared questions", ["question", "estimand", "seeds", "estimate [Bonferroni interval]", "p",
+                                     "p (Holm)", "verdict"], [], caption=(
+        f"Each question tested once: per seed the contrast (log ratio A / B shown as the ratio; accuracy: A − B), "
+        f"then a t over the seeds; averaged = each seed's mean over the budgets; every = the intersection-union test "
+        f"(the largest per-budget p; an interval per budget). Holm over the {m} tested questions; the intervals are "
+        f"Bonferroni intervals at 1 − 0.05/{max(m, 1)} (they hold jointly). The seed-level tests hold for the "
+        "evaluated text: every run is scored on the same blocks."
+        + (" **The questions were declared after the runs (post hoc).**" if post_hoc else "")))
+    for a in answers:
+        budgets = ", ".join(map(str, a.budgets))
+        t.rows.append([a.q.title, f"{a.q.estimand} ({budgets})" if budgets else a.q.estimand, str(a.n),
+                       a.estimate_text() if a.n else "—", f"{a.p:.3g}" if math.isfinite(a.p) else "—",
+                       f"{a.p_adj:.3g}" if math.isfinite(a.p_adj) else "—", a.verdict()])
+    return t
+
+
+def interaction_table(answers: Sequence[Answer]) -> Table | None:
+    """Per question with several budgets: the contrast at each budget (mean over seeds) and the budget interaction
+    with its 95 % interval, unadjusted, outside the family."""
+    these = [a for a in answers if len(a.budgets) > 1 and a.n]
+    if not these:
+        return None
+    t = Table("Budget interaction", ["question", "at each budget (mean over seeds)", "interaction [95 %]", "p"], [],
+              caption=("Does the effect's size move with the budget? Per seed the change of its contrast with the "
+                       "budget (two budgets: last minus first; more: the slope over them), a t over the seeds; "
+                       "unadjusted and outside the family of declared questions."))
+    for a in these:
+        at = " · ".join(f"{b}: " + (f"{a.natural(float(a.contrasts[:, k].mean())):.3f}" if a.q.log else
+                                    f"{float(a.contrasts[:, k].mean()):+.3f}") for k, b in enumerate(a.budgets))
+        i = a.interaction
+        cell = "—" if i is None else (f"{i.estimate:+.3f} [{i.lo:+.3f}, {i.hi:+.3f}]" if i.tested else i.note)
+        t.rows.append([a.q.title, at, cell, f"{i.p:.2g}" if i is not None and i.tested else "—"])
     return t
 
 

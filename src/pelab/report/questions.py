@@ -1,0 +1,406 @@
+"""Declared questions: what a study set out to test, each tested once (`python -m pelab.report --questions FILE`).
+
+A study declares its questions in a small YAML file in its folder, before its runs (or says they were written after
+them: then every verdict is labelled post hoc)::
+
+    declared: before the runs          # or: after the runs (post hoc)
+    budget: trainer.max_steps          # the setting that is the training budget (default)
+    alpha: 0.05
+    questions:
+      - pair: sinusoidal/rope          # A/B: row labels without the budget
+        metric: extrap/ppl@1024        # one metric at one length: ratio@L and ppl@L are not two questions
+        budgets: [1500, 6000]          # default: every budget both rows have
+        estimand: averaged             # at (one budget) | averaged (over the budgets) | every (at every budget)
+        smallest_effect: 1.05          # the smallest effect of interest: a ratio A / B (log-scale metrics) or an
+                                       # accuracy difference (probe/...), for --plan and the equivalence reading
+        expected: higher               # optional: A higher / lower than B
+
+Each question is a contrast per seed (log(A / B), or A - B for an accuracy; runs of one seed at several budgets
+share initialisation and data order, so the seed is the unit), tested by a one-sample t over the seeds
+(``pelab.evaluation.stats.seed_test``):
+
+* *at*: the contrast at the one declared budget;
+* *averaged*: each seed's mean contrast over the declared budgets, then the t over seeds (df = seeds - 1);
+* *every*: the intersection-union test (p = the largest per-budget p; 1 where the budgets disagree in sign).
+
+The budget interaction (does the contrast move with the budget? a t on each seed's between-budget difference) is
+reported on its own line, outside the family. Holm over the declared questions only; the interval beside each
+verdict is the Bonferroni interval at 1 - alpha / m. ``plan`` gives, per question, the seeds needed for 80 % power
+at alpha / m for the declared smallest effect.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from pelab.errors import ReportError
+from pelab.evaluation.stats import (
+    MIN_SEEDS,
+    SeedTest,
+    bonferroni_level,
+    budget_interaction,
+    holm,
+    intersection_union,
+    pooled_sd,
+    sd_upper,
+    seed_test,
+    seeds_for_power,
+)
+from pelab.metric_keys import parse_key
+from pelab.report.aggregation import Row, acquired_rows
+from pelab.report.comparisons import contrasts, log_scale, unpaired_because
+
+ESTIMANDS = {"at": "at one budget", "averaged": "averaged over the budgets", "every": "at every budget"}
+EXPECTED = ("higher", "lower")
+POWER = 0.8
+QUESTION_KEYS = {"pair", "metric", "budgets", "estimand", "smallest_effect", "expected", "name"}
+
+
+@dataclass(frozen=True)
+class Question:
+    a: str
+    b: str
+    metric: str  # name@L
+    estimand: str
+    smallest_effect: float  # a ratio (> 1) on the log scale, an accuracy difference (> 0) otherwise
+    budgets: tuple[Any, ...] = ()  # () = every budget both rows have
+    expected: str | None = None
+    name: str = ""
+
+    @property
+    def log(self) -> bool:
+        return log_scale(self.metric)
+
+    @property
+    def title(self) -> str:
+        return self.name or f"{self.a} vs {self.b}, {self.metric}"
+
+    def effect(self) -> float:
+        """The smallest effect of interest as a contrast (log ratio, or difference)."""
+        return math.log(self.smallest_effect) if self.log else self.smallest_effect
+
+
+@dataclass(frozen=True)
+class Declaration:
+    questions: list[Question]
+    declared: str  # "before the runs" / "after the runs (post hoc)"
+    budget: str = "trainer.max_steps"
+    alpha: float = 0.05
+    path: str = ""
+
+    @property
+    def post_hoc(self) -> bool:
+        return "post hoc" in self.declared or "after" in self.declared
+
+
+def _bad(path: Path, where: str, fix: str) -> ReportError:
+    return ReportError(f"{path}: {where}: {fix}")
+
+
+def load_questions(path: str | Path) -> Declaration:
+    """Read and check a questions file; every mistake is one line naming the key and the fix."""
+    path = Path(path)
+    if not path.is_file():
+        raise ReportError(f"--questions {path}: no such file; write the study's questions first (see "
+                          "`pelab.report.questions` for the format)")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ReportError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("questions"), list) or not raw["questions"]:
+        raise _bad(path, "questions", "give a list of questions (pair, metric, estimand, smallest_effect)")
+    declared = str(raw.get("declared") or "")
+    if not declared:
+        raise _bad(path, "declared", "say when the questions were written: 'before the runs' or "
+                   "'after the runs (post hoc)'")
+    alpha = raw.get("alpha", 0.05)
+    if not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+        raise _bad(path, "alpha", f"a level in (0, 1), got {alpha!r}")
+    questions = [_question(path, i, q) for i, q in enumerate(raw["questions"])]
+    seen: dict[tuple, int] = {}
+    for i, q in enumerate(questions):
+        # ppl_ratio@L between two settings is ppl@L's contrast minus ppl@train_length's: the same question
+        name = parse_key(q.metric).name.replace("extrap/ppl_ratio", "extrap/ppl")
+        key = (frozenset((q.a, q.b)), name, parse_key(q.metric).length)
+        if key in seen:
+            raise _bad(path, f"questions[{i}]", f"asks what questions[{seen[key]}] asks ({q.metric} of {q.a}/{q.b}; "
+                       "ppl@L and ppl_ratio@L are one question): a question is tested once, with one estimand")
+        seen[key] = i
+    return Declaration(questions, declared, str(raw.get("budget") or "trainer.max_steps"), float(alpha), str(path))
+
+
+def _question(path: Path, i: int, q: Any) -> Question:
+    where = f"questions[{i}]"
+    if not isinstance(q, dict):
+        raise _bad(path, where, "each question is a mapping with pair, metric, estimand, smallest_effect")
+    if unknown := sorted(set(q) - QUESTION_KEYS):
+        raise _bad(path, f"{where}.{unknown[0]}", f"unknown key; the keys are {', '.join(sorted(QUESTION_KEYS))}")
+    a, sep, b = str(q.get("pair") or "").partition("/")
+    if not (sep and a.strip() and b.strip()):
+        raise _bad(path, f"{where}.pair", "write A/B, two row labels without the budget (e.g. sinusoidal/rope)")
+    metric = str(q.get("metric") or "")
+    if parse_key(metric).length is None:
+        raise _bad(path, f"{where}.metric", f"name one metric at one length, e.g. extrap/ppl@1024 (got {metric!r})")
+    estimand = q.get("estimand")
+    if estimand not in ESTIMANDS:
+        raise _bad(path, f"{where}.estimand", f"one of {', '.join(ESTIMANDS)} (got {estimand!r})")
+    budgets = q.get("budgets") or []
+    if not isinstance(budgets, list):
+        raise _bad(path, f"{where}.budgets", "a list of budget values, e.g. [1500, 6000]")
+    if estimand == "at" and len(budgets) > 1:
+        raise _bad(path, f"{where}.budgets", "estimand 'at' is one budget: give one, or use averaged / every")
+    if estimand != "at" and len(budgets) == 1:
+        raise _bad(path, f"{where}.estimand", "one budget declared: use 'at' (or declare several budgets)")
+    effect = q.get("smallest_effect")
+    log = log_scale(metric)
+    if not isinstance(effect, (int, float)) or (effect <= 1 if log else not 0 < effect <= 1):
+        raise _bad(path, f"{where}.smallest_effect", "the smallest effect of interest: a ratio above 1 (e.g. 1.05) "
+                   "for a perplexity, an accuracy difference in (0, 1] for a probe")
+    expected = q.get("expected")
+    if expected is not None and expected not in EXPECTED:
+        raise _bad(path, f"{where}.expected", f"higher or lower (A vs B), or leave it out (got {expected!r})")
+    return Question(a.strip(), b.strip(), metric, estimand, float(effect), tuple(budgets), expected,
+                    str(q.get("name") or ""))
+
+
+# ---------------------------------------------------------------------------------------------
+# the rows of a question
+
+
+def setting_name(row: Row, budget: str) -> str:
+    """A row's label without its budget (`budget`=value), the name a question uses."""
+    return re.sub(rf"\s*{re.escape(budget)}=\S+", "", row.label).strip()
+
+
+def row_budget(row: Row, budget: str) -> Any:
+    values = {j.setting(budget) for j in row.jobs}
+    return values.pop() if len(values) == 1 else None
+
+
+def rows_at(rows: Sequence[Row], name: str, budget: str) -> dict[Any, Row]:
+    """{budget value: the row named `name` at it}."""
+    return {row_budget(r, budget): r for r in rows if setting_name(r, budget) == name}
+
+
+@dataclass
+class Answer:
+    """One declared question, answered."""
+
+    q: Question
+    seeds: list = field(default_factory=list)
+    budgets: list = field(default_factory=list)
+    contrasts: np.ndarray = field(default_factory=lambda: np.empty((0, 0)))  # (seeds, budgets)
+    per_budget: dict[Any, SeedTest] = field(default_factory=dict)  # at the family's Bonferroni level
+    test: SeedTest | None = None  # the estimand's (at, averaged); None for every (see per_budget)
+    p: float = math.nan
+    p_adj: float = math.nan
+    interaction: SeedTest | None = None
+    note: str = ""  # why the question could not be tested
+    alpha: float = 0.05
+    post_hoc: bool = False
+
+    @property
+    def tested(self) -> bool:
+        return not self.note and math.isfinite(self.p)
+
+    @property
+    def resolved(self) -> bool:
+        return self.tested and self.p_adj < self.alpha
+
+    @property
+    def n(self) -> int:
+        return len(self.seeds)
+
+    def natural(self, x: float) -> float:
+        return math.exp(x) if self.q.log and math.isfinite(x) else x
+
+    def direction(self) -> int:
+        est = (self.test.estimate if self.test else
+               float(np.mean([t.estimate for t in self.per_budget.values()])) if self.per_budget else math.nan)
+        return 0 if not math.isfinite(est) or est == 0 else (1 if est > 0 else -1)
+
+    def intervals(self) -> list[tuple[str, SeedTest]]:
+        """(label, test) of the interval(s) beside the verdict: the estimand's, or one per budget for `every`."""
+        if self.test is not None:
+            return [("", self.test)]
+        return [(f"{b}: ", t) for b, t in self.per_budget.items()]
+
+    def estimate_text(self) -> str:
+        def one(t: SeedTest) -> str:
+            if self.q.log:
+                e, lo, hi = self.natural(t.estimate), self.natural(t.lo), self.natural(t.hi)
+                return f"{e:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if math.isfinite(lo) else "")
+            return f"{t.estimate:+.3f}" + (f" [{t.lo:+.3f}, {t.hi:+.3f}]" if math.isfinite(t.lo) else "")
+        return "; ".join(label + one(t) for label, t in self.intervals())
+
+    def verdict(self) -> str:
+        if self.note:
+            return self.note
+        if not self.tested:
+            notes = [t.note for _, t in self.intervals() if t.note]
+            return notes[0] if notes else "not tested"
+        if not self.resolved:
+            out = f"not resolved at {self.n} seeds"
+            d = self.q.effect()
+            if all(t.tested and -d < t.lo and t.hi < d for _, t in self.intervals()):
+                out += "; smaller than the smallest effect of interest"
+            return out
+        word = "higher" if self.direction() > 0 else "lower"
+        out = f"resolved: {self.q.a} {word} than {self.q.b}"
+        if self.q.expected and self.q.expected != word:
+            out += " (opposite to the declared expectation)"
+        if any(t.lo <= 0 <= t.hi for _, t in self.intervals()):
+            out += " (by Holm; its Bonferroni interval touches no difference)"
+        return out
+
+    def sentence(self) -> str:
+        """The claim sentence a findings page carries (generated, never typed by hand)."""
+        q = self.q
+        what = f"{q.a} / {q.b}" if q.log else f"{q.a} − {q.b}"
+        where = (f"at {self.budgets[0]}" if q.estimand == "at" and self.budgets else
+                 f"{ESTIMANDS[q.estimand].replace('the budgets', 'budgets')} {', '.join(map(str, self.budgets))}")
+        if self.note:
+            return f"{q.title} ({where}): {self.note}."
+        level = next((t.level for _, t in self.intervals() if t.tested), math.nan)
+        p = f"Holm p = {self.p_adj:.3g}, " if self.tested else ""
+        text = (f"{q.title} ({where}): {what} = {self.estimate_text()}"
+                + (f" ({level:.1%} Bonferroni interval)" if math.isfinite(level) else "")
+                + f", {p}n = {self.n} seeds: {self.verdict()}.")
+        return text + (" Declared after the runs (post hoc)." if self.post_hoc else "")
+
+
+def learned(row: Row) -> Row:
+    """The row with only its runs that acquired retrieval in-window (their probes measure something learned)."""
+    kept = acquired_rows([row])[0]
+    return kept[0] if kept else Row(row.label, row.train_length, [])
+
+
+def answer(q: Question, rows: Sequence[Row], budget: str) -> Answer:
+    """The per-seed contrasts of a question on its rows (the family is finished by `answer_all`)."""
+    ans = Answer(q)
+    at_a, at_b = rows_at(rows, q.a, budget), rows_at(rows, q.b, budget)
+    names = sorted({setting_name(r, budget) for r in rows})
+    for side, found in ((q.a, at_a), (q.b, at_b)):
+        if not found:
+            raise ReportError(f"question {q.title!r}: no row is named {side!r} (rows without {budget}: "
+                              f"{', '.join(names)})")
+    budgets = list(q.budgets) or sorted(set(at_a) & set(at_b), key=str)
+    missing = [b for b in budgets if b not in at_a or b not in at_b]
+    if missing:
+        ans.note = f"not tested: no runs of both rows at {budget}={', '.join(map(str, missing))}"
+        return ans
+    if q.estimand == "at" and len(budgets) != 1:
+        raise ReportError(f"question {q.title!r}: estimand 'at' needs one budget, the rows have "
+                          f"{', '.join(map(str, budgets))}: declare budgets: [one of them]")
+    ans.budgets = budgets
+    per: list[dict] = []
+    for bud in budgets:
+        a, b = at_a[bud], at_b[bud]
+        if why := unpaired_because(a, b):
+            ans.note = f"not tested: {why}"
+            return ans
+        if not q.log:  # retrieval: only the seeds whose runs acquired it in-window
+            a, b = (learned(a), learned(b))
+        per.append(contrasts(a, b, q.metric))
+    seeds = sorted(set.intersection(*(set(d) for d in per)), key=str)
+    ans.seeds = seeds
+    ans.contrasts = np.array([[d[s] for d in per] for s in seeds]).reshape(len(seeds), len(budgets))
+    ans.interaction = budget_interaction(ans.contrasts) if len(seeds) >= MIN_SEEDS else None
+    return ans
+
+
+def finish_answers(answers: Sequence[Answer], alpha: float) -> None:
+    """Test each answer's estimand, Holm over those tested, Bonferroni intervals at 1 - alpha / m."""
+    def tests(ans: Answer, level: float) -> None:
+        x = ans.contrasts
+        if ans.q.estimand == "every":
+            ans.test = None
+            ans.per_budget = {b: seed_test(x[:, k], level) for k, b in enumerate(ans.budgets)}
+        else:
+            ans.test = seed_test(x.mean(axis=1) if x.size else [], level)
+
+    live = [a for a in answers if not a.note]
+    for ans in live:  # the unadjusted p first (the level does not change p)
+        tests(ans, 0.95)
+        ans.p = (intersection_union(list(ans.per_budget.values())) if ans.q.estimand == "every" else
+                 ans.test.p if ans.test is not None else math.nan)
+        if ans.q.estimand == "every" and not all(t.tested for t in ans.per_budget.values()):
+            ans.p = math.nan  # a budget without a test: no verdict (said by its note)
+    tested = [a for a in live if math.isfinite(a.p)]
+    level = bonferroni_level(len(tested), alpha)
+    for ans, p in zip(tested, holm([a.p for a in tested], alpha)):
+        ans.p_adj = p
+    for ans in live:
+        tests(ans, level)
+
+
+def answer_all(decl: Declaration, rows: Sequence[Row]) -> list[Answer]:
+    """Every declared question answered: one family, Holm over the tested ones."""
+    answers = [answer(q, rows, decl.budget) for q in decl.questions]
+    for a in answers:
+        a.alpha, a.post_hoc = decl.alpha, decl.post_hoc
+    finish_answers(answers, decl.alpha)
+    return answers
+
+
+# ---------------------------------------------------------------------------------------------
+# planning: how many seeds
+
+
+@dataclass
+class Plan:
+    q: Question
+    sd: float  # pooled sd of per-seed contrasts of this metric
+    df: int
+    sd_up: float  # its one-sided 80 % upper bound
+    seeds: int | None  # needed at the point estimate of sd
+    seeds_up: int | None  # needed at its upper bound
+    alpha: float  # per question: alpha / m
+
+
+def plan(decl: Declaration, rows: Sequence[Row], power: float = POWER) -> list[Plan]:
+    """Per question: the seeds needed for `power` at alpha / m (m = the declared questions) for its smallest effect,
+    by the noncentral t, from the sd of per-seed contrasts pooled over every pair and budget of that metric among
+    the questions (the runs at hand are the pilot). `averaged` uses that per-budget sd as is (conservative: budgets
+    of one seed are correlated); `every` asks power^(1/k) at each of its k budgets."""
+    answers = [answer(q, rows, decl.budget) for q in decl.questions]
+    m = len(decl.questions)
+    alpha = decl.alpha / m
+    pools: dict[str, list] = {}
+    for ans in answers:
+        if not ans.note and ans.contrasts.size:
+            pools.setdefault(ans.q.metric, []).extend(list(ans.contrasts.T))
+    out = []
+    for q in decl.questions:
+        sd, df = pooled_sd(pools.get(q.metric, []))
+        k = len(q.budgets) if q.estimand == "every" and q.budgets else 1
+        pw = power ** (1 / k)
+        up = sd_upper(sd, df)
+        out.append(Plan(q, sd, df, up, seeds_for_power(q.effect(), sd, alpha, pw),
+                        seeds_for_power(q.effect(), up, alpha, pw), alpha))
+    return out
+
+
+def plan_lines(plans: Sequence[Plan], power: float = POWER) -> list[str]:
+    """The plan as Markdown lines: a table and how to use it (an internal pilot)."""
+    if not plans:
+        return []
+    lines = ["| question | smallest effect | pooled sd (df) | seeds at sd | seeds at its 80 % upper bound |",
+             "|---|---|---|---|---|"]
+    for p in plans:
+        eff = f"{p.q.smallest_effect:g}×" if p.q.log else f"{p.q.smallest_effect:+g}"
+        sd = f"{p.sd:.3g} ({p.df})" if math.isfinite(p.sd) else "— (no pilot runs)"
+        lines.append(f"| {p.q.title} ({p.q.estimand}) | {eff} | {sd} | {p.seeds or '—'} | {p.seeds_up or '—'} |")
+    lines += ["", (f"Seeds for {power:.0%} power at α / m = {plans[0].alpha:.3g} (two-sided, noncentral t: "
+                   "statsmodels TTestPower), from the sd of per-seed contrasts pooled over every pair and budget of "
+                   "the metric (log ratios for perplexities). Plan it as an internal pilot: run the planned seeds, "
+                   "re-estimate the pooled sd once, top up.")]
+    return lines
