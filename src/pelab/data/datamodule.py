@@ -214,6 +214,14 @@ class LMDataModule(L.LightningDataModule):
         self._require_setup()
         return self.cache.n_tokens(split)
 
+    def document_starts(self, split: str = "val") -> np.ndarray:
+        """(n_docs + 1,) int64: where each document of the split starts in `eval_tokens(split)`, then its
+        length (the cache's `{split}.idx.npy`)."""
+        self._require_setup()
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; use one of {SPLITS}")
+        return np.asarray(self.cache.offsets(split), dtype=np.int64)
+
     def _require_setup(self) -> None:
         if self.cache is None:
             raise RuntimeError(

@@ -48,6 +48,7 @@ def run_extrapolation(model: Any, datamodule: Any, s: EvalSettings) -> EvalResul
     seconds = time.perf_counter() - t0
     extrap.parent_train_length = parent_train_length(s.cfg)
     extrap.split, extrap.seed = str(ecfg.split), int(ecfg.get("seed", 0))
+    extrap.block_docs, extrap.split_documents = s.block_docs, s.split_documents  # the intervals' unit
     curves = {f"{s.label} nonoverlap": extrap.ppl_by_length("nonoverlap")}
     if "sliding" in extrap.protocols:
         curves[f"{s.label} sliding"] = extrap.ppl_by_length("sliding")

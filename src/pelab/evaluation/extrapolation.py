@@ -1,8 +1,9 @@
 """Length extrapolation: perplexity beyond the training window (ALiBi-paper protocols).
 
 The evaluation text is K blocks of N tokens (N + 1 with the last target), N the longest evaluated length:
-``spread_blocks`` draws them at random places of the whole split (a fixed ``eval.seed``, so every run of a
-study scores the same blocks; disjoint; a block may cross a document boundary, as the training windows do).
+``spread_blocks`` draws them at random places of the whole split, stratified by document (a fixed ``eval.seed``,
+so every run of a study scores the same blocks; disjoint; a block may cross a document boundary, as the training
+windows do, and belongs to the document holding most of its scored tokens: ``pelab.evaluation.blocks``).
 Two protocols over each block:
 
 * ``nonoverlap`` -- the span is cut into independent windows of L tokens; every token is scored
@@ -13,9 +14,11 @@ Two protocols over each block:
 
 Every length and protocol scores the *same* K x N target tokens, so the curves are comparable across lengths
 and across runs, and lengths are paired block by block. NLL is summed in fp32 from ``F.cross_entropy`` (never
-softmax-then-log, which turns peaked logits into inf) per block, in float64. The 95% interval of a perplexity
-is a bootstrap over the blocks (the independent unit: tokens of one block are correlated), that of a ratio
-ppl@L / ppl@train_length a paired bootstrap of the blocks' differences (``pelab.evaluation.stats``).
+softmax-then-log, which turns peaked logits into inf) per block, in float64. Blocks of one document are
+correlated, so the document is the sampling unit: the 95% interval of a perplexity is a bootstrap over the
+documents (``stats.clustered_ppl_interval``: whole documents resampled, exp(sum NLL / sum tokens) recomputed),
+that of a ratio ppl@L / ppl@train_length the same bootstrap of both, paired. Blocks with no document ids (a bare
+stream) fall back to a bootstrap over the blocks, labelled so.
 
 Each window is an independent sequence at positions ``0..len-1`` (``model(idx)`` with ``start=0``).
 A model whose encoding cannot represent a length (learned absolute positions past their table)
@@ -37,6 +40,7 @@ from torch import nn
 
 from pelab.errors import PositionOutOfRange
 from pelab.evaluation import stats
+from pelab.evaluation.blocks import slots_by_document, uniform_slots
 from pelab.evaluation.common import evaluating, model_device, not_applicable_note, safe_exp, windows_per_batch
 from pelab.evaluation.config import PROTOCOLS
 from pelab.metric_keys import metric_key
@@ -54,19 +58,19 @@ def blocks_for_budget(eval_tokens: int | None, block_length: int) -> int | None:
     return max(1, -(-int(eval_tokens) // int(block_length)))
 
 
-def spread_blocks(tokens: Any, block_length: int, n_blocks: int | None, seed: int) -> tuple[torch.Tensor, np.ndarray]:
+def spread_blocks(tokens: Any, block_length: int, n_blocks: int | None, seed: int,
+                  doc_starts: np.ndarray | None = None) -> tuple[torch.Tensor, np.ndarray]:
     """K blocks of ``block_length + 1`` tokens drawn at random places of ``tokens`` (a split's stream), in stream
     order: (K, block_length + 1) int64 and their start offsets (K,). The split is cut into slots of
     ``block_length`` tokens (a block's last target is the next slot's first input, so the blocks' scored tokens
-    never overlap) and ``n_blocks`` slots are drawn without replacement by ``seed``; None, or more than there
-    are: every slot, i.e. the whole split scored as one contiguous stream."""
-    n = len(tokens)
-    slots = (n - 1) // block_length
-    if slots < 1:
-        raise ValueError(f"the evaluation split has {n} tokens, fewer than one block of {block_length + 1}")
-    k = slots if n_blocks is None else min(int(n_blocks), slots)
-    chosen = np.arange(slots) if k == slots else np.sort(np.random.default_rng(seed).choice(slots, k, replace=False))
-    starts = chosen * block_length
+    never overlap) and ``n_blocks`` slots are drawn without replacement by ``seed``: stratified by document when
+    ``doc_starts`` (n_docs + 1,) says where the documents start (``blocks.slots_by_document``), else uniformly
+    over the stream (``blocks.uniform_slots``, the draw of runs before issue 49). None, or more than there are:
+    every slot, i.e. the whole split scored as one contiguous stream."""
+    if doc_starts is None:
+        starts = uniform_slots(len(tokens), block_length, n_blocks, seed)
+    else:
+        starts = slots_by_document(len(tokens), block_length, n_blocks, seed, doc_starts)
     idx = starts[:, None] + np.arange(block_length + 1)  # (K, N + 1)
     return torch.from_numpy(np.asarray(tokens[idx.ravel()], dtype=np.int64).reshape(idx.shape)), starts
 
@@ -147,7 +151,8 @@ class ExtrapolationCell:
         return np.asarray(self.block_nll, dtype=float) / (self.n_tokens / k) if k and self.n_tokens else np.array([])
 
     def interval(self) -> tuple[float, float]:
-        """95% bootstrap interval of the perplexity over the blocks (NaN with fewer than two blocks)."""
+        """95% bootstrap interval of the perplexity over the blocks, as if they were independent (NaN with fewer
+        than two blocks); ``ExtrapolationResult.interval`` clusters them by document when it can."""
         lo, hi = stats.mean_interval(self.block_means())
         return safe_exp(lo), safe_exp(hi)
 
@@ -182,6 +187,10 @@ class ExtrapolationResult:
     # An extended run (train.py extend.from=...): its parent's training length, the second axis the lengths
     # are given on (x_parent = length / parent_train_length), so parent and child curves share one axis.
     parent_train_length: int | None = None
+    # The document of each block (blocks.block_documents), (K,): the intervals' resampling unit; None: a bare
+    # stream, the intervals resample blocks. The split's document count, to say how many the blocks cover.
+    block_docs: list[int] | None = None
+    split_documents: int | None = None
 
     def x_parent(self, length: int) -> float | None:
         return length / self.parent_train_length if self.parent_train_length else None
@@ -203,16 +212,60 @@ class ExtrapolationResult:
             return float("nan") if math.isinf(val) else 0.0
         return val / base if base > 0 else float("nan")
 
+    def clustered(self, length: int, protocol: str = "nonoverlap",
+                  ratio: bool = False) -> stats.ClusteredInterval | None:
+        """The perplexity at (length, protocol), or with ``ratio`` ppl@L / ppl@train_length (nonoverlap), with
+        its interval over the blocks' documents (``stats.clustered_ppl_interval``); None without document ids or
+        without the cells."""
+        cell = self.cells.get((length, protocol))
+        base = self.cells.get((self.train_length, "nonoverlap")) if ratio else None
+        if self.block_docs is None or cell is None or not cell.n_tokens:
+            return None
+        if ratio and (base is None or not base.n_tokens):
+            return None
+        per_block = cell.n_tokens // len(cell.block_nll)  # every block scores the same count
+        return stats.clustered_ppl_interval(cell.block_nll, per_block, self.block_docs,
+                                            base_nll=base.block_nll if ratio else None)
+
+    def interval(self, length: int, protocol: str = "nonoverlap") -> tuple[float, float]:
+        """95% interval of the perplexity at (length, protocol): clustered by document when the blocks' documents
+        are known, else the blocks' own bootstrap (``ExtrapolationCell.interval``)."""
+        c = self.clustered(length, protocol)
+        return (c.lo, c.hi) if c is not None else self.cells[(length, protocol)].interval()
+
     def ratio_interval(self, length: int) -> tuple[float, float]:
-        """95% interval of ppl@L / ppl@train_length: a bootstrap of the blocks' paired NLL differences (none at
-        the training length itself, where the ratio is 1 by definition)."""
+        """95% interval of ppl@L / ppl@train_length: both recomputed from the same resampled documents (or, with
+        no document ids, a bootstrap of the blocks' paired NLL differences); none at the training length itself,
+        where the ratio is 1 by definition."""
         if length == self.train_length:
             return float("nan"), float("nan")
         a, b = self.cells.get((length, "nonoverlap")), self.cells.get((self.train_length, "nonoverlap"))
         if a is None or b is None or not a.n_tokens or not b.n_tokens:
             return float("nan"), float("nan")
+        c = self.clustered(length, ratio=True)
+        if c is not None:
+            return c.lo, c.hi
         lo, hi = stats.mean_interval(a.block_means() - b.block_means())
         return safe_exp(lo), safe_exp(hi)
+
+    def interval_label(self) -> str:
+        """How the intervals were made (summary.json ``evaluation.extrapolation.interval``)."""
+        if self.block_docs is None:
+            return "95% percentile bootstrap over blocks"
+        return stats.cluster_label(len(set(self.block_docs)))
+
+    def design_effects(self) -> dict[str, float]:
+        """{"protocol@L": design effect} of every scored cell and {"ratio@L": ...} of every ratio past the training
+        length (``stats.design_effect``); empty without document ids."""
+        out = {}
+        for (L, p) in self.cells:
+            c = self.clustered(L, p)
+            if c is not None:
+                out[f"{p}@{L}"] = c.design_effect
+            r = self.clustered(L, ratio=True) if p == "nonoverlap" and L != self.train_length else None
+            if r is not None:
+                out[f"ratio@{L}"] = r.design_effect
+        return out
 
     def ppl_by_length(self, protocol: str = "nonoverlap") -> dict[int, float]:
         """{length: ppl} for plots (``plots.plot_ppl_vs_length``)."""
@@ -228,7 +281,7 @@ class ExtrapolationResult:
             if (L, "nonoverlap") in self.cells:
                 c = self.cells[(L, "nonoverlap")]
                 m[metric_key("extrap/ppl", L)] = c.ppl
-                m[metric_key("extrap/ppl", L, "lo")], m[metric_key("extrap/ppl", L, "hi")] = c.interval()
+                m[metric_key("extrap/ppl", L, "lo")], m[metric_key("extrap/ppl", L, "hi")] = self.interval(L)
                 if self.bytes_per_token:
                     m[metric_key("extrap/bpb", L)] = c.bpb(self.bytes_per_token)
                 m[metric_key("extrap/ppl_ratio", L)] = self.ppl_ratio(L)
@@ -238,30 +291,33 @@ class ExtrapolationResult:
                 c = self.cells[(L, "sliding")]
                 m[metric_key("extrap/ppl_sliding", L)] = c.ppl
                 m[metric_key("extrap/ppl_sliding", L, "lo")], m[metric_key("extrap/ppl_sliding", L, "hi")] = (
-                    c.interval())
+                    self.interval(L, "sliding"))
             if self.parent_train_length and (L, "nonoverlap") in self.cells:  # e.g. extrap/ppl@parent_x4
                 m[metric_key("extrap/ppl", parent_x=self.x_parent(L))] = self.cells[(L, "nonoverlap")].ppl
         return m
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per (length, protocol) for a W&B table: length, protocol, ppl with its 95% interval
-        (ppl_lo, ppl_hi) and relative standard error (se), bpb, nll, n_tokens, note (NaN where not
-        applicable)."""
+        (ppl_lo, ppl_hi) and relative standard error (se; times the square root of the design effect when the
+        blocks are clustered by document), bpb, nll, n_tokens, note (NaN where not applicable)."""
         out = []
         for L in self.lengths:
             for p in self.protocols:
                 c = self.cells.get((L, p))
                 if c is None:
                     continue
+                lo, hi = self.interval(L, p)
+                clustered = self.clustered(L, p)
+                deff = clustered.design_effect if clustered is not None else 1.0
                 out.append(
                     {
                         "length": L,
                         **({"x_parent": self.x_parent(L)} if self.parent_train_length else {}),
                         "protocol": p,
                         "ppl": c.ppl,
-                        "ppl_lo": c.interval()[0],
-                        "ppl_hi": c.interval()[1],
-                        "se": c.relative_se(),  # standard error relative to ppl
+                        "ppl_lo": lo,
+                        "ppl_hi": hi,
+                        "se": c.relative_se() * math.sqrt(deff),  # standard error relative to ppl
                         "bpb": c.bpb(self.bytes_per_token),
                         "nll": c.nll,
                         "n_tokens": c.n_tokens,
@@ -283,7 +339,13 @@ class ExtrapolationResult:
                 "blocks": self.blocks,
                 "split": self.split,
                 "seed": self.seed,
-                "interval": "95% percentile bootstrap over blocks",
+                "interval": self.interval_label(),
+                # the document of each block (the intervals' unit), how many the blocks cover of the split's,
+                # and each cell's design effect (variance clustered by document / as if blocks were independent)
+                "block_docs": self.block_docs,
+                "n_documents": len(set(self.block_docs)) if self.block_docs is not None else None,
+                "split_documents": self.split_documents,
+                "design_effect": self.design_effects(),
                 "bytes_per_token": self.bytes_per_token,
                 "metrics": self.metrics(),
                 "rows": self.rows(),

@@ -17,7 +17,8 @@ from typing import Any
 @dataclass
 class EvalSettings:
     """What every evaluation of one suite run shares: the config, the training length, the evaluation lengths
-    (tokens), the evaluation blocks of those lengths (K, max(lengths) + 1), the device and the figures' label."""
+    (tokens), the evaluation blocks of those lengths (K, max(lengths) + 1), the device and the figures' label;
+    the document of each block (K,) and the split's document count (None: not known)."""
 
     cfg: Any
     train_length: int
@@ -25,6 +26,8 @@ class EvalSettings:
     blocks: Any
     device: Any
     label: str
+    block_docs: Any = None
+    split_documents: int | None = None
 
 
 @dataclass

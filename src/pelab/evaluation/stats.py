@@ -1,7 +1,7 @@
 """The statistics of every reported number, from ``scipy.stats``: Wilson intervals of probe accuracies, the
-lost-in-the-middle gap with an interval, bootstrap intervals of means (perplexities over evaluation blocks),
-McNemar's exact test for paired probe comparisons; plus effective length and the area under accuracy vs
-log-length.
+lost-in-the-middle gap with an interval, bootstrap intervals of means, perplexities over evaluation blocks with a
+bootstrap over their documents (``clustered_ppl_interval``), McNemar's exact test for paired probe comparisons;
+plus effective length and the area under accuracy vs log-length.
 
 Every probe instance is a Bernoulli outcome (retrieved or not). A cell (kind, depth, length) holds n
 independent instances, so its accuracy gets a Wilson score interval (Wilson 1927; good coverage at small n
@@ -19,6 +19,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import scipy.stats
@@ -50,6 +51,86 @@ def mean_interval(values: Sequence[float], level: float = LEVEL, seed: int = 0,
     res = scipy.stats.bootstrap((x,), np.mean, confidence_level=level, n_resamples=n_resamples,
                                 method="percentile", rng=np.random.default_rng(seed))
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+# ---------------------------------------------------------------------------------------------
+# Perplexity over evaluation blocks, clustered by document.
+#
+# The blocks of one document share its style and difficulty (their NLLs are correlated), so blocks are not
+# independent: the document is the sampling unit. A perplexity exp(sum NLL / sum tokens) over documents of
+# unequal length is a ratio estimator; its interval resamples whole documents (the cluster bootstrap: Davison &
+# Hinkley 1997, section 3.8; Field & Welsh 2007) and recomputes the ratio from the drawn documents' totals.
+
+APPROXIMATE_BELOW = 50  # documents: with fewer, a percentile interval of a ratio estimator is only approximate
+
+
+class ClusteredInterval(NamedTuple):
+    """A perplexity (or a ratio of two) with its document-clustered interval: the estimate, [lo, hi], the number
+    of documents the blocks come from, the design effect (``clustered_ppl_interval``) and the label the report
+    shows."""
+
+    estimate: float
+    lo: float
+    hi: float
+    n_documents: int
+    design_effect: float
+    label: str
+
+
+def cluster_label(n_documents: int, level: float = LEVEL) -> str:
+    """How a clustered interval was made, e.g. "95% percentile bootstrap over 27 documents (approximate below
+    50)"."""
+    label = f"{level:.0%} percentile bootstrap over {n_documents} documents"
+    return label + (f" (approximate below {APPROXIMATE_BELOW})" if n_documents < APPROXIMATE_BELOW else "")
+
+
+def ratio_bootstrap(num: np.ndarray, den: np.ndarray, level: float = LEVEL, seed: int = 0,
+                    n_resamples: int = N_RESAMPLES) -> tuple[float, float, np.ndarray]:
+    """Percentile bootstrap of the ratio sum(num) / sum(den) over n units (blocks or documents): units resampled
+    with replacement (``scipy.stats.bootstrap`` over their indices, a fixed seed), the ratio recomputed from the
+    drawn units' totals. Returns the interval's ends and the bootstrap distribution (n_resamples,)."""
+
+    def ratio(idx: np.ndarray, axis: int = -1) -> np.ndarray:  # idx (..., n): drawn unit indices
+        return num[idx].sum(axis=axis) / den[idx].sum(axis=axis)
+
+    res = scipy.stats.bootstrap((np.arange(num.size),), ratio, vectorized=True, confidence_level=level,
+                                n_resamples=n_resamples, method="percentile", rng=np.random.default_rng(seed))
+    return float(res.confidence_interval.low), float(res.confidence_interval.high), res.bootstrap_distribution
+
+
+def clustered_ppl_interval(block_nll: Sequence[float], block_tokens: Sequence[float] | float,
+                           block_docs: Sequence[int], base_nll: Sequence[float] | None = None,
+                           level: float = LEVEL, seed: int = 0,
+                           n_resamples: int = N_RESAMPLES) -> ClusteredInterval:
+    """exp(sum NLL / sum tokens) over K blocks with a percentile interval from a cluster bootstrap: whole
+    documents resampled with replacement and the ratio recomputed from the drawn documents' NLL and token totals
+    (documents differ in length: a ratio estimator, not a mean of block means; ``ratio_bootstrap``).
+
+    ``block_nll`` (K,): summed NLL of each block; ``block_tokens``: its scored tokens, (K,) or one count for all;
+    ``block_docs`` (K,): the document each block belongs to. With ``base_nll`` (K,), the same blocks' NLL at a
+    reference length (same token counts), the statistic is the ratio ppl / ppl_base = exp(sum(NLL - base) /
+    sum tokens): paired, both recomputed from the same drawn documents.
+
+    The design effect is the variance of the log perplexity's bootstrap distribution over documents divided by
+    that over blocks (as if blocks were independent; same seed and resamples): how much clustering inflates the
+    variance, measured as the interval is made (Kish 1965, section 8.2, defines it as this variance ratio; the
+    linearised ratio-estimator variance underestimates it when one document holds most of the blocks). NaN
+    interval with fewer than two documents or a non-finite NLL."""
+    a = np.asarray(block_nll, dtype=float) - (0.0 if base_nll is None else np.asarray(base_nll, dtype=float))
+    t = np.broadcast_to(np.asarray(block_tokens, dtype=float), a.shape)  # (K,)
+    _, d = np.unique(np.asarray(block_docs), return_inverse=True)
+    doc_nll, doc_tokens = np.bincount(d, weights=a), np.bincount(d, weights=t)  # (D,) totals per document
+    n_docs, label = doc_nll.size, cluster_label(doc_nll.size, level)
+    estimate = math.exp(a.sum() / t.sum()) if np.isfinite(a).all() and t.sum() > 0 else float("nan")
+    if n_docs < 2 or not math.isfinite(estimate):
+        return ClusteredInterval(estimate, float("nan"), float("nan"), n_docs, float("nan"), label)
+    rates = doc_nll / doc_tokens
+    if np.all(rates == rates[0]):  # every document at one NLL per token: nothing to resample (scipy warns)
+        return ClusteredInterval(estimate, estimate, estimate, n_docs, float("nan"), label)
+    lo, hi, by_docs = ratio_bootstrap(doc_nll, doc_tokens, level, seed, n_resamples)
+    *_, by_blocks = ratio_bootstrap(a, np.ascontiguousarray(t), level, seed, n_resamples)
+    deff = float(np.var(by_docs) / np.var(by_blocks)) if np.var(by_blocks) > 0 else float("nan")
+    return ClusteredInterval(estimate, math.exp(lo), math.exp(hi), n_docs, deff, label)
 
 
 def hierarchical_interval(groups: Sequence[Sequence[float]], level: float = LEVEL, seed: int = 0,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import matplotlib.pyplot as plt
 import torch
@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 
 from pelab.data.recall import import_plugins
 from pelab.errors import ConfigError
+from pelab.evaluation.blocks import block_documents
 from pelab.evaluation.config import resolve_lengths
 from pelab.evaluation.extrapolation import blocks_for_budget, spread_blocks
 from pelab.evaluation.plots import save_figure
@@ -27,14 +28,25 @@ from pelab.metric_keys import with_variant
 log = logging.getLogger(__name__)
 
 
-def eval_blocks(datamodule: Any, ecfg: Any, lengths: list[int]) -> torch.Tensor:
+class EvalBlocks(NamedTuple):
+    """The evaluation text: blocks (K, N + 1), the document of each (K,), the split's document count."""
+
+    blocks: torch.Tensor
+    docs: Any
+    split_documents: int
+
+
+def eval_blocks(datamodule: Any, ecfg: Any, lengths: list[int]) -> EvalBlocks:
     """The blocks every length scores: `eval.tokens` (null: the whole split) in blocks of the longest length,
-    drawn over the whole `eval.split` by `eval.seed` (`spread_blocks`), (K, max(lengths) + 1)."""
+    drawn over the whole `eval.split` by `eval.seed`, stratified by document (`spread_blocks`), with the document
+    each belongs to (`blocks.block_documents`: the intervals resample documents)."""
     block = max(lengths)
     tokens = datamodule.eval_tokens(ecfg.split)  # the whole split, (n,) int64
+    doc_starts = datamodule.document_starts(ecfg.split)  # (n_docs + 1,)
     check_eval_budget(str(ecfg.split), ecfg.get("tokens"), block, len(tokens))
-    blocks, _ = spread_blocks(tokens, block, blocks_for_budget(ecfg.get("tokens"), block), int(ecfg.get("seed", 0)))
-    return blocks
+    blocks, starts = spread_blocks(tokens, block, blocks_for_budget(ecfg.get("tokens"), block),
+                                   int(ecfg.get("seed", 0)), doc_starts)
+    return EvalBlocks(blocks, block_documents(starts, block, doc_starts), len(doc_starts) - 1)
 
 
 def check_eval_budget(split: str, tokens: int | None, block: int, available: int, key: str = "eval.tokens") -> None:
@@ -68,8 +80,9 @@ def run_evaluation(
     train_length = int(cfg.data.seq_len)
     lengths = resolve_lengths(list(cfg.eval.lengths), train_length)
     label = cfg.pe.name if not prefix else f"{cfg.pe.name} ({prefix})"
-    settings = EvalSettings(cfg, train_length, lengths, eval_blocks(datamodule, cfg.eval, lengths),
-                            next(model.parameters()).device, label)
+    text = eval_blocks(datamodule, cfg.eval, lengths)
+    settings = EvalSettings(cfg, train_length, lengths, text.blocks, next(model.parameters()).device, label,
+                            text.docs.tolist(), text.split_documents)
     results = {name: ev.run(model, datamodule, settings) for name, ev in EVALUATIONS.items() if ev.enabled(cfg)}
     metrics = {k: v for r in results.values() for k, v in r.metrics.items()}
     if prefix:

@@ -50,7 +50,7 @@ class EvaluationAlongTraining(Callback):
         self.lengths = resolve_lengths(list(self.ecfg["lengths"]), self.train_length)
         self.records: list[dict[str, Any]] = []
         self.steps: dict[int, float] = {}
-        self.blocks = None
+        self.text = None  # suite.EvalBlocks
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         every = int(trainer.val_check_interval) if trainer.val_check_interval else 1
@@ -59,17 +59,18 @@ class EvaluationAlongTraining(Callback):
             at_tokens = self.ecfg["at_tokens"]
             budget = OmegaConf.create({**self.ecfg, "tokens": self.ecfg["tokens"] if at_tokens is None
                                        else at_tokens})
-            self.blocks = eval_blocks(trainer.datamodule, budget, self.lengths)
+            self.text = eval_blocks(trainer.datamodule, budget, self.lengths)
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         step = int(trainer.global_step)
         if trainer.sanity_checking or step not in self.steps or any(r["step"] == step for r in self.records):
             return
         t0 = time.perf_counter()
-        result = evaluate_extrapolation(pl_module.model, self.blocks, self.lengths, self.train_length,
+        result = evaluate_extrapolation(pl_module.model, self.text.blocks, self.lengths, self.train_length,
                                         device=pl_module.device, protocols=("nonoverlap",),
                                         batch_tokens=int(self.ecfg["batch_tokens"]))
         result.split, result.seed = str(self.ecfg["split"]), int(self.ecfg["seed"])
+        result.block_docs = self.text.docs.tolist()  # intervals clustered by document, as at the end
         metrics = result.metrics()
         record = {"step": step, "fraction": step / int(trainer.max_steps), "asked": self.steps[step],
                   "schedule": "mid-schedule",
