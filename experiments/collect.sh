@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Copy the small files of finished run folders (summary.json, csv/metrics.csv, .hydra/overrides.yaml) from a sweep
+# Copy the small files of finished run folders (summary.json, csv/metrics.csv, .hydra/overrides.yaml, the diff of a
+# launch from a dirty tree: provenance-<launch>.diff) from a sweep
 # folder into the repository: what the reports and the findings are made from. Unfinished jobs are left out (a
 # relaunch of the sweep finishes them; run this again).
 #   bash experiments/collect.sh <sweep folder> <destination under experiments/>
@@ -14,5 +15,6 @@ for job in "$src"/*/; do
   cp "$job/summary.json" "$dst/$name/"
   [ -f "$job/csv/metrics.csv" ] && cp "$job/csv/metrics.csv" "$dst/$name/csv/"
   [ -f "$job/.hydra/overrides.yaml" ] && cp "$job/.hydra/overrides.yaml" "$dst/$name/.hydra/"
+  for diff in "$job"/provenance-*.diff; do [ -f "$diff" ] && cp "$diff" "$dst/$name/"; done
 done
 echo "collected $(ls -d "$dst"/*/ 2>/dev/null | wc -l) finished jobs into $dst"

@@ -41,6 +41,7 @@ BAD = [
     (["matmul_precision=tf32"], "matmul_precision"),
     (["threads=0"], "threads"),
     (["threads=many"], "threads"),
+    (["provenance.allow_dirty=maybe"], "provenance.allow_dirty"),
     (["model.n_heads=null"], "model.n_heads"),
     (["+model.n_kv_heads=2"], "model.n_kv_heads"),
     (["model.name=???"], "model.name"),

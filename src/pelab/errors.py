@@ -14,6 +14,10 @@ class ConfigError(UserError, ValueError):
     """A setting that cannot work; the message names the key to change and how."""
 
 
+class DirtyTreeError(ConfigError):
+    """A study run from a git tree with uncommitted changes to tracked files (provenance.allow_dirty=false)."""
+
+
 class CheckpointError(UserError, ValueError):
     """A checkpoint that cannot be read or does not belong to this run's model/tokenizer."""
 

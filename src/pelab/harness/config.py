@@ -148,6 +148,11 @@ class DebugConfig:
 
 
 @dataclass
+class ProvenanceConfig:
+    allow_dirty: bool  # a study run from a tree with uncommitted changes (pelab.tasks.preflight)
+
+
+@dataclass
 class RunConfig:
     """The top-level keys of conf/train.yaml (the groups are typed by their own schemas): what a run is called
     and how the harness runs it."""
@@ -163,6 +168,7 @@ class RunConfig:
     threads: Any
     evaluate_after_fit: bool
     debug: DebugConfig
+    provenance: ProvenanceConfig
 
 
 @dataclass(frozen=True)

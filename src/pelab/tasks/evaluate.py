@@ -113,6 +113,7 @@ def evaluate(cfg: DictConfig) -> dict:
     # SIGTERM / Ctrl-C stop at once (status preempted / interrupted): an evaluation is simply rerun.
     with run_task(Path(cfg.paths.output_dir), task="eval", signals=preemption_signals(),
                   hint="Rerun the same command to evaluate again.", ckpt_path=str(cfg.ckpt_path)) as task:
+        task.record_diff()
         task.record_machine()
         ckpt = load_checkpoint(cfg.ckpt_path)
         merged = merged_config(ckpt["hyper_parameters"]["cfg"], cfg, overridden_keys(cfg))

@@ -5,7 +5,9 @@
   names all the unknown ones, where Hydra names the first);
 - the run (or sweep) folder and the token cache folder writable (`Preflight`, Hydra's callback, on the config
   Hydra composes: Hydra's own logging would otherwise fail with a traceback ending in "Unable to configure
-  handler 'file'").
+  handler 'file'");
+- a study run (composed with `experiment=...`) from a git tree with uncommitted changes to tracked files, unless
+  `provenance.allow_dirty=true` (`Preflight` too: once per launch, before any job of a multirun).
 
 And, for errors during a run, `os_error_line`: a full disk, a read-only folder or a missing permission anywhere in
 an exception's chain, as one line naming the path and the setting that moves it.
@@ -23,7 +25,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from pelab.errors import ConfigError
+from pelab.errors import ConfigError, DirtyTreeError
 
 WANDB_MODES = ("online", "offline", "disabled", "dryrun", "run")
 WHERE = {"cache": "PELAB_CACHE_DIR or paths.cache_dir", "output": "hydra.run.dir / hydra.sweep.dir, "
@@ -92,9 +94,11 @@ class Preflight(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         refuse_unless(lambda: check_folders(config, "hydra.run.dir"))
+        refuse_unless(lambda: check_clean_tree(config))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         refuse_unless(lambda: check_folders(config, "hydra.sweep.dir"))
+        refuse_unless(lambda: check_clean_tree(config))
 
 
 def check_folders(config: DictConfig, out_key: str) -> None:
@@ -105,6 +109,24 @@ def check_folders(config: DictConfig, out_key: str) -> None:
         return
     check_writable(out, out_key, "output")
     check_writable(cache, "paths.cache_dir", "cache")
+
+
+def check_clean_tree(config: DictConfig) -> None:
+    """A study's numbers must be tied to a commit: a run composed with `experiment=...` is refused when tracked
+    files of the checkout it runs from differ from their commit, unless `provenance.allow_dirty` (then each
+    launch stores its diff: pelab.provenance.store_diff). Outside a git checkout there is nothing to tie."""
+    from pelab.provenance import DIFF_FILE, code_state
+
+    study = OmegaConf.select(config, "hydra.runtime.choices.experiment")
+    if study is None or OmegaConf.select(config, "provenance.allow_dirty", default=False) is True:
+        return
+    state = code_state()
+    if state.changed:
+        raise DirtyTreeError(
+            f"this study run (experiment={study}) comes from a git tree with uncommitted changes to tracked files "
+            f"({len(state.changed)} changed in {state.top}, e.g. {state.changed[0]}): commit your changes, or set "
+            "provenance.allow_dirty=true to run anyway; the diff is then stored in the run folder "
+            f"({DIFF_FILE.format(launch='<launch>')}).")
 
 
 def os_error_line(err: BaseException) -> str | None:

@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from pelab.errors import ConfigError, is_user_error
-from pelab.provenance import code_version, launch_record, machine, now
+from pelab.provenance import code_version, launch_record, machine, now, store_diff
 from pelab.result_table import result_table
 from pelab.summary import RunRecord, command_line, read_summary, versions, write_summary
 from pelab.tasks.names import in_multirun, sweep_group
@@ -79,6 +79,18 @@ class Task:
         """The host, CPUs, GPUs and torch threads into `provenance.machine`: once the settings are valid (it
         imports torch, which a refused setting never waits for)."""
         self.summary["provenance"]["machine"] = machine()
+
+    def record_diff(self) -> None:
+        """A launch from a tree with uncommitted changes keeps them: `git diff HEAD` into the run folder
+        (provenance-<launch>.diff), its file and sha256 in this launch's record and in `provenance.code` (the
+        code of the latest launch); a resumed run shows each launch's tree. Once the settings are valid."""
+        if self.rank != 0 or os.getpid() != self.pid:
+            return
+        stored = store_diff(self.output_dir, len(self.summary["launches"]))
+        if stored is not None:
+            self.summary["launches"][-1]["diff"] = stored
+            self.summary["provenance"]["code"]["diff"] = stored
+            self.save()
 
     def save(self) -> None:
         """Write summary.json as it stands (rank 0): called whenever something new is known."""

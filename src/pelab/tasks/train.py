@@ -72,6 +72,7 @@ def train_in(cfg: DictConfig, output_dir: Path, signals: tuple[int, ...]) -> dic
         # Every check that needs no data before torch, Lightning or W&B is imported (a bad input is refused in
         # a second and costs no W&B connection) ...
         settings = validate_config(cfg)
+        task.record_diff()
         task.record_machine()
         from pelab.harness.run import run_training  # here: it imports torch and Lightning
 
