@@ -294,13 +294,32 @@ def test_params_init_and_weight_tying():
     nope, learned = micro({"name": "nope"}), micro({"name": "learned", "max_position": 64})
     assert learned.lm_head.weight is learned.tok_emb.weight
     assert learned.num_params(exclude_embedding=False) - nope.num_params(exclude_embedding=False) == 64 * 32
-    assert learned.num_params() == nope.num_params()  # the table is excluded, the tied head is not
+    assert learned.num_params() == nope.num_params()  # the table is excluded, and the tied head
     d, L = 32, 2
-    assert nope.num_params() == V * d + L * (12 * d * d + 2 * d) + d  # no biases in the micro preset
+    assert nope.num_params() == L * (12 * d * d + 2 * d) + d  # no biases in the micro preset
+    assert nope.matmul_params() == learned.matmul_params() == V * d + nope.num_params()  # the head's matmul
     big = build_model({"n_layers": 4, "n_heads": 4, "d_model": 128}, {"name": "nope"}, 100)
     proj_std = torch.cat([b.attn.proj.weight.flatten() for b in big.blocks]).std().item()
     assert proj_std == pytest.approx(0.02 / math.sqrt(2 * 4), rel=0.1)
     assert big.blocks[0].attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.1)
+
+
+def test_the_non_embedding_count_of_the_study_model_leaves_out_the_tied_embedding_and_the_encoding():
+    """summary.json's model.params_non_embedding (issue 49: it equalled params, 836,864, for the 4-layer length-
+    extrapolation model): every parameter outside the token embedding (= the tied head) and the encoding, counted
+    from the parameter names; the FLOPs estimate's N keeps the head."""
+    from pelab.harness.module import flops_per_token
+
+    vocab, d, L = 385, 128, 4  # conf/experiment/length_extrapolation.yaml, byte tokens
+    for pe in ({"name": "rope"}, {"name": "fire"}, {"name": "learned", "max_position": 1024}):
+        model = build_model({"n_layers": L, "n_heads": 4, "d_model": d}, pe, vocab, train_length=128)
+        outside = sum(p.numel() for name, p in model.named_parameters()
+                      if not name.startswith(("tok_emb.", "lm_head.", "pe.")))
+        assert model.num_params(exclude_embedding=True) == outside == L * (12 * d * d + 2 * d) + d == 787_584
+        pe_params = sum(p.numel() for p in model.pe.parameters())
+        assert model.num_params(exclude_embedding=False) == 787_584 + vocab * d + pe_params
+        assert model.matmul_params() == 787_584 + vocab * d  # what flops_per_token multiplies: unchanged
+        assert flops_per_token(model, 128) == 6 * (787_584 + vocab * d) + 12 * L * d * 128
 
 
 def test_dropout_is_active_only_in_training():
@@ -392,7 +411,8 @@ def test_kaiming_init_and_untied_head_are_model_options():
     peer = xt.TransformerWrapper(num_tokens=V, max_seq_len=16, attn_layers=xt.Decoder(dim=32, depth=1, heads=2))
     assert abs(peer.token_emb.emb.weight.std().item() - untied.tok_emb.weight.std().item()) < 0.02
     # the untied input embedding is a lookup: not in the 6N FLOPs count; the head's matrix is
-    assert untied.num_params() == tied.num_params()
+    assert untied.matmul_params() == tied.matmul_params()
+    assert untied.num_params() == tied.num_params()  # neither vocabulary matrix is a non-embedding parameter
     with pytest.raises(ValueError, match="model.init=bogus"):
         micro({"name": "rope"}, init="bogus")
 

@@ -60,8 +60,7 @@ def two_means(logits: torch.Tensor, targets: torch.Tensor, answers: torch.Tensor
 def flops_per_token(model: GPT, train_length: int) -> float:
     """PaLM/nanoGPT estimate: 6*N (N = params without the input embedding, LM head counted) + 12*l*d*T."""
     c = model.config
-    # num_params(exclude_embedding=True) keeps the tied token embedding once: it is the LM head's matmul.
-    return 6.0 * model.num_params(exclude_embedding=True) + 12.0 * c.n_layers * c.d_model * train_length
+    return 6.0 * model.matmul_params() + 12.0 * c.n_layers * c.d_model * train_length
 
 
 class LMModule(L.LightningModule):

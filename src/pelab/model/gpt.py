@@ -142,15 +142,20 @@ class GPT(nn.Module):
                 nn.init.zeros_(module.bias)
 
     def num_params(self, exclude_embedding: bool = True) -> int:
-        """Unique parameters. ``exclude_embedding`` drops the encoding's parameters (position tables and
-        bias tables are lookups, no matmul FLOPs) but keeps the tied token embedding, since it is also the
-        LM head -- the N of the 6N FLOPs-per-token estimate."""
-        n = sum(p.numel() for p in self.parameters())
-        if exclude_embedding:
-            n -= sum(p.numel() for p in self.pe.parameters())
-            if not self.config.tie_embeddings:  # the input embedding is a lookup; the head has its own matrix
-                n -= self.tok_emb.weight.numel()
-        return n
+        """Unique parameters. ``exclude_embedding``: the non-embedding count of Kaplan et al. (2020), the
+        blocks and the final norm: without the vocabulary's matrices (the token embedding and the LM head, tied
+        or not) and the encoding's parameters (position and bias tables). nanoGPT's
+        ``get_num_params(non_embedding=True)`` subtracts only its position table and keeps the tied head: that
+        count is `matmul_params`."""
+        excluded = ({id(p) for m in (self.tok_emb, self.lm_head, self.pe) for p in m.parameters()}
+                    if exclude_embedding else set())
+        return sum(p.numel() for p in self.parameters() if id(p) not in excluded)
+
+    def matmul_params(self) -> int:
+        """The N of the 6N FLOPs-per-token estimate (PaLM, nanoGPT): the non-embedding parameters and the LM
+        head's matrix, which a token multiplies by (tied or not); the input embedding and the encoding's
+        tables are lookups."""
+        return self.num_params(exclude_embedding=True) + self.lm_head.weight.numel()
 
     def positions(self, idx: Tensor, pos: Tensor | None, start: int) -> tuple[Tensor, int | None]:
         """The position tensor, and its largest value (inclusive) when known without a device sync."""
