@@ -272,7 +272,7 @@ def test_report_rebuilds_the_documents_of_a_run_made_before_and_says_when_it_can
     from helpers.texts import text_dir_config, words_dir
     from pelab.harness.build import build_datamodule
     from pelab.report.discovery import Job
-    from pelab.report.eval_text import clustered_ppl, clustered_ratio
+    from pelab.report.eval_text import clustered_ppl, clustered_ratio, run_interval
 
     folder = words_dir(tmp_path / "docs", 60, 1500)
     cfg = text_dir_config(folder, tmp_path / "cache", tmp_path / "out", "data.test_fraction=0.3")
@@ -297,6 +297,12 @@ def test_report_rebuilds_the_documents_of_a_run_made_before_and_says_when_it_can
         assert got[L].n_documents == len(set(docs.tolist()))
     ratio = clustered_ratio(job, cache_dir=str(tmp_path / "cache"))
     assert list(ratio) == [64] and ratio[64] == stats.clustered_ppl_interval(nll[64], block, docs, base_nll=nll[32])
+    # one table cell: the metric's own interval, none for what it does not cover
+    cache = str(tmp_path / "cache")
+    assert run_interval(job, "extrap/ppl@64", cache) == got[64]
+    assert run_interval(job, "extrap/ppl_ratio@64", cache) == ratio[64]
+    assert run_interval(job, "extrap/ppl_ratio@32", cache) is None  # the training length: 1 by definition
+    assert run_interval(job, "extrap/ppl_sliding@64", cache) is None and run_interval(job, "val/ppl", cache) is None
 
     elsewhere = json.loads(json.dumps(summary))
     elsewhere["data"]["fingerprint"]["key"] = "0123456789abcdef"  # made on a corpus this machine does not build

@@ -44,14 +44,14 @@ def block_documents(starts: np.ndarray, block_length: int, doc_starts: np.ndarra
     .. start + block_length`` (a tie: the earlier one). ``doc_starts`` (n_docs + 1,): where each document starts
     in the split's stream, then the stream's length (``TokenCache.offsets``)."""
     doc_starts = np.asarray(doc_starts, dtype=np.int64)
-    docs = np.empty(len(starts), dtype=np.int64)
-    for k, s in enumerate(np.asarray(starts, dtype=np.int64)):
-        lo, hi = s + 1, s + 1 + block_length  # the scored targets [lo, hi)
-        first = np.searchsorted(doc_starts, lo, side="right") - 1  # the documents holding lo .. hi - 1
-        last = np.searchsorted(doc_starts, hi - 1, side="right") - 1
-        edges = np.clip(doc_starts[first : last + 2], lo, hi)  # their boundaries, cut to the block
-        docs[k] = first + int(np.argmax(np.diff(edges)))  # (last - first + 1,) tokens in each
-    return docs
+    lo = np.asarray(starts, dtype=np.int64) + 1  # (K,) the scored targets [lo, hi)
+    hi = lo + int(block_length)
+    first = np.searchsorted(doc_starts, lo, side="right") - 1  # (K,) the documents holding lo .. hi - 1
+    last = np.searchsorted(doc_starts, hi - 1, side="right") - 1
+    cand = np.minimum(first[:, None] + np.arange(int((last - first).max(initial=0)) + 1), last[:, None])  # (K, S)
+    held = np.minimum(doc_starts[cand + 1], hi[:, None]) - np.maximum(doc_starts[cand], lo[:, None])  # (K, S)
+    held[cand < first[:, None] + np.arange(cand.shape[1])] = -1  # a clipped repeat of the last document
+    return first + np.argmax(held, axis=1)  # the first maximum: a tie goes to the earlier document
 
 
 def allot(capacity: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:

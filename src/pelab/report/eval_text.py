@@ -18,7 +18,7 @@ import numpy as np
 
 from pelab.evaluation.blocks import block_documents, uniform_slots
 from pelab.evaluation.stats import ClusteredInterval, clustered_ppl_interval
-from pelab.metric_keys import metric_key
+from pelab.metric_keys import metric_key, parse_key
 from pelab.report.discovery import Job
 from pelab.summary import as_float
 
@@ -84,12 +84,27 @@ def clustered_ratio(job: Job, cache_dir: str | None = None) -> dict[int, Cluster
     return _by_length(job, cache_dir, ratio=True)
 
 
-def _by_length(job: Job, cache_dir: str | None, ratio: bool) -> dict[int, ClusteredInterval]:
+def run_interval(job: Job, metric: str, cache_dir: str | None = None) -> ClusteredInterval | None:
+    """The interval of one run's ``metric`` as the report shows it: ``extrap/ppl@L`` and ``extrap/ppl_ratio@L``
+    (the main evaluation's nonoverlap cells) clustered by document (``clustered_ppl`` / ``clustered_ratio``, or
+    their labelled fallback); None for any other metric, or a length without per-block NLL: its recorded
+    interval stands."""
+    k = parse_key(metric)
+    if k is None or k.family != "extrap" or k.variant or k.bound or k.stat not in ("ppl", "ppl_ratio"):
+        return None
+    return _by_length(job, cache_dir, ratio=k.stat == "ppl_ratio", only=k.length).get(k.length)
+
+
+def _by_length(job: Job, cache_dir: str | None, ratio: bool, only: int | None = None) -> dict[int, ClusteredInterval]:
+    """{length: interval} over the lengths with per-block NLL (``only``: that length alone)."""
     e = job.extrapolation
     nll = {int(key.split("@")[1]): [as_float(v) for v in values]
            for key, values in (e.get("block_nll") or {}).items() if key.startswith("nonoverlap@")}
     base = nll.get(int(e.get("train_length") or 0)) if ratio else None
-    lengths = sorted(L for L in nll if not ratio or (base is not None and L != int(e["train_length"])))
+    lengths = sorted(L for L in nll if (not ratio or (base is not None and L != int(e["train_length"])))
+                     and only in (None, L))
+    if not lengths:
+        return {}
     docs, why = block_documents_of(job, cache_dir)
     if docs is None:
         return {L: _block_bootstrap(job, L, ratio, why) for L in lengths}
