@@ -306,7 +306,9 @@ def two_halves(n: int = 160_000, seed: int = 0) -> torch.Tensor:
 
 def test_spread_estimate_matches_the_whole_split_where_the_first_tokens_do_not():
     """The first 8 blocks all come from the easy documents; 8 blocks spread over the split do not, and the whole
-    split's perplexity lies inside the spread estimate's interval. Intervals shrink as the budget grows."""
+    split's perplexity lies inside the spread estimate's interval. Intervals shrink as the budget grows. (A bare
+    stream, no document ids: the bootstrap over blocks; intervals clustered by document are
+    tests/test_clustered_intervals.py's.)"""
     model, stream, block = CopyPrevious(), two_halves(), 256
     whole = evaluate_extrapolation(model, spread_blocks(stream, block, None, 0)[0], [block], block,
                                    protocols=("nonoverlap",)).ppl(block)
