@@ -52,6 +52,8 @@ def test_steps_at_puts_each_fraction_at_the_nearest_validation_before_the_end():
     assert steps_at([], 100, 10) == {} and steps_at([1.0], 100, 10) == {}
     assert steps_at([0.9, 0.1, 0.5, 1.0], 100, 10) == {10: 0.1, 50: 0.5, 90: 0.9}
     assert steps_at([0.5], 60, 20) == {40: 0.5}  # 30 is no validation step; 20 and 40 tie: 40 (the e2e test above)
+    assert steps_at([0.5], 100, 20) == {60: 0.5}  # a tie goes to the later step whatever the count (round(): 40)
+    assert steps_at([0.25], 1500, 250) == {500: 0.25}  # v3's quarter: 375 ties 250 / 500, run at a third
     assert steps_at([0.01], 100, 10) == {10: 0.01}  # never before the first validation
     assert steps_at([0.97], 100, 10) == {}  # rounds to the last step: that is the end evaluation
     assert steps_at([0.52, 0.5], 100, 10) == {50: 0.5}  # two fractions on one step: the smaller one names it

@@ -29,12 +29,14 @@ log = logging.getLogger(__name__)
 
 
 def steps_at(fractions: list[float], max_steps: int, every: int) -> dict[int, float]:
-    """{step: fraction} for the fractions below 1 (1 is the end-of-training evaluation), each at the validation
-    step nearest to fraction x max_steps (at least the first validation, before the last step)."""
+    """{step: fraction asked} for the fractions below 1 (1 is the end-of-training evaluation), each at the
+    validation step nearest to fraction x max_steps, a tie going to the later one (at least the first
+    validation, before the last step). The point's record says the fraction it ran at, step / max_steps."""
     out = {}
     for f in sorted(set(fractions)):
         if f < 1.0:
-            step = max(every, round(f * max_steps / every) * every)
+            # floor(x + 0.5), not round(): round() ties to even, so ties went earlier or later by the step count
+            step = max(every, math.floor(f * max_steps / every + 0.5) * every)
             if step < max_steps:
                 out.setdefault(step, f)
     return out
@@ -55,6 +57,10 @@ class EvaluationAlongTraining(Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         every = int(trainer.val_check_interval) if trainer.val_check_interval else 1
         self.steps = steps_at(list(self.ecfg["at"] or []), int(trainer.max_steps), every)
+        for step, asked in self.steps.items():
+            if step != asked * trainer.max_steps:  # said at the start: the point is not where it was asked for
+                log.info("eval.at %.3g runs at step %d, %.3g of training: the nearest validation step "
+                         "(trainer.val_check_interval=%d)", asked, step, step / trainer.max_steps, every)
         if self.steps:
             at_tokens = self.ecfg["at_tokens"]
             budget = OmegaConf.create({**self.ecfg, "tokens": self.ecfg["tokens"] if at_tokens is None
