@@ -213,6 +213,25 @@ def test_report_convergence_reads_each_runs_csv_log(tmp_path):
     assert "val_curve" in rep.figures
 
 
+def test_report_convergence_columns_say_the_fraction_of_training_they_show(tmp_path):
+    """Issue 49: at 1,500 steps with a validation every 250, "80 %" was step 999 of 1,499 (the last validation at or
+    before four fifths: the last third). Each column is the validation step nearest its fraction, labelled with the
+    fraction that step is: 1,249, 83 %."""
+    folder = tmp_path / "rope_s0"
+    (folder / "csv").mkdir(parents=True)
+    curve = {s: 10.0 - s / 250 for s in range(249, 1500, 250)}  # Lightning's CSV steps: 249, 499, ..., 1499
+    lines = ["epoch,step,val/ppl"] + [f"0,{s},{v}" for s, v in curve.items()]
+    (folder / "csv" / "metrics.csv").write_text("\n".join(lines) + "\n")
+    write_summary(folder, {"status": "ok", "config": {"pe": {"name": "rope"}, "model": {"name": "tiny"},
+                                                     "data": {"seq_len": 128}, "seed": 0},
+                           "metrics": {"val/ppl": curve[1499], "extrap/ppl@128": curve[1499]}})
+    header, rows = _table(report.build_report([tmp_path], tmp_path / "report").path.read_text(),
+                          "Convergence: validation perplexity")
+    assert header[2:6] == ["val ppl at 50% of steps", "val ppl at 83% of steps", "val ppl at 100% of steps",
+                           "change since 83%"]
+    assert rows[0][2:5] == [f"{curve[749]:.2f}", f"{curve[1249]:.2f}", f"{curve[1499]:.2f}"]
+
+
 def test_report_rows_split_on_swept_settings_but_not_on_seeds(tmp_path):
     jobs = [
         _job(
