@@ -79,6 +79,17 @@ def _block_id(block: tuple[str, str, str]) -> str:
     return f"{page}:{shlex.split(args)[0]}"
 
 
+def claim_lines(text: str) -> list[str]:
+    """The generated claim sentences of a text: the list lines under a `**Claims**` title."""
+    out, inside = [], False
+    for line in text.splitlines():
+        if line.startswith("**"):
+            inside = line.startswith("**Claims**")
+        elif inside and line.startswith("- "):
+            out.append(line)
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("page,args,body", generated_blocks(), ids=[_block_id(b) for b in generated_blocks()])
 def test_a_pages_tables_are_the_reports_tables(page, args, body, report_of):
@@ -87,3 +98,5 @@ def test_a_pages_tables_are_the_reports_tables(page, args, body, report_of):
     assert quoted, f"{page}: a generated block without a table"
     for table in quoted:
         assert table in report, f"{page}: this table is not what `python -m pelab.report {args}` builds now:\n{table}"
+    for claim in claim_lines(body):  # the claim sentences, verbatim: generated from the verdicts, never typed
+        assert claim in report.splitlines(), f"{page}: this claim is not what `python -m pelab.report {args}` says:\n{claim}"

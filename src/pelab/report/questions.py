@@ -129,7 +129,7 @@ def load_questions(path: str | Path) -> Declaration:
     for i, q in enumerate(questions):
         # ppl_ratio@L between two settings is ppl@L's contrast minus ppl@train_length's: the same question
         name = parse_key(q.metric).name.replace("extrap/ppl_ratio", "extrap/ppl")
-        key = (frozenset((q.a, q.b)), name, parse_key(q.metric).length)
+        key = (frozenset((q.a, q.b)), name, parse_key(q.metric).length, frozenset(q.budgets))
         if key in seen:
             raise _bad(path, f"questions[{i}]", f"asks what questions[{seen[key]}] asks ({q.metric} of {q.a}/{q.b}; "
                        "ppl@L and ppl_ratio@L are one question): a question is tested once, with one estimand")
@@ -204,6 +204,7 @@ class Answer:
     p_adj: float = math.nan
     interaction: SeedTest | None = None
     note: str = ""  # why the question could not be tested
+    left_out: list[str] = field(default_factory=list)  # runs that did not acquire retrieval in-window
     alpha: float = 0.05
     post_hoc: bool = False
 
@@ -238,15 +239,20 @@ class Answer:
             if self.q.log:
                 e, lo, hi = self.natural(t.estimate), self.natural(t.lo), self.natural(t.hi)
                 return f"{e:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if math.isfinite(lo) else "")
-            return f"{t.estimate:+.3f}" + (f" [{t.lo:+.3f}, {t.hi:+.3f}]" if math.isfinite(t.lo) else "")
+            lo, hi = max(-1.0, t.lo), min(1.0, t.hi)  # a difference of accuracies lies in [-1, 1]
+            return f"{t.estimate:+.3f}" + (f" [{lo:+.3f}, {hi:+.3f}]" if math.isfinite(t.lo) else "")
         return "; ".join(label + one(t) for label, t in self.intervals())
 
     def verdict(self) -> str:
+        return self._verdict() + (f"; left out, not acquired in-window: {', '.join(self.left_out)}"
+                                  if self.left_out else "")
+
+    def _verdict(self) -> str:
         if self.note:
             return self.note
         if not self.tested:
             notes = [t.note for _, t in self.intervals() if t.note]
-            return notes[0] if notes else "not tested"
+            return notes[0] if notes else f"{self.n} paired seed(s): no between-setting verdict below {MIN_SEEDS}"
         if not self.resolved:
             out = f"not resolved at {self.n} seeds"
             d = self.q.effect()
@@ -308,6 +314,9 @@ def answer(q: Question, rows: Sequence[Row], budget: str) -> Answer:
             ans.note = f"not tested: {why}"
             return ans
         if not q.log:  # retrieval: only the seeds whose runs acquired it in-window
+            for r in (a, b):
+                if lost := sorted(set(r.seeds) - set(learned(r).seeds), key=str):
+                    ans.left_out.append(f"{r.label} (seed {', '.join(map(str, lost))})")
             a, b = (learned(a), learned(b))
         per.append(contrasts(a, b, q.metric))
     seeds = sorted(set.intersection(*(set(d) for d in per)), key=str)

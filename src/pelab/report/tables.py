@@ -482,7 +482,7 @@ def question_table(answers: Sequence[Answer]) -> Table | None:
         return None
     m = sum(a.tested for a in answers)
     post_hoc = any(a.post_hoc for a in answers)
-    t = Table("Declared questions", ["question", "estimand", "seeds", "estimate [Bonferroni interval]", "p",
+    t = Table("Declared questions: verdicts", ["question", "estimand", "seeds", "estimate [Bonferroni interval]", "p",
                                      "p (Holm)", "verdict"], [], caption=(
         f"Each question tested once: per seed the contrast (log ratio A / B shown as the ratio; accuracy: A − B), "
         f"then a t over the seeds; averaged = each seed's mean over the budgets; every = the intersection-union test "
