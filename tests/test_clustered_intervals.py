@@ -310,3 +310,23 @@ def test_report_rebuilds_the_documents_of_a_run_made_before_and_says_when_it_can
     assert (fallback.estimate, fallback.lo, fallback.hi, fallback.n_documents) == (9.0, 8.9, 9.1, 0)
     assert fallback.label.startswith("95% percentile bootstrap over 40 blocks (not clustered by document: ")
     assert "not the run's" in fallback.label and math.isnan(fallback.design_effect)
+
+
+def test_the_report_shows_a_runs_perplexity_with_its_document_clustered_interval(tmp_path):
+    """One seed's cell in the report's perplexity tables is the interval over documents, recomputed from the
+    recorded block NLL and documents (not the block interval a run may carry), and the Runs table says how many
+    documents and the design effect."""
+    from pelab import report
+    from pelab.summary import write_summary
+
+    base, docs = documents(12, 6, between=0.4, within=0.05)
+    res = result_with({16: base, 64: base * 1.2}, docs)
+    metrics = {**res.metrics(), "extrap/ppl_lo@64": 1.0, "extrap/ppl_hi@64": 1e9}  # a stale block interval
+    write_summary(tmp_path / "run", {
+        "status": "ok", "metrics": metrics, "evaluation": {"extrapolation": res.to_dict()},
+        "config": {"pe": {"name": "rope"}, "model": {"name": "tiny"}, "data": {"seq_len": 16}, "seed": 0}})
+    md = report.build_report([tmp_path / "run"], tmp_path / "out").markdown
+    c = stats.clustered_ppl_interval(base * 1.2, 100, docs)
+    assert f"{c.estimate:.2f} [{c.lo:.2f}, {c.hi:.2f}]" in md and "[1.00, 1000000000" not in md
+    deff = stats.clustered_ppl_interval(base * 1.2, 100, docs).design_effect
+    assert f"| 12 (deff {deff:.3g} at 64) |" in md

@@ -120,7 +120,8 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
         md += [
             "",
             "Rows: " + ", ".join(f"`{k}`" for k in shown) + "; a cell with one seed is the run's value and its 95% "
-            "interval (perplexities: bootstrap over evaluation blocks; accuracies: Wilson over instances), with "
+            "interval (perplexities: bootstrap over the documents of the evaluation text, approximate below 50 "
+            "documents; accuracies: Wilson over instances), with "
             "several seeds the mean and its 95% t interval over the seeds (tables without intervals: mean ± std). "
             "**Bold** = the training length. `n/a` = not applicable (see the notes), `inf` = diverged, `—` = not "
             "evaluated. The Runs table says which split and text each run was evaluated on.",
@@ -167,8 +168,8 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
     section(
         "Perplexity ratio",
         [interval_table(text_rows, "extrap/ppl_ratio", "ppl@L / ppl@training length", digits=3)],
-        text="A single run's interval is a paired bootstrap over its evaluation blocks (the blocks' difficulty "
-        "cancels).",
+        text="A single run's interval is a paired bootstrap over the documents of its evaluation text (each "
+        "document's difficulty cancels).",
     )
     answers = answer_all(declaration, rows) if declaration and rows else []
     section(

@@ -35,6 +35,7 @@ from pelab.report.aggregation import (
 )
 from pelab.report.comparisons import Comparison
 from pelab.report.discovery import Job
+from pelab.report.eval_text import clustered_ppl, run_interval
 from pelab.report.questions import Answer
 
 
@@ -110,7 +111,8 @@ def probe_notes(rows: Sequence[Row], kind: str) -> list[str]:
 
 def interval_cell(row: Row, metric: str, digits: int = 2) -> str:
     """``metric`` (e.g. "extrap/ppl@128") of a row with its 95% interval: with one seed the run's own interval
-    (the metrics ``<name>_lo@L`` / ``<name>_hi@L``: evaluation blocks or probe instances), "0.85 [0.80, 0.89]";
+    (perplexities and their ratios: a bootstrap over the documents of the evaluation text, ``eval_text``; other
+    metrics: ``<name>_lo@L`` / ``<name>_hi@L``, e.g. over probe instances), "0.85 [0.80, 0.89]";
     with several, the mean over seeds and its t interval over the seeds, "0.85 [0.79, 0.91] (3 seeds)" (for
     perplexities and ratios on the log scale: the geometric mean, i.e. exp of the mean NLL, and an interval
     that stays positive); probe accuracies and gaps with several seeds: a bootstrap over seeds, then instances.
@@ -120,6 +122,8 @@ def interval_cell(row: Row, metric: str, digits: int = 2) -> str:
     if len(row.jobs) == 1 and len(vals) == 1 and math.isfinite(vals[0]):
         m = row.jobs[0].metrics
         lo, hi = (m.get(b, math.nan) for b in interval_keys(metric))
+        if (c := run_interval(row.jobs[0], metric)) is not None:  # perplexities: clustered by document
+            lo, hi = c.lo, c.hi
         if math.isfinite(lo) and math.isfinite(hi):
             return f"{fmt_number(vals[0], digits)} [{fmt_number(lo, digits)}, {fmt_number(hi, digits)}]"
         return fmt_number(vals[0], digits)
@@ -288,8 +292,11 @@ def evaluation_text(job: Job) -> str:
 
 def metadata_table(jobs: Sequence[Job]) -> Table:
     cols = ["job", "encoding", "seed", "L", "steps", "params", "PE params", "wall time", "launches", "val ppl",
-            "tokens/s", "evaluated on", "corpus", "commit", "machine"]
-    t = Table("Runs", cols, [])
+            "tokens/s", "evaluated on", "documents (design effect)", "corpus", "commit", "machine"]
+    t = Table("Runs", cols, [], caption=(
+        "documents: how many documents the evaluation blocks come from, and the design effect of the perplexity at "
+        "the longest length (the variance of its bootstrap over documents over that of a bootstrap over blocks: "
+        "how much the blocks of one document move together)."))
     for j in jobs:
         m, model = j.metrics, j.summary.get("model") or {}
         wall = j.summary.get("wall_seconds_total", j.summary.get("wall_seconds"))
@@ -313,12 +320,24 @@ def metadata_table(jobs: Sequence[Job]) -> Table:
                 interval_or(m, "val/ppl"),
                 _fmt_int(m.get("train/tokens_per_sec")),
                 evaluation_text(j),
+                _documents(j),
                 f"`{short_hash(j)}`",
                 f"`{commit}`",
                 machine,
             ]
         )
     return t
+
+
+def _documents(job: Job) -> str:
+    """"27 (deff 34 at 1024)": the documents behind the run's evaluation blocks, the design effect at its longest
+    length; "—" where the documents cannot be had (the cell's interval then says why)."""
+    by_length = clustered_ppl(job)
+    if not by_length:
+        return "—"
+    L = max(by_length)
+    c = by_length[L]
+    return f"{c.n_documents} (deff {c.design_effect:.3g} at {L})" if c.n_documents else "—"
 
 
 def interval_or(m: dict, name: str) -> str:
