@@ -92,6 +92,10 @@ def test_a_study_run_from_a_dirty_tree_is_refused_and_an_allowed_launch_stores_i
     assert last.startswith("Error: ") and "provenance.allow_dirty=true" in last and "train.py" in last, last
     assert "Traceback" not in out.stderr
     assert len(json.loads((run / "summary.json").read_text())["launches"]) == 1  # refused before the job started
+    sweep = tmp_path / "sweep"  # the study as it is launched, a multirun: refused once, before any job
+    out = _train(repo, ["experiment=length_extrapolation", f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert out.returncode == 1 and "provenance.allow_dirty=true" in out.stderr.strip().splitlines()[-1]
+    assert not sweep.exists()
 
     out = _train(repo, [*args, "trainer.max_steps=6", "provenance.allow_dirty=true"], tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
