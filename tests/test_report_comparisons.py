@@ -232,7 +232,8 @@ def test_context_extension_children_read_as_budgets_with_a_training_free_row(tmp
     # parents' own curve (3.69M from scratch)
     assert table.columns == ["setting", "0M end", "0.205M end", "0.41M end", "3.69M end"]
     assert sorted(table.rows) == [["rope", "—", "—", "—", "7.000"],
-                                  ["rope (from step 900)", "9.500", "6.000", "5.500", "—"]]
+                                  ["rope (from step 900)", *(f"{math.sqrt(a * b):.3f}" for a, b in  # geometric
+                                                             ((9.0, 10.0), (5.5, 6.5), (5.0, 6.0))), "—"]]
 
 
 def test_a_pair_of_whole_labels_may_differ_in_several_settings(study):

@@ -13,7 +13,6 @@ import functools
 import json
 import math
 import re
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -22,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from pelab.data.recall import PROBE_KINDS
-from pelab.metric_keys import length_of, lengths_of
+from pelab.metric_keys import length_of, lengths_of, parse_key
 from pelab.report.discovery import Job
 from pelab.summary import as_float, retrieval_acquired
 
@@ -252,11 +251,18 @@ def aggregate(values: Sequence[float] | pd.Series, digits: int = 2) -> str:
     return cell
 
 
-def seed_mean(values: Any) -> Any:
-    """Mean over seeds (axis 0); NaN wherever a seed has a non-finite value (n/a or diverged)."""
+def seed_mean(values: Any, log: bool = False) -> Any:
+    """Mean over seeds (axis 0); NaN wherever a seed has a non-finite value (n/a or diverged). `log`: the geometric
+    mean (perplexities and their ratios: exp of the mean log, as every table and test of the report uses)."""
     a = np.asarray(values, dtype=float)
-    out = np.where(np.isfinite(a).all(axis=0), a.mean(axis=0), np.nan)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        m = np.exp(np.log(a).mean(axis=0)) if log else a.mean(axis=0)
+    out = np.where(np.isfinite(a).all(axis=0), m, np.nan)
     return out[()]  # a numpy scalar from one dimension, an array from more
+
+
+def geometric_seed_mean(values: Any) -> Any:
+    return seed_mean(values, log=True)
 
 
 def mean_curve(curves: Sequence[Sequence[Any]]) -> list[float]:
@@ -440,11 +446,12 @@ def end_point(job: Job) -> dict:
 
 def along_training_points(row: Row, metric: str) -> list[tuple[int, float, str]]:
     """(training tokens, mean over seeds of `metric`, schedule) at each evaluation point of the row's runs: the
-    eval.at points (mid-schedule) and the end of training."""
+    eval.at points (mid-schedule) and the end of training. Perplexities and their ratios: the geometric mean."""
     points: dict[int, list[tuple[float, str]]] = {}
     for j in row.jobs:
         for p in j.summary.get("along_training") or [end_point(j)]:
             v = as_float((p.get("metrics") or {}).get(metric))
             if math.isfinite(v):
                 points.setdefault(int(p["tokens_seen"]), []).append((v, str(p.get("schedule"))))
-    return [(t, statistics.fmean(v for v, _ in vs), vs[0][1]) for t, vs in sorted(points.items())]
+    log = parse_key(metric).stat.startswith("ppl")
+    return [(t, float(seed_mean([v for v, _ in vs], log=log)), vs[0][1]) for t, vs in sorted(points.items())]

@@ -127,6 +127,7 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
             "evaluated. The Runs table says which split and text each run was evaluated on.",
             "",
         ]
+        md += ["**Setup** (shared by every run; a findings page quotes it instead of typing it):", ""]
         if also:
             md.append("- also varying between rows: " + ", ".join(f"`{k}`" for k in also))
         md += [f"- {line}" for line in common_settings(ok)]

@@ -17,6 +17,7 @@ from pelab.report.aggregation import (
     along_training_points,
     budget_key,
     by_length,
+    geometric_seed_mean,
     mean_curve,
     metric_lengths,
     probe_kinds,
@@ -45,7 +46,7 @@ def make_figures(rows: Sequence[Row], out: Path) -> dict[str, Path]:
         sub = [r for r in rows if r.train_length == train_length]
         suffix = f"_L{train_length}" if len(train_lengths) > 1 else ""
         text = [r for r in sub if trained_on_text(r)]  # perplexity figures: the runs that saw text
-        ppl = by_length(text, "extrap/ppl", seed_mean)
+        ppl = by_length(text, "extrap/ppl", geometric_seed_mean)  # the tables' mean: exp of the mean log
         if np.isfinite(ppl.to_numpy(dtype=float)).any():
             curves = {
                 r.label: {int(L): float(p) for L, p in line.items()}

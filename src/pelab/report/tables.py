@@ -358,12 +358,17 @@ def common_settings(jobs: Sequence[Job]) -> list[str]:
 
     for label, key in [
         ("model", "model.name"),
+        ("layers", "model.n_layers"),
+        ("heads", "model.n_heads"),
+        ("width", "model.d_model"),
         ("tokenizer", "tokenizer.kind"),
         ("corpus", "data.source"),
         ("training length", "data.seq_len"),
         ("steps", "trainer.max_steps"),
         ("batch size", "data.batch_size"),
         ("lr", "optim.lr"),
+        ("warmup steps", "optim.warmup_steps"),
+        ("evaluation lengths (x training length)", "eval.lengths"),
     ]:
         v = shared(lambda j, key=key: j.setting(key))
         if v is not None:
@@ -553,7 +558,8 @@ def along_training_table(rows: Sequence[Row], metric: str) -> tuple[Table | None
                     if any("(from step" in k for k in by_setting) else "")
     t = Table(f"Along training: {metric}", ["setting"] + [f"{c / 1e6:.3g}M{' end' if s == 'end' else ''}"
                                                           for c, s in cols], [],
-              caption=(f"{metric} (mean over seeds) by training tokens{since_parent}: at the end of a run of that "
+              caption=(f"{metric} (mean over seeds; of perplexities and their ratios the geometric mean, as in every "
+                       f"other table) by training tokens{since_parent}: at the end of a run of that "
                        "budget (end), or "
                        "mid-schedule (eval.at: the learning rate is still high there, so it is not the end of a "
                        "shorter run)."))
