@@ -187,3 +187,16 @@ def test_the_report_tests_the_declared_questions_labels_post_hoc_and_warns_of_on
     table = next(t for t in rep.tables if t.title == "Budget interaction")
     assert table.rows[0][0] == "steady vs ref, extrap/ppl@1024"
 
+
+
+def test_a_seed_missing_at_one_budget_is_left_out_of_the_average_and_said(study):
+    """The seed is the unit: a seed run at 100 but not at 400 steps is left out of the averaged question, and the
+    verdict says so (a mixed model over the unbalanced runs does not converge at a handful of seeds)."""
+    run(study / "steady_100_s3", "steady", 3, 100, 5.0 * math.exp(0.3))
+    run(study / "ref_100_s3", "ref", 3, 100, 5.0)
+    (avg,) = answered(study, "  - {pair: steady/ref, metric: extrap/ppl@1024, budgets: [100, 400], "
+                             "estimand: averaged, smallest_effect: 1.05}")
+    assert avg.seeds == [0, 1, 2] and avg.verdict().endswith(
+        "; left out: seed 3 (not run at every declared budget)")
+    assert avg.p == pytest.approx(scipy.stats.ttest_1samp([(STEADY[100][s] + STEADY[400][s]) / 2 for s in SEEDS],
+                                                          0).pvalue)
