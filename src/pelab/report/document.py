@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pelab.evaluation.registry import EVALUATIONS
 from pelab.metric_keys import metric_key
+from pelab.provenance import provenance_state
 from pelab.report.aggregation import (
     Row,
     acquired_rows,
@@ -133,6 +134,10 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
         md += [f"- {line}" for line in common_settings(ok)]
         if warning := one_rate_warning(rows):
             md += ["", warning]
+        if unverified := [j.folder.name for j in ok if provenance_state(j.summary, j.folder) == "dirty-unverified"]:
+            md += ["", f"**Warning:** {len(unverified)} run(s) were made from uncommitted changes that were not kept "
+                   "and not verified by a rerun from their commit (`experiments/provenance/verify.py`): "
+                   + ", ".join(f"`{n}`" for n in unverified) + "."]
     tables: list[Table] = []
     figures = make_figures(rows, out) if rows else {}
 

@@ -21,6 +21,7 @@ from pelab.evaluation.stats import (
     t_interval,
 )
 from pelab.metric_keys import interval_keys, metric_key, parse_key
+from pelab.provenance import provenance_state
 from pelab.report.aggregation import (
     Row,
     acquired,
@@ -294,6 +295,9 @@ def metadata_table(jobs: Sequence[Job]) -> Table:
     cols = ["job", "encoding", "seed", "L", "steps", "params", "PE params", "wall time", "launches", "val ppl",
             "tokens/s", "evaluated on", "documents (design effect)", "corpus", "commit", "machine"]
     t = Table("Runs", cols, [], caption=(
+        "commit: the code's commit, and where a launch ran from uncommitted changes whether a rerun from the clean "
+        "commit matched it to the digit (dirty-verified), its diff is kept (dirty-with-diff), or neither "
+        "(dirty-unverified: its code cannot be told). "
         "documents: how many documents the evaluation blocks come from, and the design effect of the perplexity at "
         "the longest length (the variance of its bootstrap over documents over that of a bootstrap over blocks: "
         "how much the blocks of one document move together)."))
@@ -303,7 +307,8 @@ def metadata_table(jobs: Sequence[Job]) -> Table:
         code = (j.summary.get("provenance") or {}).get("code") or {}
         host = (j.summary.get("provenance") or {}).get("machine") or {}
         commit = str(code.get("git") or "—")
-        commit = commit[:8] + ("+dirty" if code.get("dirty") else "") if len(commit) == 40 else commit
+        state = provenance_state(j.summary, j.folder)
+        commit = (commit[:8] if len(commit) == 40 else commit) + ("" if state in ("clean", "unknown") else f" ({state})")
         machine = (f"{host.get('gpu') or host.get('cpu')}, {host.get('torch_threads')} thr"
                    if host else "—")
         t.rows.append(
