@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"(<!-- generated: python -m pelab\.report (?P<args>[^>]*?) -->\n)(?P<body>.*?)(<!-- end generated -->)",
                    re.DOTALL)
 # a table under its bold title, with the report's caption paragraph between them or not; or a list under its bold
-# title (the generated claim sentences)
-TITLED = re.compile(r"(\*\*(?P<title>[^*\n]+)\*\*[^\n]*\n\n)(?:[^|\n-][^\n]*\n\n)?((?:\|[^\n]*\n)+|(?:- [^\n]*\n)+)")
+# title (the generated claim sentences); a title starts its line (a bold word inside a paragraph is no title)
+TITLED = re.compile(r"(?m)^(\*\*(?P<title>[^*\n]+)\*\*[^\n]*\n\n)(?:[^|\n-][^\n]*\n\n)?((?:\|[^\n]*\n)+|(?:- [^\n]*\n)+)")
 
 
 def report_tables(markdown: str) -> dict[str, str]:
