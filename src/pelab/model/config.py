@@ -25,7 +25,9 @@ class GPTConfig:
     n_heads: int
     d_model: int
     name: str = "custom"
-    d_ff: int | None = None  # None = 4 * d_model
+    # None = 4 * d_model; 0 = attention-only blocks, no MLP and no second norm (the 2-layer models of Mamba's
+    # induction-heads table, Gu & Dao 2023, App. E.1: 137K parameters at D = 128; experiments/induction_heads)
+    d_ff: int | None = None
     dropout: float = 0.0
     bias: bool = False  # biases in Linear and LayerNorm layers
     attn_chunk_size: int = 1024  # query chunk of the biased-attention SDPA path
@@ -87,8 +89,8 @@ class GPTConfig:
                 f"model.d_model={self.d_model} must be a positive multiple of model.n_heads={self.n_heads}",
             ),
             (
-                self.d_ff is not None and self.d_ff > 0,
-                f"model.d_ff must be positive or null; got {self.d_ff}",
+                self.d_ff is not None and self.d_ff >= 0,
+                f"model.d_ff={self.d_ff} must be >= 0 (0 = attention-only blocks) or null (= 4 * model.d_model)",
             ),
             (0.0 <= self.dropout < 1.0, f"model.dropout must be in [0, 1); got {self.dropout}"),
             (self.attn_chunk_size >= 1, f"model.attn_chunk_size must be >= 1; got {self.attn_chunk_size}"),

@@ -81,19 +81,23 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm: x + attn(ln(x)), then x + mlp(ln(x))."""
+    """Pre-norm: x + attn(ln(x)), then x + mlp(ln(x)). With ``d_ff=0`` an attention-only block, x + attn(ln(x)):
+    no MLP and no second norm (``ln_2`` and ``mlp`` are None), as in the attention-only transformers of Olsson et
+    al. 2022 and the 137K-parameter MHA models of Mamba's induction-heads table (Gu & Dao 2023, App. E.1)."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.d_model, bias=config.bias)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.d_model, bias=config.bias)
-        self.mlp = MLP(config)
+        self.ln_2 = nn.LayerNorm(config.d_model, bias=config.bias) if config.d_ff else None
+        self.mlp = MLP(config) if config.d_ff else None
 
     def forward(self, x: Tensor, pe: PositionEncoding, state: PositionState, q_start: int = 0) -> Tensor:
         """(B, T, D) -> (B, T - q_start, D): rows q_start..T-1, which attend to all T rows."""
         residual = x[:, q_start:] if q_start else x
         x = residual + self.attn(self.ln_1(x), pe, state, q_start)
+        if self.mlp is None:  # attention-only block (model.d_ff=0)
+            return x
         return x + self.mlp(self.ln_2(x))
 
 

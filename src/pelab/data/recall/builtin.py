@@ -17,6 +17,7 @@ from pelab.data.recall.kinds import (
     ProbeKind,
     register_probe_kind,
 )
+from pelab.data.recall.induction import INDUCTION_HEADS, induction_probe, induction_probe_length
 from pelab.data.recall.kv import hex_samplers, kv_probe, kv_row, reserved_samplers
 from pelab.data.recall.mqar import mqar_batch_rows, mqar_probe, mqar_row
 from pelab.data.recall.passkey import passkey_probe, passkey_row
@@ -64,4 +65,8 @@ register_probe_kind(ProbeKind(
 register_probe_kind(ProbeKind(
     MQAR_OFFSET, "mqar", partial(mqar_probe, offset=True), vocabulary=a_key_and_value_per_pair, single_token=True,
     min_length=mqar_probe_length, min_length_rule="2 x pairs + 2", layout=OFFSET, title="position vs distance",
+))
+register_probe_kind(ProbeKind(
+    INDUCTION_HEADS, "induction", induction_probe, single_token=True, min_length=induction_probe_length,
+    min_length_rule="3 (a task length L >= 3)", title="Mamba's induction heads, own 16-token vocabulary",
 ))

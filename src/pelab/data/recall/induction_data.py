@@ -1,0 +1,182 @@
+"""The induction-heads task (pelab.data.recall.induction) as a training source: a LightningDataModule that serves
+fresh sequences every step on the task's own 16-token vocabulary (Gu & Dao 2023, App. E.1: "randomly generating
+data every step"), selected by ``datamodule=induction`` (conf/datamodule/induction.yaml, with
+conf/data/induction_heads.yaml).
+
+What the harness reads from a data module, for this source:
+
+* training batches (B, L + 2) int64, batch ``step`` on rank ``r`` drawn from SeedSequence([seed, step, r]) as the
+  text stream's windows (`pelab.data.windows`): a resumed run sees the batches an uninterrupted run sees;
+  ``data.targets``: ``all`` = every next token is a target (safari's labels: the L random draws are noise, the
+  answer is the one predictable target), ``answer`` = the answer only (the other tokens are fed, not scored,
+  in the batch format of `pelab.data.batch`);
+* validation: ``data.val_windows`` fixed sequences (every position scored: val/ppl, about 14 for any model,
+  the random draws); the answer accuracy is the probe's (``callbacks.retrieval_criterion`` during training);
+* "text" of the val / test splits for the harness's perplexity evaluation: ``data.eval_rows`` fixed sequences
+  end to end, each its own document;
+* ``tokenizer`` = the task's vocabulary (`InductionVocabulary`), which the probes of ``induction_heads`` use.
+
+``tokenizer.*`` is not read (the vocabulary is the task's); neither are the text-mix keys of
+conf/data/_loader.yaml (recall_*): every row is an induction sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from pelab.data.batch import ANSWER_FLAG
+from pelab.data.config import loader_settings
+from pelab.data.corpora import SPLITS, to_plain
+from pelab.data.recall.induction import INDUCTION_HEADS, VOCABULARY, check_length, induction_rows
+from pelab.data.windows import FixedWindows
+from pelab.errors import ConfigError
+
+TARGETS = ("all", "answer")  # data.targets
+SPLIT_TAGS = {"val": 1, "test": 2}  # the fixed rows of a split: SeedSequence([tag, L]), whatever the run's seed
+OWN_KEYS = ("source", "targets", "eval_rows")
+
+
+def encode_targets(rows: np.ndarray, targets: str) -> np.ndarray:
+    """(n, L + 2) rows in the batch format of `pelab.data.batch`: as they are (``all``: every next token is a
+    target), or the inputs as ``-1 - id`` (fed, not scored) and the answer flagged (``answer``)."""
+    if targets == "all":
+        return rows
+    out = -1 - rows
+    out[:, -1] = rows[:, -1] + ANSWER_FLAG
+    return out
+
+
+class InductionStream(IterableDataset):
+    """Endless (or up to ``max_steps``) batches of fresh induction sequences; batch ``step`` = f(seed, step, rank)."""
+
+    def __init__(self, length: int, batch_size: int, seed: int, rank: int = 0, start_step: int = 0,
+                 max_steps: int | None = None, targets: str = "all"):
+        self.length, self.batch_size, self.seed, self.rank = int(length), int(batch_size), int(seed), int(rank)
+        self.start_step, self.max_steps, self.targets = int(start_step), max_steps, targets
+
+    def batch(self, step: int) -> torch.Tensor:
+        """(B, L + 2) int64 for global micro-step ``step`` on this rank."""
+        g = np.random.default_rng(np.random.SeedSequence([self.seed, int(step), self.rank]))
+        rows, _ = induction_rows(g, self.batch_size, self.length)
+        return torch.from_numpy(encode_targets(rows, self.targets))
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        step = self.start_step
+        while self.max_steps is None or step < self.max_steps:
+            yield self.batch(step)
+            step += 1
+
+
+class InductionDataModule(L.LightningDataModule):
+    """Fresh induction-heads sequences of task length ``data.seq_len`` (see the module doc). The arguments are
+    those `pelab.harness.build.build_datamodule` passes any data module: ``source`` the data config (the loader
+    keys of conf/data/_loader.yaml plus ``targets`` and ``eval_rows``), ``tokenizer`` (not read), the per-device
+    ``batch_size``, ``seed``, ``cache_dir`` (nothing is cached) and ``max_steps``."""
+
+    def __init__(self, source: Mapping[str, Any], tokenizer: Any = None, batch_size: int | None = None,
+                 seed: int = 0, cache_dir: str | None = None, max_steps: int | None = None, **loader: Any):
+        super().__init__()
+        source = to_plain(source)
+        if not isinstance(source, Mapping) or source.get("source") != INDUCTION_HEADS:
+            raise ConfigError(f"datamodule=induction serves data.source={INDUCTION_HEADS}; use data=induction_heads "
+                              "(experiment=induction_heads), or datamodule=lm for a text corpus.")
+        given = {**source, **to_plain(loader)}
+        if batch_size is not None:
+            given["batch_size"] = batch_size
+        settings = loader_settings(given)
+        targets = str(given.get("targets", "all"))
+        if targets not in TARGETS:
+            raise ConfigError(f"data.targets={targets!r} must be one of {', '.join(TARGETS)} (all: every position, "
+                              "as safari's labels; answer: the answer only).")
+        eval_rows = int(given.get("eval_rows", 64))
+        if eval_rows < 1:
+            raise ConfigError(f"data.eval_rows={eval_rows} must be >= 1 sequence per evaluation split.")
+        self.seq_len = check_length(settings.seq_len, "data.seq_len")
+        self.batch_size, self.seed, self.max_steps = int(settings.batch_size), int(seed), max_steps
+        self.val_windows = int(settings.val_windows or 64)
+        self.val_batch_size = int(settings.val_batch_size or settings.batch_size)
+        self.targets, self.eval_rows = targets, eval_rows
+        self.recall_pairs = 1  # read by callbacks.retrieval_criterion (its probes ignore it)
+        self.tokenizer = VOCABULARY
+        self.vocab_size: int = VOCABULARY.vocab_size
+        self.eot_id: int = VOCABULARY.eot_id
+        self.reserved: dict[str, list[int]] = dict(VOCABULARY.reserved)
+        self.bytes_per_token: float | None = None  # no text: no bits per byte
+        self.fingerprint: dict[str, Any] = {
+            "source": INDUCTION_HEADS, "vocabulary": list(VOCABULARY.symbols), "vocab_size": self.vocab_size,
+            "task_length": self.seq_len, "row_tokens": self.seq_len + 2, "targets": targets,
+            "tokenizer": "not read: the task's own vocabulary",
+        }
+        self._rows: dict[str, np.ndarray] = {}
+
+    # -- Lightning hooks ----------------------------------------------------------------------
+    def prepare_data(self) -> None:
+        """Nothing to build: the data is drawn."""
+
+    def setup(self, stage: str | None = None) -> None:
+        for split, n in (("val", max(self.val_windows, self.eval_rows)), ("test", self.eval_rows)):
+            if split not in self._rows:
+                g = np.random.default_rng(np.random.SeedSequence([SPLIT_TAGS[split], self.seq_len]))
+                self._rows[split] = induction_rows(g, n, self.seq_len)[0]  # (n, L + 2)
+
+    def train_dataset(self, start_step: int | None = None, rank: int | None = None) -> InductionStream:
+        """The batch stream; defaults follow the attached trainer (resume step, global rank)."""
+        trainer = self.trainer
+        if start_step is None:
+            start_step = int(trainer.global_step) * int(trainer.accumulate_grad_batches) if trainer else 0
+        if rank is None:
+            rank = int(trainer.global_rank) if trainer else 0
+        return InductionStream(self.seq_len, self.batch_size, self.seed, rank, start_step, self.max_steps,
+                               self.targets)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train_dataset(), batch_size=None)  # each item is a whole (B, L + 2) batch
+
+    def val_dataloader(self) -> DataLoader:
+        rows = torch.from_numpy(self._split("val")[: self.val_windows])
+        return DataLoader(FixedWindows(rows), batch_size=self.val_batch_size, shuffle=False)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"source": INDUCTION_HEADS, "seed": self.seed, "seq_len": self.seq_len, "batch_size": self.batch_size}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        changed = [k for k, v in self.state_dict().items() if state.get(k) is not None and state[k] != v]
+        if changed:
+            import warnings
+
+            warnings.warn(f"resuming with different data settings ({', '.join(changed)}): the batch stream will not "
+                          "continue the checkpointed run exactly", stacklevel=2)
+
+    # -- evaluation access (the harness's perplexity evaluation and the probes' filler) ------------------
+    def _split(self, split: str) -> np.ndarray:
+        if not self._rows:
+            raise RuntimeError("InductionDataModule.setup() must run first (Lightning calls it)")
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; use one of {SPLITS}")
+        if split == "train":
+            raise ConfigError("eval.split=train: the induction-heads training data is drawn fresh each step; "
+                              "evaluate on val or test.")
+        return self._rows[split]
+
+    def eval_tokens(self, split: str = "val", n_tokens: int | None = None) -> torch.Tensor:
+        """(N,) int64: the split's fixed sequences end to end (the first ``n_tokens``; all if None)."""
+        tokens = self._split(split).reshape(-1)
+        n = len(tokens) if n_tokens is None else int(n_tokens)
+        if not 0 < n <= len(tokens):
+            raise ConfigError(f"asked for {n} {split} tokens but the split holds {len(tokens)} "
+                              f"({len(self._split(split))} sequences); raise data.eval_rows or lower eval.tokens.")
+        return torch.from_numpy(np.ascontiguousarray(tokens[:n]))
+
+    def n_tokens(self, split: str) -> int:
+        return int(self._split(split).size)
+
+    def document_starts(self, split: str = "val") -> np.ndarray:
+        """(n + 1,) int64: each sequence is its own document."""
+        rows = self._split(split)
+        return np.arange(len(rows) + 1, dtype=np.int64) * rows.shape[1]
