@@ -373,11 +373,13 @@ def common_settings(jobs: Sequence[Job]) -> list[str]:
         ("batch size", "data.batch_size"),
         ("lr", "optim.lr"),
         ("warmup steps", "optim.warmup_steps"),
-        ("evaluation lengths (x training length)", "eval.lengths"),
     ]:
         v = shared(lambda j, key=key: j.setting(key))
         if v is not None:
             lines.append(f"{label}: `{v}`")
+    lengths = shared(lambda j: j.extrapolation.get("lengths"))  # as evaluated, in tokens (eval.lengths may be
+    if lengths:  # multiples of the training length)
+        lines.append(f"evaluation lengths (tokens): `{lengths}`")
     fp = shared(short_hash)
     lines.append(
         f"corpus + tokenizer fingerprint: `{fp}`"
