@@ -40,15 +40,15 @@ def test_extended_run_starts_from_the_parents_weights_and_records_it(parent, tmp
     link = child["extended_from"]
     assert link["path"].endswith("checkpoints/last.ckpt") and link["path"].startswith(parent["output_dir"])
     assert (link["train_length"], link["seq_len"], link["step"], link["name"]) == (32, 32, 10, parent["name"])
-    assert link["wandb_run_id"] is None  # the sweep logs to CSV only
+    assert link["wandb_run_id"] == parent["wandb"]["id"]  # the sweep logs to W&B offline: the parent's run
     assert child["config"]["extend"]["parent"] == link
     # the W&B config and the CSV logger's hparams.yaml have it too
     (run,) = offline_runs(out)
     configs = [r for r in wandb_records(run) if "extend" in str(r.get("config", ""))]
     assert any('"train_length":32' in str(r).replace(" ", "").replace("'", '"') for r in configs)
-    # the parent's checkpoint artifact is named in the config (offline: W&B declares inputs online only)
-    parent_folder = parent["output_dir"].rstrip("/").rpartition("/")[2]
-    assert wandb_summary(run)["config"]["extend"]["parent_artifact"] == f"model-{parent_folder}:latest"
+    # the parent's checkpoint artifact is named in the config (offline: W&B declares inputs online only), after
+    # the parent's W&B run (a parent without one: the unit test below)
+    assert wandb_summary(run)["config"]["extend"]["parent_artifact"] == f"model-{parent['wandb']['id']}:latest"
     hparams = yaml.safe_load((out / "csv" / "hparams.yaml").read_text())
     assert hparams["cfg"]["extend"]["parent"]["train_length"] == 32
     # attention diagnostics (eval.diagnostics.enabled): summary, PNGs, W&B table and plots, the sweep report
@@ -64,6 +64,25 @@ def test_extended_run_starts_from_the_parents_weights_and_records_it(parent, tmp
 
     rep = build_report([out], tmp_path / "report")
     assert "## Attention diagnostics" in rep.markdown and (tmp_path / "report" / "attn_entropy_vs_length.png").is_file()
+
+
+def test_the_parent_artifact_is_named_by_the_parents_wandb_run_else_by_its_folder(tmp_path):
+    """Lightning's name for a run's checkpoints, model-<W&B run id>; a parent logged without W&B has no id, so its
+    run folder names it. Offline, the name is only written into the child's config."""
+    from types import SimpleNamespace
+
+    from pelab.harness.loggers import use_parent_checkpoint
+
+    class OfflineRun:  # what use_parent_checkpoint touches of a W&B run: its config and its mode
+        def __init__(self):
+            self.settings, self.saved = SimpleNamespace(mode="offline"), {"extend": {"from": "x"}}
+            self.config = SimpleNamespace(get=self.saved.get, update=lambda d, allow_val_change: self.saved.update(d))
+
+    ckpt = str(tmp_path / "0_rope-micro-L32-s0" / "checkpoints" / "last.ckpt")
+    for wandb_run_id, name in (("h0p3tmz3", "model-h0p3tmz3"), (None, "model-0_rope-micro-L32-s0")):
+        run = OfflineRun()
+        assert use_parent_checkpoint(run, {"path": ckpt, "wandb_run_id": wandb_run_id}) == name
+        assert run.saved["extend"] == {"from": "x", "parent_artifact": f"{name}:latest"}
 
 
 @pytest.mark.parametrize("override, key", [("model.n_layers=3", "model.n_layers"), ("tokenizer=bpe", "tokenizer."),

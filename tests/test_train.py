@@ -96,18 +96,13 @@ def test_unknown_encoding_lists_the_available_ones(tmp_path):
 
 
 @pytest.mark.slow
-def test_multirun_makes_one_wandb_run_per_job_in_one_group(tmp_path):
-    sweep_dir = tmp_path / "sweep"
-    out = run_cli(
-        ["-m", *FAST, "pe=rope,alibi", "trainer.max_steps=20", "trainer.val_check_interval=10",
-         f"hydra.sweep.dir={sweep_dir}", "logger.wandb.mode=offline"],
-        cwd=tmp_path,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    summaries = sorted(sweep_dir.glob("*/summary.json"))
-    assert len(summaries) == 2
-    runs = offline_runs(sweep_dir)
-    assert len(runs) == 2, runs
+def test_multirun_makes_one_wandb_run_per_job_in_one_group(sweep):
+    """The shared 2 x 2 multirun (conftest's `sweep`, W&B offline): one finished W&B run per job, named like the
+    job, all in the sweep's group."""
+    summaries = sorted(sweep.glob("*/summary.json"))
+    assert len(summaries) == 4
+    runs = offline_runs(sweep)
+    assert len(runs) == 4, runs
     groups, names = set(), set()
     for run in runs:
         s = wandb_summary(run)
@@ -116,26 +111,26 @@ def test_multirun_makes_one_wandb_run_per_job_in_one_group(tmp_path):
         assert "extrap/ppl@32" in s["summary"]
         names.add(s["name"])
         groups |= {r["run"]["run_group"] for r in wandb_records(run) if r.get("type") == "run"}
-    assert names == {"rope-micro-L32-s0", "alibi-micro-L32-s0"}
-    assert len(groups) == 1 and next(iter(groups)).startswith("sweep-")
+    assert names == {f"{pe}-micro-L32-s{seed}" for pe in ("rope", "alibi") for seed in (0, 1)}
+    assert groups == {f"sweep-{sweep.parent.name}-{sweep.name}"}  # the group a report of the sweep joins
 
 
 @pytest.mark.slow
-def test_failing_job_is_recorded_and_the_sweep_goes_on(tmp_path):
-    sweep_dir = tmp_path / "sweep"
-    # model.n_heads=3 cannot divide d_model=32: the first job fails, the second must still run.
-    out = run_cli(
-        ["-m", *FAST, "pe=alibi", "model.n_heads=3,2", "trainer.max_steps=10", "trainer.val_check_interval=10",
-         "evaluate_after_fit=false", f"hydra.sweep.dir={sweep_dir}", "logger.wandb.mode=offline"],
-        cwd=tmp_path,
-    )
-    assert out.returncode != 0  # the multirun says something failed
+def test_failing_job_is_recorded_and_the_sweep_goes_on(failing_sweep):
+    sweep_dir, returncode = failing_sweep
+    assert returncode != 0  # the multirun says something failed
     status = {p.parent.name: json.loads(p.read_text())["status"] for p in sweep_dir.glob("*/summary.json")}
-    assert status == {"0_alibi-micro-L32-s0-model.n_heads=3": "failed", "1_alibi-micro-L32-s0-model.n_heads=2": "ok"}
-    # Each job is named by the swept key its name does not show already; the refused job is refused before W&B
-    # starts (no dashboard run for a bad setting), the other one finishes.
+    # model.n_heads=3 cannot divide d_model=32: the first jobs fail, the ones after them must still run (the NaN
+    # and data.seq_len failures of the other jobs: tests/test_nonfinite.py). Each job is named by the swept keys
+    # its name does not show already (data.seq_len is the name's L).
+    name = "{}_rope-micro-L{}-s0-model.n_heads={}-debug.inject_nan_at_step={}".format
+    jobs = [(L, heads, nan) for L in (32, 100000000) for heads in (3, 2) for nan in ("null", 3)]
+    assert status == {name(i, L, heads, nan): "ok" if (L, heads, nan) == (32, 2, "null") else "failed"
+                      for i, (L, heads, nan) in enumerate(jobs)}
+    # The refused jobs are refused before W&B starts (no dashboard run for a bad setting); the others have theirs.
     runs = {wandb_summary(r)["name"]: wandb_summary(r)["state"] for r in offline_runs(sweep_dir)}
-    assert runs == {"alibi-micro-L32-s0-model.n_heads=2": "finished"}
+    assert runs == {name(i, L, 2, nan).partition("_")[2]: "finished" if (L, nan) == (32, "null") else "failed"
+                    for i, (L, heads, nan) in enumerate(jobs) if heads == 2}
 
 
 @pytest.mark.slow

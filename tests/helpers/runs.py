@@ -48,12 +48,13 @@ FAST = [
 ]
 
 # The shared multirun (conftest's `sweep`): rope, alibi x seeds 0, 1; evaluated at 32, 64, 128 tokens; probes
-# at 32, 64.
+# at 32, 64. W&B offline beside the CSV log (the default logger), so the W&B test of a multirun reads this one
+# instead of training its own.
 SWEEP_ARGS = [
     *FAST,
     "pe=rope,alibi",
     "seed=0,1",
-    "logger=csv",
+    "logger.wandb.mode=offline",
     "trainer.max_steps=10",
     "trainer.val_check_interval=10",
     "eval.lengths=[1,2,4]",
