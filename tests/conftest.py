@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.runs import SWEEP_ARGS, compose, isolated_env, run_cli
+from helpers.runs import FAST, ONE_THREAD, SWEEP_ARGS, compose, isolated_env, run_cli
 from helpers.shared import build_once, shared_tmp
 from helpers.texts import random_doc
 
@@ -51,6 +51,23 @@ def sweep(tmp_path_factory, cache_dir) -> Path:
         assert out.returncode == 0, out.stderr[-3000:]
 
     return build_once(tmp_path_factory, "sweep", build) / "multirun"
+
+
+@pytest.fixture(scope="session")
+def failing_sweep(tmp_path_factory, cache_dir) -> tuple[Path, int]:
+    """One real multirun of 8 jobs, 7 of which fail in three ways: a setting refused before W&B starts
+    (model.n_heads=3 does not divide d_model=32), a data error after it (data.seq_len=100000000), a NaN loss at step
+    3; the one good job must still run. (The multirun's folder, its exit code): read by the failing-job tests of
+    tests/test_train.py and tests/test_nonfinite.py, built once per session."""
+    def build(root: Path) -> None:
+        out = run_cli(["-m", *FAST, "evaluate_after_fit=false", "trainer.max_steps=8", "trainer.val_check_interval=8",
+                       "model.n_heads=3,2", "debug.inject_nan_at_step=null,3", "data.seq_len=32,100000000",
+                       f"hydra.sweep.dir={root / 'multirun'}", "logger.wandb.mode=offline"],
+                      cwd=root, env={"PELAB_CACHE_DIR": str(cache_dir), **ONE_THREAD})
+        (root / "returncode").write_text(str(out.returncode))
+
+    root = build_once(tmp_path_factory, "failing-sweep", build)
+    return root / "multirun", int((root / "returncode").read_text())
 
 
 @pytest.fixture(scope="session")

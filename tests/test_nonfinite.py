@@ -79,16 +79,14 @@ def test_nan_stop_with_the_fused_optimizer_stops_before_any_later_checkpoint(tmp
 
 
 @pytest.mark.slow
-def test_nan_and_data_errors_fail_their_sweep_jobs_only(tmp_path):
-    sweep = tmp_path / "sweep"
-    res = run_cli(["-m", *FAST, "evaluate_after_fit=false", "trainer.max_steps=8", "trainer.val_check_interval=8",
-                   "debug.inject_nan_at_step=null,3", "data.seq_len=32,100000000", f"hydra.sweep.dir={sweep}",
-                   "logger.wandb.mode=offline"], cwd=tmp_path, env=ONE_THREAD)
-    assert res.returncode != 0  # the multirun reports that something failed
+def test_nan_and_data_errors_fail_their_sweep_jobs_only(failing_sweep):
+    sweep, returncode = failing_sweep
+    assert returncode != 0  # the multirun reports that something failed
     jobs = {}
     for path in sweep.glob("*/summary.json"):
         s = json.loads(path.read_text())
-        jobs[(s["config"]["debug"]["inject_nan_at_step"], s["config"]["data"]["seq_len"])] = s
+        if s["config"]["model"]["n_heads"] == 2:  # (the jobs refused for model.n_heads=3: tests/test_train.py)
+            jobs[(s["config"]["debug"]["inject_nan_at_step"], s["config"]["data"]["seq_len"])] = s
     assert len(jobs) == 4
     assert jobs[(None, 32)]["status"] == "ok"
     assert jobs[(3, 32)]["status"] == "failed" and "non-finite loss at step 3" in jobs[(3, 32)]["error"]
