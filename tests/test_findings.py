@@ -105,14 +105,24 @@ def test_a_pages_tables_are_the_reports_tables(page, args, body, report_of):
 # The sections of a findings page that make claims, and what counts as a number in them: digits standing alone
 # ("1.28", "3 seeds", "8 ×", "−0.07"), not names that hold digits (t5_bias, v3, L128, s0), not text in backticks
 # (a setting: `trainer.max_steps=1500`) or in a link's target.
-CLAIM_HEADING = re.compile(r"^#{1,4} .*(findings|what the runs (support|show)|claims)", re.IGNORECASE)
+CLAIM = r"(findings|what (the runs|it|they) (supports?|shows?)|claims)"
+CLAIM_HEADING = re.compile(rf"^#{{1,4}} .*{CLAIM}", re.IGNORECASE)
+# a bold-titled claim paragraph, to its blank line, and the list it introduces (after a blank line, the lines that
+# start a list item or continue one, up to the first line that does neither)
+CLAIM_PARAGRAPH = re.compile(rf"^\*\*{CLAIM}", re.IGNORECASE)
 NUMBER = re.compile(r"(?<![\w.=/@`+−-])[−+-]?\d(?:[\d,]*\d)?(?:\.\d+)?(?:\s?%|\s?×)?(?![\w])")
 
 
 def claim_numbers(text: str) -> list[tuple[int, str]]:
-    """(line, number) of every number in a claim section of a page outside its generated blocks and code."""
-    found, section, fence, generated = [], 0, False, False
+    """(line, number) of every number in a claim section or claim paragraph (with its list) of a page outside its
+    generated blocks and code."""
+    found, section, paragraph, gap, fence, generated = [], 0, False, False, False, False
     for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            gap = paragraph
+            continue
+        if gap:  # past a blank line a claim paragraph goes on only into its list
+            paragraph, gap = line.startswith(("- ", "* ", "  ")), False
         if line.startswith("```"):
             fence = not fence
         elif line.startswith("<!-- generated:"):
@@ -120,12 +130,16 @@ def claim_numbers(text: str) -> list[tuple[int, str]]:
         elif line.startswith("<!-- end generated"):
             generated = False
         elif (m := re.match(r"^(#+) ", line)) and not fence:
-            level = len(m.group(1))
+            level, paragraph = len(m.group(1)), False
             if CLAIM_HEADING.match(line):
                 section = level
             elif section and level <= section:
                 section = 0
-        elif section and not fence and not generated and not line.startswith("<!--"):
+            continue
+        if fence or generated or line.startswith(("<!--", "```")):
+            continue
+        paragraph = paragraph or bool(CLAIM_PARAGRAPH.match(line))
+        if section or paragraph:
             prose = re.sub(r"\]\([^)]*\)", "]", re.sub(r"`[^`]*`", "", line))
             found += [(i, n.group(0)) for n in NUMBER.finditer(prose)]
     return found
@@ -133,12 +147,16 @@ def claim_numbers(text: str) -> list[tuple[int, str]]:
 
 def test_a_claim_outside_a_generated_block_carries_no_number():
     """Findings prose cannot contradict its tables: in the sections of a page that make claims (Findings, What the
-    runs support, Claims), every number sits in a generated block (the verdicts, the claim sentences, the tables,
-    the Setup list) that the report builds from the committed runs; the prose around them says what they mean."""
+    runs support, Claims) and in its bold-titled claim paragraphs (What it shows, ...) with their lists, every number
+    sits in a generated block (the verdicts, the claim sentences, the tables, the Setup list) that the report builds
+    from the committed runs; the prose around them says what they mean."""
     assert claim_numbers("## Findings\nrope is 1.28× alibi over `trainer.max_steps=1500` in 3 seeds (t5_bias, v3)\n"
                          "<!-- generated: python -m pelab.report x -->\n1.5\n<!-- end generated -->\n## Setup\n4 "
-                         "layers") == [(2, "1.28×"), (2, "3")]
-    offending = {str(page.relative_to(ROOT)): found for page in sorted((ROOT / "experiments").rglob("*.md"))
-                 if (found := claim_numbers(page.read_text()))}
+                         "layers\n**What it shows.** 12 of 54\nresolved\n\n7 steps\n**Claims that change**:\n\n- 5 "
+                         "seeds\n  over 6\n\n- 8 ×\n\nDone in 9 min") == [
+        (2, "1.28×"), (2, "3"), (8, "12"), (8, "54"), (14, "5"), (15, "6"), (17, "8 ×")]
+    pages = [page for page in sorted((ROOT / "experiments").rglob("*.md"))
+             if not (page.name == "report.md" and page.parent.name == "report")]  # a report the CLI wrote
+    offending = {str(page.relative_to(ROOT)): found for page in pages if (found := claim_numbers(page.read_text()))}
     assert not offending, "numbers typed into claims (page: [(line, number), ...]): " + "; ".join(
         f"{page}: {found[:8]}{' ...' if len(found) > 8 else ''}" for page, found in offending.items())
