@@ -271,3 +271,12 @@ def test_settings_of_a_part_no_job_used_do_not_split_runs(tmp_path, group, switc
         data["config"][group][switch] = 1
         write_summary(folder, data)
     assert sorted(len(r.jobs) for r in rows_of(tmp_path)[0]) == [1, 2, 3]
+
+
+def test_a_report_whose_pairs_share_two_seeds_says_no_difference_could_be_tested(tmp_path):
+    for s in (0, 1):
+        run(tmp_path / f"base_s{s}", "base", s, 2.0 + s)
+        run(tmp_path / f"other_s{s}", "other", s, 3.0 + s)
+    md = report.build_report([tmp_path], tmp_path / "out", compare=["extrap/ppl_ratio"]).markdown
+    assert "No difference could be tested: every pair shares fewer than 3 seeds" in md
+    assert "0 of 0" not in md and "Bonferroni over the 0" not in md

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pelab.evaluation.registry import EVALUATIONS
+from pelab.evaluation.stats import MIN_SEEDS
 from pelab.metric_keys import metric_key
 from pelab.provenance import provenance_state
 from pelab.report.aggregation import (
@@ -86,6 +87,18 @@ def one_rate_warning(rows: Sequence[Row]) -> str:
         return ""
     return (f"**Warning:** every encoding trained at one learning rate (optim.lr={rates.pop()}), not tuned per "
             "encoding: a difference between encodings is also a difference in how well each suits that rate.")
+
+
+def comparisons_text(comparisons: Sequence) -> str:
+    """The sentence above the paired comparisons: how many were tested and resolved, or why none was tested."""
+    if not comparisons:
+        return ""
+    tested = sum(not c.note for c in comparisons)
+    if not tested:
+        return (f"No difference could be tested: every pair shares fewer than {MIN_SEEDS} seeds (the seed is the unit); "
+                "the estimates are shown without a verdict.")
+    return (f"{sum(c.resolved for c in comparisons)} of {tested} differences resolved (Holm-adjusted paired tests over "
+            "seeds, 5%); the others are not resolved at their number of seeds, or not tested (the cell says why).")
 
 
 def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "PELab report",
@@ -194,10 +207,7 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
         "Paired comparisons",
         [*comparison_tables(comparisons), budget_table(comparisons)],
         (),
-        (f"{sum(c.resolved for c in comparisons)} of {sum(not c.note for c in comparisons)} differences resolved "
-         "(Holm-adjusted "
-         "paired tests, 5%); the others are not resolved at their number of seeds."
-         if comparisons else ""),
+        comparisons_text(comparisons),
     )
     longest = max(metric_lengths(text_rows, "extrap/ppl"), default=None)
     along, warnings = (along_training_table(text_rows, metric_key("extrap/ppl_ratio", longest)) if longest

@@ -424,11 +424,12 @@ def comparison_tables(comparisons: Sequence[Comparison]) -> list[Table]:
                    f"{name} of the first over the second, per seed then averaged on the log scale")
         t = Table(f"Paired comparisons: {name}", ["pair"] + [str(L) for L in lengths], [],
                   caption=(f"{caption}; the seed is the unit (same seed = same batches, evaluation blocks and probe "
-                           f"instances). Beside it its {level:.1%} interval over the seeds (Bonferroni over the {m} "
-                           f"comparisons of this report: they hold jointly), the Holm-adjusted p over the same {m}, "
-                           f"and the verdict: resolved where the adjusted p < 0.05. No verdict with fewer than "
-                           f"{MIN_SEEDS} paired seeds. An exploratory family: the pairs the options picked, not "
-                           "questions declared before the runs."),
+                           "instances). "
+                           + (f"Beside it its {level:.1%} interval over the seeds (Bonferroni over the {m} "
+                              f"comparisons of this report: they hold jointly), the Holm-adjusted p over the same {m}, "
+                              "and the verdict: resolved where the adjusted p < 0.05. " if m else "")
+                           + f"No verdict with fewer than {MIN_SEEDS} paired seeds. An exploratory family: the pairs "
+                           "the options picked, not questions declared before the runs."),
                   collapsed=len({(c.a.label, c.b.label) for c in these}) > 12)
         fmt = (lambda c: f"{c.ratio:+.3f} [{c.lo:+.3f}, {c.hi:+.3f}]") if diff else (
             lambda c: f"{c.ratio:.3f} [{c.lo:.3f}, {c.hi:.3f}]")
