@@ -14,12 +14,20 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import schedule
 from helpers.runs import FAST, ONE_THREAD, SWEEP_ARGS, compose, isolated_env, run_cli
 from helpers.shared import build_once, shared_tmp
 from helpers.texts import random_doc
 
 # Tests run small tensors: one thread avoids OpenMP spin contention with subprocesses and helpers.
 torch.set_num_threads(1)
+
+
+@pytest.hookimpl(trylast=True)  # after -k / -m deselection: the order is of the tests that will run
+def pytest_collection_modifyitems(config, items):
+    """The slowest tests first, spread over the xdist workers (helpers.schedule). Every worker collects and orders
+    the same way, as xdist requires (a worker's own --dist option reads "no": its count is in workerinput)."""
+    items[:] = schedule.order(items, getattr(config, "workerinput", {}).get("workercount", 1))
 
 
 @pytest.fixture(scope="session")
