@@ -36,17 +36,17 @@ def test_wandb_server_unreachable_falls_back_to_offline_in_bounded_time(tmp_path
     env = {**ONE_THREAD, "WANDB_API_KEY": "0123456789abcdef" * 2 + "01234567",
            "WANDB_BASE_URL": f"http://127.0.0.1:{closed_port()}"}
     res = run_cli([*FAST, "evaluate_after_fit=false", "trainer.max_steps=5", "trainer.val_check_interval=5",
-                   "logger.wandb.init_timeout=5", f"paths.output_dir={out}"], cwd=tmp_path, env=env)
+                   "logger.wandb.init_timeout=2", f"paths.output_dir={out}"], cwd=tmp_path, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "continuing offline" in res.stdout
     info = summary_of(out)["wandb"]
     print(f"W&B init with an unreachable server: {info['init_seconds']} s")
     assert info["mode"] == "offline" and info["init_fallback"] and info["init_seconds"] > 0
-    # Bounded: the online attempt waited logger.wandb.init_timeout (5 s), not W&B's default, as W&B's own log of
-    # that attempt says. The wall time to the fallback (<= 30 s) is measured, not asserted:
-    # experiments/benchmarks/timing_targets.py (wandb_unreachable).
+    # Bounded: the online attempt waited logger.wandb.init_timeout (2 s, short: the test waits it out), not W&B's
+    # default, as W&B's own log of that attempt says. The wall time to the fallback (<= 30 s) is measured, not
+    # asserted: experiments/benchmarks/timing_targets.py (wandb_unreachable).
     (attempt,) = (out / "wandb").glob("run-*/logs/debug.log")  # the online attempt (the offline run: offline-run-*)
-    assert "communicating run to backend with 5.0 second timeout" in attempt.read_text()
+    assert "communicating run to backend with 2.0 second timeout" in attempt.read_text()
     (run,) = offline_runs(out)
     assert wandb_summary(run)["state"] == "finished"
 
