@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from pelab.data.recall.induction import INDUCTION_HEADS, induction_probe, induction_probe_length
 from pelab.data.recall.kinds import (
     KV,
     KV_SINGLE,
@@ -17,7 +18,6 @@ from pelab.data.recall.kinds import (
     ProbeKind,
     register_probe_kind,
 )
-from pelab.data.recall.induction import INDUCTION_HEADS, induction_probe, induction_probe_length
 from pelab.data.recall.kv import hex_samplers, kv_probe, kv_row, reserved_samplers
 from pelab.data.recall.mqar import mqar_batch_rows, mqar_probe, mqar_row
 from pelab.data.recall.passkey import passkey_probe, passkey_row

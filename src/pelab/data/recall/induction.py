@@ -37,7 +37,11 @@ class InductionVocabulary:
     follow the sorted strings; the order does not matter to a model whose embedding is drawn at random).
     Text is safari's: symbols separated by spaces (``encode("3 => 3")``). ``eot_id`` is the no-op: there
     are no documents. No reserved recall ids: the single-token kinds of the byte / BPE tokenizers do not run
-    on it."""
+    on it.
+
+    ``long_samples`` / ``long_from``: the probes score at most ``long_samples`` instances per cell at task lengths
+    >= ``long_from`` (None: probes.samples at every length); the data module sets them from data.long_probe_samples
+    / data.long_probe_from (the paper's 256 at 2^13-2^14, where one sequence costs 0.4-1.5 CPU s)."""
 
     symbols: tuple[str, ...] = (*(str(i) for i in range(14)), "=>", ".")
     n_ordinary = 14
@@ -47,10 +51,17 @@ class InductionVocabulary:
     eot_id = noop
     reserved_key_ids = range(0)
     reserved_value_ids = range(0)
-    reserved: dict[str, list[int]] = {"keys": [0, 0], "values": [0, 0]}
 
-    def __init__(self) -> None:
+    def __init__(self, long_samples: int | None = None, long_from: int = 8192) -> None:
         self._ids = {s: i for i, s in enumerate(self.symbols)}
+        self.long_samples, self.long_from = long_samples, int(long_from)
+        self.reserved: dict[str, list[int]] = {"keys": [0, 0], "values": [0, 0]}  # none ([start, stop) ranges)
+
+    def probe_samples(self, length: int, n: int) -> int:
+        """Instances of a probe cell of task length ``length`` when ``n`` are asked (see ``long_samples``)."""
+        if self.long_samples is not None and length >= self.long_from:
+            return min(int(n), int(self.long_samples))
+        return int(n)
 
     def encode(self, text: str) -> list[int]:
         try:
@@ -91,17 +102,19 @@ def induction_probe(pc: object, kind: str, length: int, depth: float, n: int, se
                     opts: RecallOptions) -> list[RecallSample]:
     """``n`` probe instances of task length L = ``length`` (L + 2 tokens: the L + 1 inputs and the answer).
     Instance i draws from a generator seeded by (seed, kind, L, i): the same instance in every run and for any
-    n. The trigger position is uniform (safari's distribution), so ``depth`` is not used (each sample's
+    n (at long lengths the vocabulary may cap n: ``InductionVocabulary.long_samples``; the first instances are
+    kept). The trigger position is uniform (safari's distribution), so ``depth`` is not used (each sample's
     ``depth`` records where its trigger fell, p / (L - 1)); one depth per cell suffices (``probes.depths``).
     The filler is not read. The task has its own vocabulary: with another tokenizer (``pc.tok``) the cells are
     n/a with a note naming the fix (RecallLengthError, which run_probes turns into a note)."""
-    if not isinstance(getattr(pc, "tok", pc), InductionVocabulary):
+    vocab = getattr(pc, "tok", pc)
+    if not isinstance(vocab, InductionVocabulary):
         raise RecallLengthError("induction_heads has its own 16-token vocabulary: probe it in a run with "
                                 "datamodule=induction (experiment=induction_heads), not with this tokenizer")
     L = check_length(length)
     tag = zlib.crc32(kind.encode())
     out = []
-    for i in range(int(n)):
+    for i in range(vocab.probe_samples(L, n)):
         g = np.random.default_rng([int(seed) % 2**64, tag, L, i])
         rows, p = induction_rows(g, 1, L)
         row, q = rows[0].tolist(), int(p[0])

@@ -16,6 +16,9 @@ What the harness reads from a data module, for this source:
   end to end, each its own document;
 * ``tokenizer`` = the task's vocabulary (`InductionVocabulary`), which the probes of ``induction_heads`` use.
 
+`InductionCurve` (a Lightning callback, ``callbacks.induction_curve``) scores fixed probe instances at a few task
+lengths every N steps: the along-training curve of each run, from which its plateau is judged.
+
 ``tokenizer.*`` is not read (the vocabulary is the task's); neither are the text-mix keys of
 conf/data/_loader.yaml (recall_*): every row is an induction sequence.
 """
@@ -28,18 +31,25 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader, IterableDataset
 
 from pelab.data.batch import ANSWER_FLAG
 from pelab.data.config import loader_settings
 from pelab.data.corpora import SPLITS, to_plain
-from pelab.data.recall.induction import INDUCTION_HEADS, VOCABULARY, check_length, induction_rows
+from pelab.data.recall.factories import make_probe_samples
+from pelab.data.recall.induction import (
+    INDUCTION_HEADS,
+    VOCABULARY,
+    InductionVocabulary,
+    check_length,
+    induction_rows,
+)
 from pelab.data.windows import FixedWindows
 from pelab.errors import ConfigError
 
 TARGETS = ("all", "answer")  # data.targets
 SPLIT_TAGS = {"val": 1, "test": 2}  # the fixed rows of a split: SeedSequence([tag, L]), whatever the run's seed
-OWN_KEYS = ("source", "targets", "eval_rows")
 
 
 def encode_targets(rows: np.ndarray, targets: str) -> np.ndarray:
@@ -76,7 +86,8 @@ class InductionStream(IterableDataset):
 class InductionDataModule(L.LightningDataModule):
     """Fresh induction-heads sequences of task length ``data.seq_len`` (see the module doc). The arguments are
     those `pelab.harness.build.build_datamodule` passes any data module: ``source`` the data config (the loader
-    keys of conf/data/_loader.yaml plus ``targets`` and ``eval_rows``), ``tokenizer`` (not read), the per-device
+    keys of conf/data/_loader.yaml plus ``targets``, ``eval_rows``, ``long_probe_samples`` and ``long_probe_from``),
+    ``tokenizer`` (not read), the per-device
     ``batch_size``, ``seed``, ``cache_dir`` (nothing is cached) and ``max_steps``."""
 
     def __init__(self, source: Mapping[str, Any], tokenizer: Any = None, batch_size: int | None = None,
@@ -89,7 +100,9 @@ class InductionDataModule(L.LightningDataModule):
         given = {**source, **to_plain(loader)}
         if batch_size is not None:
             given["batch_size"] = batch_size
-        settings = loader_settings(given)
+        check_length(given.get("seq_len", 3), "data.seq_len")
+        # the text-mix keys are not read: typed without the mix, whose checks concern text rows
+        settings = loader_settings({**given, "recall_mix": 0.0, "recall_curriculum": None})
         targets = str(given.get("targets", "all"))
         if targets not in TARGETS:
             raise ConfigError(f"data.targets={targets!r} must be one of {', '.join(TARGETS)} (all: every position, "
@@ -97,13 +110,17 @@ class InductionDataModule(L.LightningDataModule):
         eval_rows = int(given.get("eval_rows", 64))
         if eval_rows < 1:
             raise ConfigError(f"data.eval_rows={eval_rows} must be >= 1 sequence per evaluation split.")
+        long_samples, long_from = given.get("long_probe_samples"), int(given.get("long_probe_from", 8192))
+        if long_samples is not None and int(long_samples) < 1:
+            raise ConfigError(f"data.long_probe_samples={long_samples} must be >= 1 or null (probes.samples at every "
+                              "length).")
         self.seq_len = check_length(settings.seq_len, "data.seq_len")
         self.batch_size, self.seed, self.max_steps = int(settings.batch_size), int(seed), max_steps
         self.val_windows = int(settings.val_windows or 64)
         self.val_batch_size = int(settings.val_batch_size or settings.batch_size)
         self.targets, self.eval_rows = targets, eval_rows
         self.recall_pairs = 1  # read by callbacks.retrieval_criterion (its probes ignore it)
-        self.tokenizer = VOCABULARY
+        self.tokenizer = InductionVocabulary(None if long_samples is None else int(long_samples), long_from)
         self.vocab_size: int = VOCABULARY.vocab_size
         self.eot_id: int = VOCABULARY.eot_id
         self.reserved: dict[str, list[int]] = dict(VOCABULARY.reserved)
@@ -112,6 +129,7 @@ class InductionDataModule(L.LightningDataModule):
             "source": INDUCTION_HEADS, "vocabulary": list(VOCABULARY.symbols), "vocab_size": self.vocab_size,
             "task_length": self.seq_len, "row_tokens": self.seq_len + 2, "targets": targets,
             "tokenizer": "not read: the task's own vocabulary",
+            "long_probe_samples": self.tokenizer.long_samples, "long_probe_from": long_from,
         }
         self._rows: dict[str, np.ndarray] = {}
 
@@ -180,3 +198,51 @@ class InductionDataModule(L.LightningDataModule):
         """(n + 1,) int64: each sequence is its own document."""
         rows = self._split(split)
         return np.arange(len(rows) + 1, dtype=np.int64) * rows.shape[1]
+
+
+class InductionCurve(Callback):
+    """The answer accuracy at task lengths ``lengths`` along training: every ``every_n_steps`` steps, ``samples``
+    fixed instances per length (the probe kind's, from ``seed``: the same at every point and in every run) are
+    scored and logged as ``train/induction_acc@<L>`` (CSV, W&B). A sequence is right when the argmax at its last
+    input (the query) is the answer: the probes' exact match for a one-token answer, without their batching
+    conventions (`pelab.evaluation.probes`), so a point may differ from the final evaluation in the last ulp.
+    Only the query row goes through the last block and the head (``GPT.hidden(from_index=...)``)."""
+
+    def __init__(self, lengths: list[int] | tuple[int, ...] = (512, 1024, 2048), samples: int = 256,
+                 every_n_steps: int = 2500, seed: int = 4321, batch_tokens: int = 16384):
+        if not lengths or samples < 1 or every_n_steps < 1 or batch_tokens < 1:
+            raise ValueError(f"callbacks.induction_curve: lengths={list(lengths)} must be non-empty, samples={samples}, "
+                             f"every_n_steps={every_n_steps} and batch_tokens={batch_tokens} >= 1")
+        self.lengths = [check_length(n, "callbacks.induction_curve.lengths") for n in lengths]
+        self.n, self.every, self.seed, self.batch_tokens = int(samples), int(every_n_steps), int(seed), int(batch_tokens)
+        self.instances: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # L -> inputs (n, L + 1), answers (n,)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        for n in self.lengths:
+            samples = make_probe_samples(INDUCTION_HEADS, VOCABULARY, n, 0.5, self.n, self.seed)
+            self.instances[n] = (torch.tensor([s.input_ids for s in samples]),
+                                 torch.tensor([s.answer_ids[0] for s in samples]))
+
+    @torch.no_grad()
+    def predictions(self, model: torch.nn.Module, length: int) -> torch.Tensor:
+        """(n,) the argmax token at the query of each instance of task length ``length``."""
+        x = self.instances[length][0]
+        T, device, was_training = x.shape[1], next(model.parameters()).device, model.training
+        per_batch = max(1, self.batch_tokens // T)
+        model.eval()
+        try:
+            preds = [model.lm_head(model.hidden(x[i : i + per_batch].to(device), from_index=T - 1)[:, -1])
+                     .argmax(-1).cpu() for i in range(0, len(x), per_batch)]  # (b,) each: the query rows only
+        finally:
+            model.train(was_training)
+        return torch.cat(preds)
+
+    def accuracy(self, model: torch.nn.Module, length: int) -> float:
+        return float((self.predictions(model, length) == self.instances[length][1]).float().mean())
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if int(trainer.global_step) % self.every:
+            return
+        accs = {f"train/induction_acc@{n}": self.accuracy(pl_module.model, n) for n in self.lengths}
+        pl_module.log_dict(accs, rank_zero_only=True)

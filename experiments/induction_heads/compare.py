@@ -1,0 +1,103 @@
+"""Paper vs PELab per cell of Mamba's Table 11 (attention rows), with the agreement rule stated in README.md before
+the runs: a cell agrees when the paper's value lies inside the 95 % prediction interval for one new run,
+x̄ ± t(n−1) · √(s²(1 + 1/n) + p̂(1 − p̂)/256), x̄ and s² the mean and variance of the n seeds' accuracies, p̂ = x̄ (the
+paper's 256 test sequences add their binomial variance; where x̄ is 0 or 1, p̂ = (256 x̄ + 2)/260, Agresti-Coull, so
+that the paper's 1/256 grid keeps a width). Cells where both are at chance (≤ 10 %) or both at 100 % (the paper's ✓ or
+100 and every seed at 100 %) are reported as such and not counted; the informative cells are 2^9-2^11.
+numpy / scipy only; reads the summary.json of each run folder (experiments/collect.sh).
+    python experiments/induction_heads/compare.py <runs folder> [--out table.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+LENGTHS = [1 << k for k in range(6, 15)]
+INFORMATIVE = (512, 1024, 2048)
+CHANCE_CEILING = 0.10
+PAPER_N = 256
+# Gu & Dao 2023, Table 11, accuracy (%); ✓ = 100 (written 100.0 here, marked in PAPER_CHECK)
+PAPER = {
+    "sinusoidal": ("MHA-Abs", [100.0, 99.6, 100.0, 58.6, 26.6, 18.8, 9.8, 10.9, 7.8]),
+    "rope": ("MHA-RoPE", [100.0, 100.0, 100.0, 83.6, 31.3, 18.4, 8.6, 9.0, 5.5]),
+    "xpos": ("MHA-xPos", [100.0, 100.0, 100.0, 99.6, 67.6, 25.4, 7.0, 9.0, 7.8]),
+}
+PAPER_STEPS = {"sinusoidal": 204_800, "rope": 409_600, "xpos": 409_600}
+
+
+def run_accuracies(folder: Path) -> dict[str, dict[int, list[float]]]:
+    """{pe: {length: [accuracy of each seed]}} from the finished runs (status ok) under ``folder``."""
+    out: dict[str, dict[int, list[float]]] = {}
+    for path in sorted(folder.glob("*/summary.json")):
+        s = json.loads(path.read_text())
+        if s.get("status") != "ok":
+            continue
+        pe, m = s["config"]["pe"]["name"], s["metrics"]
+        for L in LENGTHS:
+            v = m.get(f"probe/induction_heads/acc@{L}")
+            if v is not None and not (isinstance(v, float) and math.isnan(v)):
+                out.setdefault(pe, {}).setdefault(L, []).append(float(v))
+    return out
+
+
+def prediction_interval(accs: list[float]) -> tuple[float, float, float]:
+    """(x̄, lo, hi) of the rule's 95 % prediction interval for one new run, in [0, 1] units."""
+    x = np.asarray(accs, dtype=float)
+    n, mean = len(x), float(x.mean())
+    s2 = float(x.var(ddof=1)) if n > 1 else float("nan")
+    p = mean if 0.0 < mean < 1.0 else (PAPER_N * mean + 2) / (PAPER_N + 4)
+    half = stats.t.ppf(0.975, n - 1) * math.sqrt(s2 * (1 + 1 / n) + p * (1 - p) / PAPER_N) if n > 1 else math.nan
+    return mean, mean - half, mean + half
+
+
+def verdict(paper: float, accs: list[float]) -> tuple[str, tuple[float, float, float]]:
+    """'both at chance' / 'both at 100 %' (not counted), else 'agrees' / 'disagrees' by the rule."""
+    mean, lo, hi = prediction_interval(accs)
+    if paper / 100 <= CHANCE_CEILING and mean <= CHANCE_CEILING:
+        return "both at chance", (mean, lo, hi)
+    if paper == 100.0 and all(a == 1.0 for a in accs):
+        return "both at 100 %", (mean, lo, hi)
+    if len(accs) < 2:
+        return "one seed: no interval", (mean, lo, hi)
+    return ("agrees" if lo <= paper / 100 <= hi else "disagrees"), (mean, lo, hi)
+
+
+def table(runs: dict[str, dict[int, list[float]]]) -> str:
+    lines = ["| row | length | paper (%) | PELab mean (%) | seeds | 95 % prediction interval (%) | verdict |",
+             "|---|---:|---:|---:|---:|---|---|"]
+    counted = {"agrees": 0, "disagrees": 0}
+    for pe, (label, values) in PAPER.items():
+        for L, paper in zip(LENGTHS, values, strict=True):
+            accs = runs.get(pe, {}).get(L, [])
+            if not accs:
+                lines.append(f"| {label} | 2^{int(math.log2(L))} | {paper:.1f} | — | 0 | — | not run |")
+                continue
+            v, (mean, lo, hi) = verdict(paper, accs)
+            if L in INFORMATIVE and v in counted:
+                counted[v] += 1
+            span = f"[{100 * lo:.1f}, {100 * hi:.1f}]" if math.isfinite(lo) else "—"
+            lines.append(f"| {label} | 2^{int(math.log2(L))} | {paper:.1f} | {100 * mean:.1f} | {len(accs)} | {span} | "
+                         f"{v}{' (informative)' if L in INFORMATIVE else ''} |")
+    lines += ["", f"Informative cells (2^9-2^11) counted: {counted['agrees']} agree, {counted['disagrees']} disagree."]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("runs", type=Path)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    text = table(run_accuracies(args.runs))
+    if args.out:
+        args.out.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+# Sourced by run.sh and curve.sh: run train.py from a clean git worktree of one commit, so that a study launched
+# while the main checkout has uncommitted changes (other work in progress) records clean provenance, and a relaunch
+# runs the same code as the first launch. As experiments/provenance/verify.py: `python -S` (no editable-install
+# finder, which would map pelab.conf to the main checkout) with the worktree's src first, then the venv's packages.
+#   pinned_train <commit> <train.py arguments ...>     (one thread, nice 10)
+REPO=$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --show-toplevel)
+VENV_PY=${VENV_PY:-$REPO/.venv/bin/python}
+PINNED_ROOT=${PINNED_ROOT:-/work/studies/induction_heads/code}
+
+pinned_tree() {  # <commit>: the worktree's path (created once, kept)
+  local tree="$PINNED_ROOT/$1"
+  if [ ! -d "$tree" ]; then
+    mkdir -p "$PINNED_ROOT"
+    git -C "$REPO" worktree add --detach "$tree" "$1" >/dev/null 2>&1 || { echo "git worktree add $tree $1 failed" >&2; return 1; }
+  fi
+  echo "$tree"
+}
+
+pinned_train() {  # <commit> <train.py arguments ...>
+  local commit=$1; shift
+  local tree purelib
+  tree=$(pinned_tree "$commit") || return 1
+  purelib=$("$VENV_PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  (cd "$tree" && env -u PYTHONPATH PYTHONPATH="$tree/src:$purelib" OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 \
+     PYTHONUNBUFFERED=1 nice -n 10 "$VENV_PY" -S train.py "$@")
+}
