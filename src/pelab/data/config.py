@@ -12,12 +12,12 @@ import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from pelab.checks import is_int, need, show, typed_group
+from pelab.conf_values import group_yaml
 from pelab.data.recall import PROBE_KINDS, kind_names, probe_kind
 from pelab.data.tokenizer import TOKENIZER_KINDS
 
@@ -61,9 +61,7 @@ class TokenizerConfig:
 @cache
 def loader_defaults() -> dict[str, Any]:
     """conf/data/_loader.yaml: the loader values a data config composes (the one place they are written)."""
-    from pelab import CONF_DIR
-
-    return OmegaConf.to_container(OmegaConf.load(Path(CONF_DIR) / "data" / "_loader.yaml"))
+    return OmegaConf.to_container(group_yaml("data", "_loader"))
 
 
 def loader_settings(values: Mapping[str, Any]) -> DictConfig:

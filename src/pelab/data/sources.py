@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pelab.conf_values import with_file_values
 from pelab.data.corpora import StdlibCorpus, TextDirCorpus, check_text_dir
 from pelab.data.hf_corpus import HFCorpus
 from pelab.errors import CorpusError
@@ -22,39 +23,39 @@ SOURCES = ("stdlib", "text_dir", "hf")
 
 
 def source_kind(cfg: Mapping[str, Any] | str) -> str:
-    return cfg if isinstance(cfg, str) else str(cfg.get("source", "stdlib"))
+    """The corpus kind of a data config (`data.source`), or the kind itself."""
+    if isinstance(cfg, str):
+        return cfg
+    if "source" not in cfg:
+        raise CorpusError(f"a data config names its corpus in data.source; known: {list(SOURCES)}")
+    return str(cfg["source"])
+
+
+def source_settings(cfg: Mapping[str, Any] | str) -> dict[str, Any]:
+    """A data config (or just its kind) with every knob of its corpus: the keys it lacks (a config built by
+    hand, or recorded before the knob existed) take the values conf/data/<kind>.yaml gives."""
+    kind = source_kind(cfg)
+    if kind not in SOURCES:
+        raise CorpusError(f"unknown data.source={kind!r}; known: {list(SOURCES)}")
+    return with_file_values({} if isinstance(cfg, str) else dict(cfg), "data", kind)
 
 
 def build_corpus(cfg: Mapping[str, Any] | str) -> Corpus:
     """`cfg` is the data config (`source` = kind, plus that kind's knobs) or just the kind."""
-    kind = source_kind(cfg)
-    c: Mapping[str, Any] = {} if isinstance(cfg, str) else cfg
-    split_knobs = {
-        "max_bytes": c.get("max_bytes"),
-        "val_fraction": float(c.get("val_fraction", 0.02)),
-        "test_fraction": float(c.get("test_fraction", 0.02)),
-    }
-    if kind == "stdlib":
+    c = source_settings(cfg)
+    split_knobs = {"max_bytes": c["max_bytes"], "val_fraction": float(c["val_fraction"]),
+                   "test_fraction": float(c["test_fraction"])}
+    if c["source"] == "stdlib":
         return StdlibCorpus(**split_knobs)
-    if kind == "text_dir":
-        return TextDirCorpus(
-            c.get("path"), c.get("glob", "**/*.txt"), encoding=c.get("encoding", "utf-8"), **split_knobs
-        )
-    if kind == "hf":
-        return HFCorpus(
-            c.get("name"),
-            c.get("config"),
-            text_field=c.get("text_field", "text"),
-            data_files=c.get("data_files"),
-            revision=c.get("revision"),
-            doc_split=c.get("doc_split", "row"),
-            **split_knobs,
-        )
-    raise CorpusError(f"unknown data.source={kind!r}; known: {list(SOURCES)}")
+    if c["source"] == "text_dir":
+        return TextDirCorpus(c["path"], c["glob"], encoding=c["encoding"], **split_knobs)
+    return HFCorpus(c["name"], c["config"], text_field=c["text_field"], data_files=c["data_files"],
+                    revision=c["revision"], doc_split=c["doc_split"], **split_knobs)
 
 
 def check_source(cfg: Mapping[str, Any]) -> None:
     """What the data config can be checked for before anything is built or imported (the command line's
     validation): a text folder's path, encoding and glob. A hub corpus is checked when it is fetched."""
     if source_kind(cfg) == "text_dir":
-        check_text_dir(cfg.get("path"), cfg.get("glob", "**/*.txt"), cfg.get("encoding", "utf-8"))
+        c = source_settings(cfg)
+        check_text_dir(c["path"], c["glob"], c["encoding"])

@@ -28,13 +28,11 @@ from typing import Any
 
 import numpy as np
 
+from pelab.conf_values import with_file_values
 from pelab.errors import TokenizerError
 
 EOT = "<|endoftext|>"
 TOKENIZER_KINDS = ("bpe", "byte", "pretrained")
-# BPE merges are learned on at most this much of the train split (spread over it): far faster than the whole
-# split at about the same compression (measured on the stdlib corpus: experiments/benchmarks/README.md).
-DEFAULT_TRAIN_BYTES = 8_000_000
 _COMMON_EOS = (EOT, "</s>", "<eos>", "<|end_of_text|>", "<|eot_id|>", "[SEP]")
 RESERVED_DEFAULT = 64  # keys and values each: conf/tokenizer/*.yaml
 
@@ -146,29 +144,36 @@ Tokenizer = ByteTokenizer | HFTokenizer
 
 
 def _cfg_kind(cfg: Mapping[str, Any] | str) -> str:
-    kind = cfg if isinstance(cfg, str) else str(cfg.get("kind", "bpe"))
+    if not isinstance(cfg, str) and "kind" not in cfg:
+        raise TokenizerError(f"a tokenizer config names its kind in tokenizer.kind; known: {list(TOKENIZER_KINDS)}")
+    kind = cfg if isinstance(cfg, str) else str(cfg["kind"])
     if kind not in TOKENIZER_KINDS:
         raise TokenizerError(f"unknown tokenizer.kind={kind!r}; known: {list(TOKENIZER_KINDS)}")
     return kind
 
 
+def tokenizer_settings(cfg: Mapping[str, Any] | str) -> dict[str, Any]:
+    """A tokenizer config (or just its kind) with every key of its kind: the keys it lacks (a config built by hand,
+    or recorded before the key existed) take the values conf/tokenizer/<kind>.yaml gives."""
+    kind = _cfg_kind(cfg)
+    return with_file_values({} if isinstance(cfg, str) else dict(cfg), "tokenizer", kind)
+
+
 def tokenizer_fingerprint(cfg: Mapping[str, Any] | str) -> dict[str, Any]:
     """The settings that change token ids (part of the token-cache key), the reserved counts included."""
-    kind = _cfg_kind(cfg)
-    c: Mapping[str, Any] = {} if isinstance(cfg, str) else cfg
-    reserved = {k: int(c.get(k, RESERVED_DEFAULT)) for k in ("reserved_keys", "reserved_values")}
-    if kind == "byte":
+    c = tokenizer_settings(cfg)
+    reserved = {k: int(c[k]) for k in ("reserved_keys", "reserved_values")}
+    if c["kind"] == "byte":
         return {"kind": "byte", **reserved}
-    if kind == "bpe":
+    if c["kind"] == "bpe":
         return {
             "kind": "bpe",
-            "vocab_size": int(c.get("vocab_size", 4096)),
-            "min_frequency": int(c.get("min_frequency", 2)),
-            "train_bytes": c.get("train_bytes", DEFAULT_TRAIN_BYTES),
+            "vocab_size": int(c["vocab_size"]),
+            "min_frequency": int(c["min_frequency"]),
+            "train_bytes": c["train_bytes"],
             **reserved,
         }
-    fp = {"kind": "pretrained", "name": c.get("name"), "revision": c.get("revision"),
-          "eot_token": c.get("eot_token"), **reserved}
+    fp = {"kind": "pretrained", "name": c["name"], "revision": c["revision"], "eot_token": c["eot_token"], **reserved}
     local = _local_tokenizer_file(fp["name"])
     if local is not None:  # a local file can change under the same name: key on its content
         fp["sha256"] = hashlib.sha256(local.read_bytes()).hexdigest()

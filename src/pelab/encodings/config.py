@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pelab import CONF_DIR
 from pelab.checks import typed
+from pelab.conf_values import group_yaml
 from pelab.encodings.settings import SCHEMAS, PEConfig
 from pelab.errors import ConfigError
 
@@ -31,15 +32,9 @@ def available_encodings() -> list[str]:
 
 
 def load_pe_yaml(name: str) -> DictConfig:
-    """conf/pe/<name>.yaml as Hydra composes it into ``pe``: the entries of its defaults list (files of this
-    group, e.g. ``_base``) merged in order with the file's own keys at ``_self_`` (last when not listed);
-    the ``defaults`` key itself dropped. Untyped: see ``default_pe_config``."""
-    own = OmegaConf.load(PE_CONF_DIR / f"{name}.yaml")
-    defaults = list(own.pop("defaults", []))
-    cfg = OmegaConf.create()
-    for entry in defaults if "_self_" in defaults else [*defaults, "_self_"]:
-        cfg = OmegaConf.merge(cfg, own if entry == "_self_" else load_pe_yaml(str(entry)))
-    return cfg
+    """conf/pe/<name>.yaml as Hydra composes it into ``pe`` (``pelab.conf_values.group_yaml``: its defaults list,
+    e.g. ``_base``, merged under its own keys). Untyped: see ``default_pe_config``."""
+    return group_yaml("pe", name)
 
 
 def default_pe_config(name: str) -> dict:
