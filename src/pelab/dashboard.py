@@ -285,18 +285,17 @@ def from_config(overrides: Sequence[str] = ()) -> dict[str, list]:
     from hydra import compose, initialize_config_dir
 
     from pelab import CONF_DIR
-    from pelab.evaluation.config import resolve_lengths
+    from pelab.evaluation.config import resolve_lengths, typed_evaluation
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(config_name="train", overrides=list(overrides))
     train_length = int(cfg.data.seq_len)
-    lengths = sorted(set(resolve_lengths(list(cfg.eval.lengths), train_length)) | {train_length})
-    probes_on = bool(cfg.probes.get("enabled", True))
+    ev, probes = typed_evaluation(cfg)
     return {
-        "lengths": lengths,
-        "kinds": list(cfg.probes.kinds or []) if probes_on else [],
-        "depths": [float(d) for d in cfg.probes.depths],
-        "probe_lengths": resolve_lengths(list(cfg.probes.lengths), train_length),
+        "lengths": sorted(set(resolve_lengths(list(ev.lengths), train_length)) | {train_length}),
+        "kinds": list(probes.kinds) if probes.enabled else [],
+        "depths": [float(d) for d in probes.depths],
+        "probe_lengths": resolve_lengths(list(probes.lengths), train_length),
     }
 
 

@@ -25,29 +25,23 @@ ATTENTION_LABELS = {
 # extrapolation
 
 
-def parent_train_length(cfg: Any) -> int | None:
-    """The training length of the run this one extends (train.py fills extend.parent), else None."""
-    parent = (cfg.get("extend") or {}).get("parent") or {}
-    return int(parent["train_length"]) if parent.get("train_length") else None
-
-
 def run_extrapolation(model: Any, datamodule: Any, s: EvalSettings) -> EvalResult:
     """Perplexity at each evaluation length on the shared blocks; figures: ppl vs length, loss by position."""
     from pelab.evaluation.extrapolation import evaluate_extrapolation
     from pelab.evaluation.plots import plot_loss_by_position, plot_ppl_vs_length
 
-    ecfg = s.cfg.eval
+    ecfg = s.eval
     log.info("extrapolation: lengths %s on %d %s tokens (%d blocks of %d)", s.lengths, s.blocks[:, 1:].numel(),
              ecfg.split, s.blocks.shape[0], s.blocks.shape[1] - 1)
     t0 = time.perf_counter()
     extrap = evaluate_extrapolation(
         model, s.blocks, s.lengths, s.train_length,
-        stride=ecfg.get("stride"), device=s.device, bytes_per_token=datamodule.bytes_per_token,
+        stride=ecfg.stride, device=s.device, bytes_per_token=datamodule.bytes_per_token,
         protocols=list(ecfg.protocols), batch_tokens=int(ecfg.batch_tokens),
     )
     seconds = time.perf_counter() - t0
-    extrap.parent_train_length = parent_train_length(s.cfg)
-    extrap.split, extrap.seed = str(ecfg.split), int(ecfg.get("seed", 0))
+    extrap.parent_train_length = s.parent_train_length
+    extrap.split, extrap.seed = str(ecfg.split), int(ecfg.seed)
     extrap.block_docs, extrap.split_documents = s.block_docs, s.split_documents  # the intervals' unit
     curves = {f"{s.label} nonoverlap": extrap.ppl_by_length("nonoverlap")}
     if "sliding" in extrap.protocols:
@@ -88,8 +82,8 @@ def extrapolation_wandb(r: EvalResult, ns: str) -> dict[str, Any]:
 # attention diagnostics
 
 
-def attention_enabled(cfg: Any) -> bool:
-    return bool((cfg.eval.get("diagnostics") or {}).get("enabled"))
+def attention_enabled(s: EvalSettings) -> bool:
+    return s.eval.diagnostics.enabled
 
 
 def run_attention(model: Any, datamodule: Any, s: EvalSettings) -> EvalResult:
@@ -100,8 +94,7 @@ def run_attention(model: Any, datamodule: Any, s: EvalSettings) -> EvalResult:
     from pelab.summary import json_safe
 
     text = s.blocks[:, :-1].reshape(-1)
-    windows = int((s.cfg.eval.get("diagnostics") or {}).get("windows", 2))
-    attention = attention_diagnostics(model, text, s.lengths, s.train_length, windows)
+    attention = attention_diagnostics(model, text, s.lengths, s.train_length, s.eval.diagnostics.windows)
     log.info("attention diagnostics: %.2f s", attention["seconds"])
     figures = {}
     for stat in STATS:
@@ -143,8 +136,8 @@ ATTENTION_SECTION = ReportSection(
 # probes
 
 
-def probes_enabled(cfg: Any) -> bool:
-    return bool(cfg.probes.get("enabled", True) and cfg.probes.get("kinds"))
+def probes_enabled(s: EvalSettings) -> bool:
+    return s.probes.enabled and bool(s.probes.kinds)
 
 
 def run_probe_cells(model: Any, datamodule: Any, s: EvalSettings) -> EvalResult:
@@ -153,17 +146,16 @@ def run_probe_cells(model: Any, datamodule: Any, s: EvalSettings) -> EvalResult:
     from pelab.evaluation.plots import probe_figures
     from pelab.evaluation.probes import run_probes
 
-    ecfg, pcfg = s.cfg.eval, s.cfg.probes
+    ecfg, pcfg = s.eval, s.probes
     p_lengths = resolve_lengths(list(pcfg.lengths), s.train_length)
     filler = datamodule.eval_tokens(ecfg.split, min(datamodule.n_tokens(ecfg.split), 4 * max(p_lengths)))
     log.info("probes: %s at depths %s, lengths %s", list(pcfg.kinds), list(pcfg.depths), p_lengths)
     probes = run_probes(
         model, datamodule.tokenizer, kinds=list(pcfg.kinds), depths=list(pcfg.depths), lengths=p_lengths,
-        samples_per_cell=int(pcfg.samples), seed=int(pcfg.seed),
-        filler_ids=filler if pcfg.get("filler", "val") == "val" else None,
-        device=s.device, train_length=s.train_length, batch_tokens=int(ecfg.batch_tokens),
-        prefix_multiples=list(pcfg.get("prefix_multiples", [0, 1, 3, 7])),
-        **{k: int(pcfg[k]) for k in ("key_len", "value_len", "pairs") if k in pcfg},
+        samples_per_cell=pcfg.samples, seed=pcfg.seed, filler_ids=filler if pcfg.filler == "val" else None,
+        device=s.device, train_length=s.train_length, batch_tokens=ecfg.batch_tokens,
+        prefix_multiples=list(pcfg.prefix_multiples), key_len=pcfg.key_len, value_len=pcfg.value_len,
+        pairs=pcfg.pairs,
     )
     return EvalResult(probes.metrics(), probes.to_dict(), probe_figures(probes, s.label), probes.rows(),
                       None, probes)

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from pelab.checks import need, show
+from pelab.checks import need, resolved_value, show, typed_group
 from pelab.data.corpora import SPLITS
 from pelab.data.recall import OFFSET, import_plugins, kind_names, probe_kind
 from pelab.errors import ConfigError
@@ -146,3 +146,15 @@ def check_probes(p: DictConfig, train_length: int) -> None:
             need(e.min_length(p.pairs) <= shortest, "probes.pairs", p.pairs,
                  f"does not fit: an {e.family} probe needs {e.min_length_rule} tokens and the shortest probe length is "
                  f"{shortest}; lower probes.pairs or drop the short probes.lengths.")
+
+
+def typed_evaluation(cfg: DictConfig) -> tuple[EvalConfig, ProbesConfig]:
+    """The `eval` and `probes` groups of a run config, typed and range-checked at its training length
+    (`data.seq_len`): what the evaluation suite reads. A key the config lacks is a ConfigError naming it (eval.py
+    brings a checkpoint's config written before the key existed to today's form first)."""
+    train_length = int(cfg.data.seq_len)
+    e = typed_group(EvalConfig, resolved_value(cfg, "eval"), "eval")
+    p = typed_group(ProbesConfig, resolved_value(cfg, "probes"), "probes")
+    check_eval(e, train_length)
+    check_probes(p, train_length)
+    return OmegaConf.to_object(e), OmegaConf.to_object(p)

@@ -11,16 +11,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pelab.evaluation.config import EvalConfig, ProbesConfig
 
 
 @dataclass
 class EvalSettings:
-    """What every evaluation of one suite run shares: the config, the training length, the evaluation lengths
-    (tokens), the evaluation blocks of those lengths (K, max(lengths) + 1), the device and the figures' label;
-    the document of each block (K,) and the split's document count (None: not known)."""
+    """What every evaluation of one suite run shares: the config (the run's whole config, for an evaluation
+    defined outside the package), its `eval` and `probes` groups typed (`EvalConfig`, `ProbesConfig`), the
+    training length, the evaluation lengths (tokens), the evaluation blocks of those lengths (K, max(lengths) + 1),
+    the device and the figures' label; the document of each block (K,) and the split's document count (None: not
+    known); the training length of the run this one extends (None: not an extended run)."""
 
     cfg: Any
+    eval: EvalConfig
+    probes: ProbesConfig
     train_length: int
     lengths: list[int]
     blocks: Any
@@ -28,6 +35,7 @@ class EvalSettings:
     label: str
     block_docs: Any = None
     split_documents: int | None = None
+    parent_train_length: int | None = None
 
 
 @dataclass
@@ -58,14 +66,14 @@ class ReportSection:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """One evaluation. ``run(model, datamodule, settings) -> EvalResult``; ``enabled(cfg)``: whether this run
-    asks for it; ``wandb(result, ns) -> dict``: its W&B tables and plots (wandb imported inside; ``ns`` the
+    """One evaluation. ``run(model, datamodule, settings) -> EvalResult``; ``enabled(settings)``: whether this run
+    asks for it (``settings``: the suite's `EvalSettings`); ``wandb(result, ns) -> dict``: its W&B tables and plots (wandb imported inside; ``ns`` the
     variant's namespace, "" or "prefix/"); ``null_when_off``: summary.json holds ``name: null`` when it is off
     (the probes always have); ``sections``: what the report shows of it, beyond the report's own sections."""
 
     name: str
     run: Callable[..., EvalResult]
-    enabled: Callable[[Any], bool] = lambda cfg: True
+    enabled: Callable[[EvalSettings], bool] = lambda settings: True
     wandb: Callable[[EvalResult, str], dict] | None = None
     null_when_off: bool = False
     sections: tuple[ReportSection, ...] = ()

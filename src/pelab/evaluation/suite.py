@@ -14,12 +14,12 @@ from typing import Any, NamedTuple
 
 import matplotlib.pyplot as plt
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from pelab.data.recall import import_plugins
 from pelab.errors import ConfigError
 from pelab.evaluation.blocks import block_documents
-from pelab.evaluation.config import resolve_lengths
+from pelab.evaluation.config import EvalConfig, ProbesConfig, resolve_lengths, typed_evaluation
 from pelab.evaluation.extrapolation import blocks_for_budget, spread_blocks
 from pelab.evaluation.plots import save_figure
 from pelab.evaluation.registry import EVALUATIONS, EvalResult, EvalSettings
@@ -36,16 +36,15 @@ class EvalBlocks(NamedTuple):
     split_documents: int
 
 
-def eval_blocks(datamodule: Any, ecfg: Any, lengths: list[int]) -> EvalBlocks:
+def eval_blocks(datamodule: Any, ecfg: EvalConfig, lengths: list[int]) -> EvalBlocks:
     """The blocks every length scores: `eval.tokens` (null: the whole split) in blocks of the longest length,
     drawn over the whole `eval.split` by `eval.seed`, stratified by document (`spread_blocks`), with the document
     each belongs to (`blocks.block_documents`: the intervals resample documents)."""
     block = max(lengths)
     tokens = datamodule.eval_tokens(ecfg.split)  # the whole split, (n,) int64
     doc_starts = datamodule.document_starts(ecfg.split)  # (n_docs + 1,)
-    check_eval_budget(str(ecfg.split), ecfg.get("tokens"), block, len(tokens))
-    blocks, starts = spread_blocks(tokens, block, blocks_for_budget(ecfg.get("tokens"), block),
-                                   int(ecfg.get("seed", 0)), doc_starts)
+    check_eval_budget(str(ecfg.split), ecfg.tokens, block, len(tokens))
+    blocks, starts = spread_blocks(tokens, block, blocks_for_budget(ecfg.tokens, block), int(ecfg.seed), doc_starts)
     return EvalBlocks(blocks, block_documents(starts, block, doc_starts), len(doc_starts) - 1)
 
 
@@ -69,21 +68,27 @@ def run_evaluation(
     run: Any | None = None,
     summary: dict | None = None,
     prefix: str = "",
+    typed: tuple[EvalConfig, ProbesConfig] | None = None,
 ) -> dict[str, float]:
     """Run every registered evaluation this config enables (pelab.evaluation.registry.EVALUATIONS, in order);
     return flat metrics (also logged to `run` and stored in `summary`).
 
-    `prefix` namespaces a variant (e.g. a RoPE scaling type in eval.py): metrics become
+    `typed`: the config's `eval` and `probes` groups as the run's validation typed them (None: typed here,
+    `typed_evaluation`). `prefix` namespaces a variant (e.g. a RoPE scaling type in eval.py): metrics become
     `extrap/{prefix}/ppl@L` style keys and files `plots/{prefix}_*.png`.
     """
-    import_plugins(list(cfg.probes.get("plugins") or []))
+    ev, probes = typed if typed is not None else typed_evaluation(cfg)
+    import_plugins(probes.plugins)
     train_length = int(cfg.data.seq_len)
-    lengths = resolve_lengths(list(cfg.eval.lengths), train_length)
+    lengths = resolve_lengths(list(ev.lengths), train_length)
     label = cfg.pe.name if not prefix else f"{cfg.pe.name} ({prefix})"
-    text = eval_blocks(datamodule, cfg.eval, lengths)
-    settings = EvalSettings(cfg, train_length, lengths, text.blocks, next(model.parameters()).device, label,
-                            text.docs.tolist(), text.split_documents)
-    results = {name: ev.run(model, datamodule, settings) for name, ev in EVALUATIONS.items() if ev.enabled(cfg)}
+    text = eval_blocks(datamodule, ev, lengths)
+    # the run this one extends (train.py fills extend.parent; null, or absent before the key existed: none)
+    parent_length = OmegaConf.select(cfg, "extend.parent.train_length")
+    settings = EvalSettings(cfg, ev, probes, train_length, lengths, text.blocks, next(model.parameters()).device,
+                            label, text.docs.tolist(), text.split_documents,
+                            int(parent_length) if parent_length else None)
+    results = {name: e.run(model, datamodule, settings) for name, e in EVALUATIONS.items() if e.enabled(settings)}
     metrics = {k: v for r in results.values() for k, v in r.metrics.items()}
     if prefix:
         metrics = {with_variant(k, prefix): v for k, v in metrics.items()}
