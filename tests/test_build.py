@@ -54,15 +54,19 @@ def test_busy_cores_sees_a_busy_process():
 def test_world_size_counts_devices_times_nodes():
     import torch
 
+    from omegaconf import OmegaConf
+
     from helpers.runs import compose
     from pelab.harness.build import world_size_of
 
-    assert world_size_of({}) == 1
-    assert world_size_of({"devices": 2}) == world_size_of({"devices": "2"}) == 2
-    assert world_size_of({"devices": [0, 3]}) == 2  # a list of device ids
-    assert world_size_of({"devices": 4, "num_nodes": 2}) == 8
-    assert world_size_of({"devices": "auto", "accelerator": "cpu"}) == world_size_of({"devices": -1,
-                                                                                       "accelerator": "cpu"}) == 1
-    assert world_size_of({"devices": -1, "accelerator": "gpu"}) == max(1, torch.cuda.device_count())
+    default = compose([]).trainer  # conf/trainer/auto.yaml: one device, one node
+    trainer = lambda **keys: OmegaConf.merge(default, keys)  # noqa: E731
+    assert world_size_of(default) == 1
+    assert world_size_of(trainer(devices=2)) == world_size_of(trainer(devices="2")) == 2
+    assert world_size_of(trainer(devices=[0, 3])) == 2  # a list of device ids
+    assert world_size_of(trainer(devices=4, num_nodes=2)) == 8
+    assert world_size_of(trainer(devices="auto", accelerator="cpu")) == world_size_of(
+        trainer(devices=-1, accelerator="cpu")) == 1
+    assert world_size_of(trainer(devices=-1, accelerator="gpu")) == max(1, torch.cuda.device_count())
     assert world_size_of(compose(["trainer=ddp_sim"]).trainer) == 2  # the two-rank CPU config of conf/trainer/
     assert world_size_of(compose(["trainer=cpu"]).trainer) == 1

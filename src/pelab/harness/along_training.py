@@ -15,13 +15,13 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import lightning.pytorch as L
 from lightning.pytorch.callbacks import Callback
-from omegaconf import OmegaConf
 
-from pelab.evaluation.config import resolve_lengths
+from pelab.evaluation.config import EvalConfig, resolve_lengths
 from pelab.evaluation.extrapolation import evaluate_extrapolation
 from pelab.evaluation.suite import eval_blocks
 
@@ -43,28 +43,26 @@ def steps_at(fractions: list[float], max_steps: int, every: int) -> dict[int, fl
 
 
 class EvaluationAlongTraining(Callback):
-    """`eval.at`: the extrapolation evaluation at fractions of training (see the module doc). `ecfg`: the eval
-    config (lengths, tokens / at_tokens, seed, split, batch_tokens); `on_point(record)` is told each new point
+    """`eval.at`: the extrapolation evaluation at fractions of training (see the module doc). `ev`: the run's eval
+    settings (lengths, at, tokens / at_tokens, seed, split, batch_tokens); `on_point(record)` is told each new point
     (the harness writes it into summary.json)."""
 
-    def __init__(self, ecfg: dict, train_length: int, on_point: Callable[[dict], None] | None = None):
-        self.ecfg, self.train_length, self.on_point = dict(ecfg), int(train_length), on_point
-        self.lengths = resolve_lengths(list(self.ecfg["lengths"]), self.train_length)
+    def __init__(self, ev: EvalConfig, train_length: int, on_point: Callable[[dict], None] | None = None):
+        self.ev, self.train_length, self.on_point = ev, int(train_length), on_point
+        self.lengths = resolve_lengths(list(ev.lengths), self.train_length)
         self.records: list[dict[str, Any]] = []
         self.steps: dict[int, float] = {}
         self.text = None  # suite.EvalBlocks
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         every = int(trainer.val_check_interval) if trainer.val_check_interval else 1
-        self.steps = steps_at(list(self.ecfg["at"] or []), int(trainer.max_steps), every)
+        self.steps = steps_at(list(self.ev.at), int(trainer.max_steps), every)
         for step, asked in self.steps.items():
             if step != asked * trainer.max_steps:  # said at the start: the point is not where it was asked for
                 log.info("eval.at %.3g runs at step %d, %.3g of training: the nearest validation step "
                          "(trainer.val_check_interval=%d)", asked, step, step / trainer.max_steps, every)
         if self.steps:
-            at_tokens = self.ecfg["at_tokens"]
-            budget = OmegaConf.create({**self.ecfg, "tokens": self.ecfg["tokens"] if at_tokens is None
-                                       else at_tokens})
+            budget = replace(self.ev, tokens=self.ev.tokens if self.ev.at_tokens is None else self.ev.at_tokens)
             self.text = eval_blocks(trainer.datamodule, budget, self.lengths)
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -74,8 +72,8 @@ class EvaluationAlongTraining(Callback):
         t0 = time.perf_counter()
         result = evaluate_extrapolation(pl_module.model, self.text.blocks, self.lengths, self.train_length,
                                         device=pl_module.device, protocols=("nonoverlap",),
-                                        batch_tokens=int(self.ecfg["batch_tokens"]))
-        result.split, result.seed = str(self.ecfg["split"]), int(self.ecfg["seed"])
+                                        batch_tokens=self.ev.batch_tokens)
+        result.split, result.seed = self.ev.split, self.ev.seed
         result.block_docs = self.text.docs.tolist()  # intervals clustered by document, as at the end
         metrics = result.metrics()
         record = {"step": step, "fraction": step / int(trainer.max_steps), "asked": self.steps[step],

@@ -16,29 +16,29 @@ from typing import Any
 
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch.utils.data import IterableDataset
 
 from pelab.data.datamodule import LMDataModule
 from pelab.errors import CheckpointError
-from pelab.harness.config import check_world, explicit_world_size
+from pelab.harness.config import TrainerConfig, TrainSettings, check_world, explicit_world_size
 from pelab.harness.job import JobRecord
 
 log = logging.getLogger(__name__)
 
 
-def trainer_settings(cfg: DictConfig) -> tuple[str, int]:
+def trainer_settings(settings: TrainSettings) -> tuple[str, int]:
     """The precision (`auto`: bf16-mixed on GPU, 32-true on CPU, where bf16 matmul is ~200x slower) and the
     number of devices, checked against the batch size; on CUDA also sets `matmul_precision`."""
-    t = OmegaConf.to_container(cfg.trainer, resolve=True)
-    precision = t.get("precision")
+    t = settings.trainer
+    precision = t.precision
     if precision == "auto":
         precision = "bf16-mixed" if on_cuda(t) else "32-true"
     if on_cuda(t):
         # TF32 for the fp32 matmuls left outside autocast (Lightning warns when this is unset on tensor cores)
-        torch.set_float32_matmul_precision(cfg.matmul_precision)
+        torch.set_float32_matmul_precision(settings.run.matmul_precision)
     world = world_size_of(t)
-    check_world(int(cfg.data.batch_size), world, (cfg.get("debug") or {}).get("emulate_world_size"))
+    check_world(settings.data.batch_size, world, settings.run.debug.emulate_world_size)
     return precision, world
 
 
@@ -84,27 +84,26 @@ def set_threads(setting: Any, recorded: dict | None, world: int) -> dict:
     return {"used": n, "chosen_by": how}
 
 
-def on_cuda(tcfg: dict) -> bool:
+def on_cuda(t: TrainerConfig) -> bool:
     """Whether this trainer config trains on CUDA devices."""
-    return torch.cuda.is_available() and tcfg.get("accelerator") in ("auto", "gpu", "cuda")
+    return torch.cuda.is_available() and t.accelerator in ("auto", "gpu", "cuda")
 
 
-def world_size_of(tcfg: dict) -> int:
+def world_size_of(t: TrainerConfig) -> int:
     """The number of processes: as the config names them, or for -1 / auto the machine's GPUs (1 on a CPU)."""
-    world = explicit_world_size(tcfg)
+    world = explicit_world_size(t)
     if world is None:
-        world = (max(1, torch.cuda.device_count()) if tcfg.get("accelerator") != "cpu" else 1) * int(
-            tcfg.get("num_nodes", 1))
+        world = (max(1, torch.cuda.device_count()) if t.accelerator != "cpu" else 1) * int(t.num_nodes)
     return world
 
 
-def resume_point(cfg: DictConfig, output_dir: Path, summary: dict) -> tuple[str | None, int | None]:
-    """The checkpoint to resume from (`ckpt_path`) and its vocabulary size; another model's / tokenizer's
-    checkpoint is refused here, before any data is built."""
+def resume_point(ckpt_setting: str | None, output_dir: Path, summary: dict) -> tuple[str | None, int | None]:
+    """The checkpoint to resume from (the `ckpt_path` setting) and its vocabulary size; another model's /
+    tokenizer's checkpoint is refused here, before any data is built."""
     from pelab.harness.checkpoints import check_resume_checkpoint
     from pelab.harness.run_folder import resolve_ckpt_path
 
-    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), output_dir)
+    ckpt_path = resolve_ckpt_path(ckpt_setting, output_dir)
     if not ckpt_path:
         return None, None
     step, vocab_size = check_resume_checkpoint(ckpt_path, summary["config"])
@@ -113,10 +112,8 @@ def resume_point(cfg: DictConfig, output_dir: Path, summary: dict) -> tuple[str 
     return ckpt_path, vocab_size
 
 
-def prepare_data(cfg: DictConfig, batch_size: int, summary: dict, ckpt_path: str | None = None,
-                 ckpt_vocab: int | None = None) -> Any:
+def prepare_data(datamodule: Any, summary: dict, ckpt_path: str | None = None, ckpt_vocab: int | None = None) -> Any:
     """The DataModule with its token cache built (the first real cost of a run)."""
-    datamodule = build_datamodule(cfg, batch_size)
     datamodule.prepare_data()
     datamodule.setup("fit")
     summary["data"] = data_record(datamodule)
@@ -138,13 +135,14 @@ def data_record(datamodule: Any) -> dict:
     }
 
 
-def build_datamodule(cfg: DictConfig, batch_size: int) -> Any:
-    """`cfg.datamodule` serving `batch_size` rows per step and device (also eval.py's)."""
+def build_datamodule(cfg: DictConfig, batch_size: int, emulate_world_size: int | None = None) -> Any:
+    """`cfg.datamodule` serving `batch_size` rows per step and device (also eval.py's); `emulate_world_size`:
+    debug.emulate_world_size of a training run."""
     # `data` and `tokenizer` are passed as they are (not walked): the data code names a value left unset
     # (`???`) by its key, e.g. data.path.
-    kwargs: dict[str, Any] = {"batch_size": batch_size, "seed": int(cfg.get("seed", 0)),
-                              "cache_dir": cfg.paths.get("cache_dir"), "_recursive_": False}
-    emulate = int((cfg.get("debug") or {}).get("emulate_world_size") or 1)
+    kwargs: dict[str, Any] = {"batch_size": batch_size, "seed": int(cfg.seed), "cache_dir": cfg.paths.cache_dir,
+                              "_recursive_": False}
+    emulate = emulate_world_size or 1
     if emulate > 1:  # one process draws the rows of `emulate` ranks per step (see EmulatedWorldDataModule)
         target = f"{EmulatedWorldDataModule.__module__}.{EmulatedWorldDataModule.__qualname__}"
         kwargs.update(_target_=target, world=emulate, batch_size=batch_size // emulate)
@@ -165,7 +163,7 @@ def build_module(summary: dict, vocab_size: int) -> Any:
     return module
 
 
-def build_trainer(cfg: DictConfig, precision: str, job: JobRecord,
+def build_trainer(cfg: DictConfig, settings: TrainSettings, precision: str, job: JobRecord,
                   signals: tuple[int, ...]) -> tuple[Any, Any]:
     """The Trainer of `cfg.trainer`, with the callbacks of `cfg.callbacks` and the loggers of `cfg.logger`
     (the W&B logger wraps this job's run; the CSV log keeps the rows before the resumed step), plus the
@@ -175,12 +173,11 @@ def build_trainer(cfg: DictConfig, precision: str, job: JobRecord,
     from pelab.harness.callbacks import PreemptionCheckpoint, SummaryUpdates
     from pelab.harness.checkpoints import AtomicCheckpointIO
 
-    callbacks = instantiate_entries(cfg.get("callbacks"))
-    if (cfg.get("eval") or {}).get("at"):
+    callbacks = instantiate_entries(cfg.get("callbacks"))  # the group removed (~callbacks): none
+    if settings.eval.at:
         from pelab.harness.along_training import EvaluationAlongTraining
 
-        callbacks.append(EvaluationAlongTraining(OmegaConf.to_container(cfg.eval, resolve=True),
-                                                 int(cfg.data.seq_len), on_point=job.add_point))
+        callbacks.append(EvaluationAlongTraining(settings.eval, settings.data.seq_len, on_point=job.add_point))
     preemption = PreemptionCheckpoint(job.output_dir / "checkpoints" / "last.ckpt", signals, job.quit_now)
     resumed_step = (job.summary.get("resumed_from") or {}).get("step")
     # No W&B run (disabled, or not rank 0): no W&B logger.

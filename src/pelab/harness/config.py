@@ -36,6 +36,7 @@ class OptimConfig:
 class TrainerConfig:
     """The Trainer keys pelab relies on; other Lightning Trainer keywords pass through untyped."""
 
+    accelerator: str  # auto, cpu, gpu, cuda, ... (Lightning's)
     max_steps: int
     val_check_interval: Any  # an int number of steps (checked below)
     log_every_n_steps: int
@@ -97,14 +98,14 @@ def check_trainer(t: DictConfig) -> None:
     need(t.precision in PRECISIONS, "trainer.precision", t.precision, f"must be one of {show(PRECISIONS)}.")
 
 
-def explicit_world_size(t: Any) -> int | None:
+def explicit_world_size(t: TrainerConfig) -> int | None:
     """The number of processes a trainer config asks for, when it names them (devices as a number or a list of
     ids, times num_nodes); None for -1 / auto (all the machine's GPUs: counted once torch is loaded)."""
-    devices = t.get("devices", 1)
+    devices = t.devices
     if devices in (-1, "-1", "auto"):
         return None
     n = len(devices) if isinstance(devices, list | tuple) or OmegaConf.is_list(devices) else int(devices)
-    return n * int(t.get("num_nodes", 1))
+    return n * int(t.num_nodes)
 
 
 def check_world(batch_size: int, world: int, emulate_world_size: int | None) -> None:
@@ -119,10 +120,10 @@ def check_world(batch_size: int, world: int, emulate_world_size: int | None) -> 
 
 def typed_callbacks(cfg: DictConfig) -> dict[str, DictConfig]:
     """pelab's callback entries that are on, typed in the keys checked here (only those are resolved)."""
-    group = cfg.get("callbacks") or {}
+    group = cfg.get("callbacks") or {}  # the group removed (~callbacks) or null: no callbacks
     out = {}
     for name, schema in CALLBACKS.items():
-        if OmegaConf.is_dict(group.get(name)):
+        if name in group and OmegaConf.is_dict(group[name]):  # an entry set to null / false is off
             entry = group[name]
             out[name] = typed_group(schema, {f.name: resolved_value(entry, f.name) for f in fields(schema)},
                                     f"callbacks.{name}")
@@ -138,6 +139,14 @@ def check_callbacks(c: dict[str, DictConfig]) -> None:
     if "throughput" in c:
         flops = c["throughput"].available_flops
         need(flops is None or flops > 0, "callbacks.throughput.available_flops", flops, "must be > 0 or null.")
+
+
+def wandb_entry(config: Any) -> Any:
+    """The `logger.wandb` entry of a run config (as plain data), or None when the run logs to no W&B run:
+    logger=csv (no such entry), the entry set to null, or the logger group removed (~logger)."""
+    logger = config.get("logger") or {}
+    entry = logger.get("wandb") or None
+    return OmegaConf.to_container(entry, resolve=True) if OmegaConf.is_config(entry) else entry
 
 
 # -- the run's top-level keys, and the whole typed tree ----------------------------------------------

@@ -31,7 +31,7 @@ def extension_parent(cfg: DictConfig) -> dict | None:
     extends_context`, e.g. a RoPE scaling) and leaves `pe.train_length` null gets the PARENT's training length
     there (set in `cfg.pe`): PI and YaRN scale relative to the length the weights were trained at, not to the
     child's data.seq_len."""
-    source = (cfg.get("extend") or {}).get("from")
+    source = OmegaConf.select(cfg, "extend.from")  # extend: null (or no extend group) is no parent either
     if source in (None, ""):
         return None
     path = parent_checkpoint(str(source))
@@ -47,14 +47,17 @@ def extension_parent(cfg: DictConfig) -> dict | None:
         raise ConfigError(f"extend.from={source} cannot initialise this run: {'; '.join(diffs[:3])}{more}; "
                           "extend with the parent's model.*, pe= and tokenizer.* settings.")
     parent_seq_len = int(pcfg["data"]["seq_len"])
-    parent_train_length = int((pcfg.get("pe") or {}).get("train_length") or parent_seq_len)
-    if cfg.pe.get("train_length") is None and pe_extends_context(cfg):
+    # the length the parent's encoding was fitted to: its pe.train_length, null (or absent, in a config written
+    # before the key existed) meaning its data.seq_len: the encoding's schema resolves it
+    parent_train_length = int(pe_settings(pcfg["pe"], d_model=pcfg["model"]["d_model"],
+                                          n_heads=pcfg["model"]["n_heads"], train_length=parent_seq_len).train_length)
+    if cfg.pe.train_length is None and pe_extends_context(cfg):
         cfg.pe.train_length = parent_train_length
         resolve_pe_config(cfg.pe, d_model=cfg.model.d_model, n_heads=cfg.model.n_heads, train_length=parent_train_length)
     weights_fit(cfg, ckpt["state_dict"], int(hp["vocab_size"]), source)
     run_dir = path.parent.parent  # <run>/checkpoints/<file>.ckpt
     wandb_info = (read_summary(run_dir).get("wandb") or {}) if (run_dir / "summary.json").is_file() else {}
-    parent = {"path": str(path.resolve()), "name": pcfg.get("name"), "step": int(ckpt.get("global_step", 0)),
+    parent = {"path": str(path.resolve()), "name": pcfg["name"], "step": int(ckpt.get("global_step", 0)),
               "wandb_run_id": wandb_info.get("id"), "train_length": parent_train_length, "seq_len": parent_seq_len,
               "vocab_size": hp.get("vocab_size")}
     log.info("extending %s (step %d, trained at L=%d)", path, parent["step"], parent["train_length"])

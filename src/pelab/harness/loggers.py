@@ -53,6 +53,17 @@ def resolve_wandb_mode(requested: str | None) -> str:
     return "online" if has_wandb_credentials() else "offline"
 
 
+def wandb_values(wcfg: Any) -> dict:
+    """A `logger.wandb` config (plain data) with every key conf/logger/wandb.yaml has: the keys it lacks (a run
+    recorded before the key existed, whose settings the report uploads under) take that file's values."""
+    from omegaconf import OmegaConf
+
+    from pelab.conf_values import group_yaml
+
+    given = OmegaConf.to_container(wcfg, resolve=True) if OmegaConf.is_config(wcfg) else dict(wcfg)
+    return {**OmegaConf.to_container(group_yaml("logger", "wandb").wandb), **given}
+
+
 def init_wandb(
     wcfg: dict,
     *,
@@ -63,30 +74,32 @@ def init_wandb(
     tags: list[str] | None = None,
     notes: str | None = None,
 ) -> Any | None:
-    """Start (or resume, same id) this job's W&B run. Returns the run, or None when disabled."""
+    """Start (or resume, same id) this job's W&B run (`wcfg`: a `logger.wandb` config). Returns the run, or None
+    when disabled."""
     import wandb
 
-    mode = resolve_wandb_mode(wcfg.get("mode"))
+    wcfg = wandb_values(wcfg)
+    mode = resolve_wandb_mode(wcfg["mode"])
     if mode == "disabled":
         return None
     output_dir.mkdir(parents=True, exist_ok=True)
     id_file = output_dir / RUN_ID_FILE
     run_id = id_file.read_text().strip() if id_file.exists() else _new_run_id()
     kwargs = {
-        "project": wcfg.get("project") or "pelab",
-        "entity": wcfg.get("entity"),
+        "project": wcfg["project"],
+        "entity": wcfg["entity"],
         "name": name,
         "id": run_id,
         "resume": "allow",
         "dir": str(output_dir),
         "group": group,
-        "job_type": wcfg.get("job_type", "train"),
+        "job_type": wcfg["job_type"],
         "tags": list(tags or []),
         "notes": notes,
         "config": config,
         "reinit": "finish_previous",  # a multirun job never continues the previous job's run
     }
-    timeout = float(wcfg.get("init_timeout") or 20)
+    timeout = float(wcfg["init_timeout"])
     settings = {"init_timeout": timeout, "console": "off", "silent": True, "x_disable_stats": True}
     t0 = time.monotonic()
     fallback = None

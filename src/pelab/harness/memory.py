@@ -22,8 +22,12 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pelab.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pelab.harness.config import TrainSettings
 
 log = logging.getLogger(__name__)
 
@@ -109,23 +113,23 @@ def is_out_of_memory(err: BaseException) -> bool:
     return isinstance(err, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text.lower())
 
 
-def check_run(cfg, model, vocab: int, rows_per_device: int, precision: str, cuda: bool) -> None:
+def check_run(settings: TrainSettings, model, vocab: int, rows_per_device: int, precision: str, cuda: bool) -> None:
     """The training step and the evaluation at the longest length of a run, against the memory available."""
     from pelab.evaluation.config import resolve_lengths
 
-    c, pe = model.config, model.pe
+    c, pe, ev = model.config, model.pe, settings.eval
     n = sum(p.numel() for p in model.parameters())
-    length = int(cfg.data.seq_len)
+    length = settings.data.seq_len
     materialised = pe.has_bias or pe.has_content_bias  # the additive-mask / explicit paths
     act = 2 if str(precision).startswith(("bf16", "16")) else 4
     step = training_step(n, rows_per_device, length, c.d_model, c.d_ff, c.n_layers, c.n_heads, vocab,
                          c.attn_chunk_size, materialised, act)
     check(step, f"a training step at data.seq_len={length} with {rows_per_device} rows per device "
-                f"(data.batch_size={cfg.data.batch_size})",
+                f"(data.batch_size={settings.data.batch_size})",
           "lower data.batch_size or data.seq_len (or the model's size, model.*)", cuda)
-    if cfg.get("evaluate_after_fit", True):
-        longest = max(resolve_lengths(list(cfg.eval.lengths), length) + [length])
-        windows = max(1, min(64, int(cfg.eval.batch_tokens) // longest))
+    if settings.run.evaluate_after_fit:
+        longest = max(resolve_lengths(list(ev.lengths), length) + [length])
+        windows = max(1, min(64, ev.batch_tokens // longest))
         check(evaluation(n, windows, longest, c.d_model, c.d_ff, c.n_heads, vocab, c.attn_chunk_size),
               f"the evaluation at {longest} tokens ({windows} windows per batch, eval.batch_tokens="
-              f"{cfg.eval.batch_tokens})", "lower the longest eval.lengths or eval.batch_tokens", cuda)
+              f"{ev.batch_tokens})", "lower the longest eval.lengths or eval.batch_tokens", cuda)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +27,14 @@ import lightning.pytorch as L
 import numpy as np
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 from torchmetrics import CatMetric, SumMetric
 
+from pelab.checks import typed
 from pelab.data.batch import IGNORE_INDEX, inputs_and_targets
 from pelab.errors import NonFiniteError
 from pelab.evaluation import stats
+from pelab.harness.config import OptimConfig
 from pelab.model import GPT, build_model
 
 log = logging.getLogger(__name__)
@@ -64,7 +68,11 @@ def flops_per_token(model: GPT, train_length: int) -> float:
 
 
 class LMModule(L.LightningModule):
-    """Trains `GPT` on `(B, T+1)` windows. `cfg` is the full resolved run config (saved in checkpoints)."""
+    """Trains `GPT` on `(B, T+1)` windows. `cfg` is the full resolved run config (saved in checkpoints: eval.py
+    rebuilds the model from it). Building the module reads only `data.seq_len`, `model` and `pe` (a benchmark runs
+    a module built from those forward); training reads `optim` (typed, `OptimConfig`), `seed`, `compile`,
+    `debug`, `data.batch_size` / `recall_loss` and `paths.output_dir`, each without a default: a run config
+    has them all."""
 
     def __init__(self, cfg: dict, vocab_size: int):
         super().__init__()
@@ -79,10 +87,6 @@ class LMModule(L.LightningModule):
         self.val_windows = CatMetric()  # mean NLL of each validation window, gathered over ranks
         self._compiled: torch.nn.Module | None = None
         self.start_step: int | None = None  # global step when fit began (> 0 after a resume)
-        o = cfg["optim"]
-        self.nonfinite = str(o.get("nonfinite", "stop"))
-        self.max_skips = int(o.get("max_skips", 0))
-        self.grad_clip = float(o.get("grad_clip") or 0.0)
         self.nonfinite_skips = 0  # saved in checkpoints: the budget holds across resumes
         self.last_ckpt_step: int | None = None  # step of the newest checkpoint written or loaded
         # val/* and train/* known when the loaded checkpoint was written: the run's metrics when a relaunch
@@ -91,9 +95,17 @@ class LMModule(L.LightningModule):
         self._loss: torch.Tensor | None = None
         # fused AdamW: (step, non-finite flag, loss, grad norm) of the steps not yet read back (device tensors)
         self._pending: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        debug = cfg.get("debug") or {}
-        nan_at = debug.get("inject_nan_at_step")
-        self.inject_nan_at = set() if nan_at is None else {int(s) for s in np.atleast_1d(nan_at)}
+
+    @cached_property
+    def optim(self) -> OptimConfig:
+        """The optimisation settings, typed (read when training first needs them)."""
+        return OmegaConf.to_object(typed(OptimConfig, self.cfg["optim"], "optim"))
+
+    @cached_property
+    def inject_nan_at(self) -> set[int]:
+        """debug.inject_nan_at_step as a set of steps (a testing aid)."""
+        nan_at = self.cfg["debug"]["inject_nan_at_step"]
+        return set() if nan_at is None else {int(s) for s in np.atleast_1d(nan_at)}
 
     def tokens_per_step(self) -> int:
         """Training tokens per optimizer step, all devices together (data.batch_size is the global batch)."""
@@ -103,7 +115,7 @@ class LMModule(L.LightningModule):
     @property
     def net(self) -> torch.nn.Module:
         """The model to run: compiled lazily when `compile=true` (the state dict stays the plain model's)."""
-        if self.cfg.get("compile") and self._compiled is None:
+        if self.cfg["compile"] and self._compiled is None:
             # static shapes: a new batch size or length recompiles (validation: once). With dynamic shapes
             # inductor failed on RoPE at a second length (torch 2.13 CPU: "mul expected 2 arguments, got 3").
             self._compiled = torch.compile(self.model, dynamic=False)
@@ -123,7 +135,7 @@ class LMModule(L.LightningModule):
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # Dropout (and any other torch randomness in a step) = f(seed, step, rank), as the batches are.
-        seq = np.random.SeedSequence([int(self.cfg.get("seed", 0)), int(self.global_step), self.global_rank])
+        seq = np.random.SeedSequence([int(self.cfg["seed"]), int(self.global_step), self.global_rank])
         # int() before the shift: numpy 1.x has no uint64 >> int
         torch.manual_seed(int(seq.generate_state(1, dtype=np.uint64)[0]) >> 1)
 
@@ -131,7 +143,7 @@ class LMModule(L.LightningModule):
         # (B, T) each; targets that are IGNORE_INDEX are not scored, `answers` marks recall answers (data.recall_loss)
         x, y, answers = inputs_and_targets(batch, answers=True)
         logits = self(x)
-        if self.cfg["data"].get("recall_loss") == "two_means":
+        if self.cfg["data"]["recall_loss"] == "two_means":
             text_loss, answer_loss = two_means(logits, y, answers)
             loss = text_loss + answer_loss
             self.log_dict({"train/loss_text": text_loss, "train/loss_answers": answer_loss})
@@ -164,8 +176,8 @@ class LMModule(L.LightningModule):
             self._flag_nonfinite(optimizer, params, norm)
             return
         if torch.isfinite(norm) and (self._loss is None or torch.isfinite(self._loss)):  # a host sync
-            if self.grad_clip > 0:
-                torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, norm)
+            if self.optim.grad_clip > 0:
+                torch.nn.utils.clip_grads_with_norm_(params, self.optim.grad_clip, norm)
             self.log("train/grad_norm", norm)
             return
         self._bad_step(int(self.global_step), float(norm))
@@ -178,8 +190,8 @@ class LMModule(L.LightningModule):
         queued and read in ``check_nonfinite``. A bad step's clipped gradients are NaN but never applied."""
         loss = self._loss if self._loss is not None else norm.new_zeros(())
         bad = ~(torch.isfinite(norm) & torch.isfinite(loss))
-        if self.grad_clip > 0:
-            torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, norm)
+        if self.optim.grad_clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, self.optim.grad_clip, norm)
         optimizer.found_inf = bad.float()
         self.log("train/grad_norm", norm)
         self._pending.append((int(self.global_step), bad, loss, norm))
@@ -205,14 +217,15 @@ class LMModule(L.LightningModule):
             loss = float(self._loss) if self._loss is not None else float("nan")
         kind = "loss" if not math.isfinite(loss) else "gradient"
         what = f"non-finite {kind} at step {step} (loss={loss}, grad_norm={grad_norm})"
-        if self.nonfinite == "skip" and self.nonfinite_skips < self.max_skips:
+        if self.optim.nonfinite == "skip" and self.nonfinite_skips < self.optim.max_skips:
             self.nonfinite_skips += 1
             if log_skips:  # Lightning allows self.log in step hooks only (not in on_save_checkpoint / on_train_end)
                 self.log("train/nonfinite_skips", float(self.nonfinite_skips))
-            log.warning("%s; update skipped (%d/%d, optim.max_skips).", what, self.nonfinite_skips, self.max_skips)
+            log.warning("%s; update skipped (%d/%d, optim.max_skips).", what, self.nonfinite_skips,
+                        self.optim.max_skips)
             return
-        why = (f"stopped (optim.nonfinite={self.nonfinite})" if self.nonfinite != "skip"
-               else f"already skipped {self.nonfinite_skips} steps (optim.max_skips={self.max_skips})")
+        why = (f"stopped (optim.nonfinite={self.optim.nonfinite})" if self.optim.nonfinite != "skip"
+               else f"already skipped {self.nonfinite_skips} steps (optim.max_skips={self.optim.max_skips})")
         raise NonFiniteError(
             f"{what}; {why} before the optimizer step. Last good checkpoint: {self.last_good_checkpoint()}. "
             "Lower optim.lr or raise optim.warmup_steps, then resume with ckpt_path=auto; "
@@ -220,7 +233,7 @@ class LMModule(L.LightningModule):
         )
 
     def last_good_checkpoint(self) -> str:
-        last = Path((self.cfg.get("paths") or {}).get("output_dir", ".")) / "checkpoints" / "last.ckpt"
+        last = Path(self.cfg["paths"]["output_dir"]) / "checkpoints" / "last.ckpt"
         if self.last_ckpt_step is None or not last.exists():
             return "none yet (no checkpoint was written before this step)"
         return f"{last} (step {self.last_ckpt_step})"
@@ -268,7 +281,7 @@ class LMModule(L.LightningModule):
 
     # -- optimisation ----------------------------------------------------------------------------
     def configure_optimizers(self) -> dict:
-        o = self.cfg["optim"]
+        o = self.optim
         # Weight decay on matmul weights only; norms, biases and position tables are not decayed.
         decay, no_decay = [], []
         for name, p in self.model.named_parameters():
@@ -276,13 +289,13 @@ class LMModule(L.LightningModule):
                 continue
             (decay if p.dim() >= 2 and not name.startswith("pe.") else no_decay).append(p)
         groups = [
-            {"params": decay, "weight_decay": o["weight_decay"]},
+            {"params": decay, "weight_decay": o.weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
         ]
-        fused = self.device.type == "cuda" if o.get("fused") is None else bool(o["fused"])
-        opt = torch.optim.AdamW(groups, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"], fused=fused)
+        fused = self.device.type == "cuda" if o.fused is None else o.fused
+        opt = torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps, fused=fused)
         total = int(self.trainer.max_steps) if self.trainer.max_steps and self.trainer.max_steps > 0 else 1
         sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: lr_lambda(s, int(o["warmup_steps"]), total, float(o["min_lr_ratio"]))
+            opt, lambda s: lr_lambda(s, o.warmup_steps, total, o.min_lr_ratio)
         )
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

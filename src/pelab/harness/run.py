@@ -9,7 +9,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pelab.harness.config import TrainSettings
+from pelab.harness.config import TrainSettings, wandb_entry
 from pelab.harness.job import JobRecord
 
 
@@ -19,6 +19,7 @@ def run_training(cfg: DictConfig, settings: TrainSettings, job: JobRecord, signa
     import lightning.pytorch as L
 
     from pelab.harness.build import (
+        build_datamodule,
         build_module,
         build_trainer,
         prepare_data,
@@ -32,22 +33,23 @@ def run_training(cfg: DictConfig, settings: TrainSettings, job: JobRecord, signa
     single_lightning_log_handler()
     summary, output_dir = job.summary, job.output_dir
     parent = extension_parent(cfg)
-    precision, world = trainer_settings(cfg)
-    ckpt_path, ckpt_vocab = resume_point(cfg, output_dir, summary)
+    precision, world = trainer_settings(settings)
+    ckpt_path, ckpt_vocab = resume_point(settings.run.ckpt_path, output_dir, summary)
     recorded_threads = summary.get("threads") if ckpt_path else None  # a resumed run keeps its count
     summary["threads"] = set_threads(settings.run.threads, recorded_threads, world)
-    job.start_wandb((summary["config"].get("logger") or {}).get("wandb"), name=settings.run.name,
+    job.start_wandb(wandb_entry(summary["config"]), name=settings.run.name,
                      config=summary["config"], tags=list(settings.run.tags), notes=settings.run.notes)
     if parent:
         record_parent(job, cfg, parent)
     if parent and not ckpt_path:  # a resumed child already holds its own weights
         ckpt_vocab = parent["vocab_size"]
     L.seed_everything(settings.run.seed, workers=True, verbose=False)
-    datamodule = prepare_data(cfg, settings.data.batch_size // world, summary, ckpt_path or
-                              (parent or {}).get("path"), ckpt_vocab)
+    datamodule = prepare_data(build_datamodule(cfg, settings.data.batch_size // world,
+                                               settings.run.debug.emulate_world_size),
+                              summary, ckpt_path or (parent or {}).get("path"), ckpt_vocab)
     module = build_module(summary, datamodule.vocab_size)
     # The checks that need the data (split sizes, vocabulary), before the first step
-    check_before_training(cfg, settings, module, datamodule, world, precision)
+    check_before_training(settings, module, datamodule, world, precision)
     if parent and not ckpt_path:
         load_parent_weights(module, parent["path"])
     job.save()
@@ -57,16 +59,18 @@ def run_training(cfg: DictConfig, settings: TrainSettings, job: JobRecord, signa
         from pelab.evaluation.suite import run_evaluation
 
         # the parent's weights under the child's settings, before any step: the "step 0" of PI's tables
-        before = run_evaluation(module.model, datamodule, cfg, output_dir, job.run, summary, prefix="step0")
+        before = run_evaluation(module.model, datamodule, cfg, output_dir, job.run, summary, prefix="step0",
+                                typed=(settings.eval, settings.probes))
         summary["metrics"] = dict(before)
         job.save()
-    trainer, preemption = build_trainer(cfg, precision, job, signals)
+    trainer, preemption = build_trainer(cfg, settings, precision, job, signals)
     summary["metrics"] = {**fit(trainer, module, datamodule, ckpt_path, preemption, summary), **before}
     job.save()  # the training metrics stay whatever happens in evaluation
     if settings.run.evaluate_after_fit and trainer.is_global_zero:
         from pelab.evaluation.suite import run_evaluation
 
-        final = run_evaluation(module.model, datamodule, cfg, output_dir, job.run, summary)
+        final = run_evaluation(module.model, datamodule, cfg, output_dir, job.run, summary,
+                               typed=(settings.eval, settings.probes))
         summary["metrics"].update(final)
         if settings.eval.at:  # the end of the schedule closes the curve of eval.at
             ex = summary["evaluation"]["extrapolation"]
@@ -77,8 +81,7 @@ def run_training(cfg: DictConfig, settings: TrainSettings, job: JobRecord, signa
                             "metrics": {k: v for k, v in final.items() if k.startswith("extrap/")}})
 
 
-def check_before_training(cfg: DictConfig, settings: TrainSettings, module: Any, datamodule: Any, world: int,
-                          precision: str) -> None:
+def check_before_training(settings: TrainSettings, module: Any, datamodule: Any, world: int, precision: str) -> None:
     """What needs the data to be checked, before the first step: the evaluation text against its split (the
     final evaluation and eval.at), the probes' filler, and memory (a training step, the evaluation)."""
     from pelab.evaluation.config import resolve_lengths
@@ -93,8 +96,8 @@ def check_before_training(cfg: DictConfig, settings: TrainSettings, module: Any,
         check_eval_budget(ev.split, ev.tokens, longest, available)
         if ev.at:
             check_eval_budget(ev.split, ev.at_tokens, longest, available, key="eval.at_tokens")
-    check_run(cfg, module.model, datamodule.vocab_size, settings.data.batch_size // world, precision,
-              on_cuda(OmegaConf.to_container(cfg.trainer, resolve=True)))
+    check_run(settings, module.model, datamodule.vocab_size, settings.data.batch_size // world, precision,
+              on_cuda(settings.trainer))
 
 
 
