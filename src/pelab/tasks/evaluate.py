@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import copy
 import logging
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import hydra
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from pelab import CONF_DIR
+from pelab.checks import need, resolved_value, typed_group
+from pelab.conf_values import group_yaml, with_file_values
+from pelab.data.config import LoaderConfig
 from pelab.encodings import pe_schema, pe_variant, resolve_pe_config
 from pelab.errors import ConfigError
+from pelab.evaluation.config import EvalConfig, ProbesConfig, typed_evaluation
+from pelab.harness.config import wandb_entry
 from pelab.model import GPTConfig, build_model
 from pelab.tasks.task import Task, cli_main, resolved_config, run_task
 
@@ -32,6 +37,61 @@ OVERRIDABLE = ("pe.", "eval.", "probes.", *(f"model.{k}" for k in GPTConfig.RUNT
 # Keys of eval.yaml itself; any other key (model.*, data.*, tokenizer.*, ...) comes from the checkpoint.
 OWN_KEYS = ("ckpt_path", "scaling_sweep", "device", "tags", "notes", "name", "task", "logger", "paths", "hydra",
             "eval", "probes")
+
+
+# -- the validation pass: the command line before torch, the checkpoint's config before any data ----------------
+def check_command(cfg: DictConfig) -> list[str]:
+    """The eval command line, checked before torch is imported or the checkpoint is read (a bad input is refused in
+    about a second, as train.py's): the checkpoint file there and not cut short, only keys eval.py may change
+    (returned: `overridden_keys`), the `eval.*` / `probes.*` values typed, `device` and `scaling_sweep`. The
+    ranges that depend on the checkpoint's training length are checked once it is read (`checkpoint_settings`)."""
+    from pelab.harness.run_folder import check_checkpoint_file
+
+    path = Path(str(cfg.ckpt_path))
+    need(path.is_file(), "ckpt_path", str(path), "does not exist; pass a .ckpt file (a run's checkpoints/last.ckpt).")
+    check_checkpoint_file(path)
+    keys = overridden_keys(cfg)
+    typed_group(EvalConfig, resolved_value(cfg, "eval"), "eval")
+    # probes.key_len / value_len / pairs follow data.* (the checkpoint's, unknown yet): today's loader values stand in
+    view = OmegaConf.create({"data": group_yaml("data", "_loader"),
+                             "probes": OmegaConf.to_container(cfg.probes, resolve=False)})
+    typed_group(ProbesConfig, resolved_value(view, "probes"), "probes")
+    device = str(cfg.device)
+    need(device in ("auto", "cpu", "cuda") or device.startswith("cuda:"), "device", device,
+         "must be auto (cuda if available, else cpu), cpu, cuda or cuda:<index>.")
+    sweep = cfg.scaling_sweep
+    need(sweep is None or (OmegaConf.is_list(sweep) and all(isinstance(v, str) for v in sweep)), "scaling_sweep",
+         sweep, "must be null or a list of variant names, e.g. [none,linear,ntk,yarn].")
+    return keys
+
+
+def checkpoint_settings(train_cfg: dict, cfg: DictConfig, keys: list[str]
+                        ) -> tuple[DictConfig, tuple[EvalConfig, ProbesConfig], list[str | None]]:
+    """The checkpoint's training config in today's form with the command line's values for `keys` (`merged_config`),
+    its `eval` / `probes` typed and range-checked at its training length, and the variants to evaluate: every
+    check that needs the checkpoint's config, before any data or model is built."""
+    merged = merged_config(todays_form(train_cfg), cfg, keys)
+    typed = typed_evaluation(merged)
+    return merged, typed, scaling_variants(merged, list(cfg.scaling_sweep) if cfg.scaling_sweep else None)
+
+
+# A checkpoint's training config is what its run composed then: one written before a key existed lacks it, and a key
+# since removed (eval.every_n_val) may still be there. The groups eval.py reads from it -- `eval`, `probes` and the
+# data loader keys the probes follow -- are brought to today's form here, in one place: each key of the group's
+# schema takes the checkpoint's value or, where it has none, the value of the file the group composes today.
+TODAYS_FILES = {"eval": (EvalConfig, "default"), "probes": (ProbesConfig, "default"), "data": (LoaderConfig, "_loader")}
+OPEN_GROUPS = ("data",)  # its other keys are the corpus's: kept
+
+
+def todays_form(train_cfg: dict) -> dict:
+    """`train_cfg` (a checkpoint's training config, plain data) with its `eval`, `probes` and data loader keys in
+    today's form (see TODAYS_FILES); a config written now is returned as it is."""
+    out = copy.deepcopy(train_cfg)
+    for group, (schema, option) in TODAYS_FILES.items():
+        filled = with_file_values(train_cfg.get(group) or {}, group, option)
+        known = {f.name for f in fields(schema)}
+        out[group] = {k: v for k, v in filled.items() if k in known or group in OPEN_GROUPS}
+    return out
 
 
 def load_checkpoint(path: str | Path) -> dict:
@@ -113,25 +173,26 @@ def evaluate(cfg: DictConfig) -> dict:
     # SIGTERM / Ctrl-C stop at once (status preempted / interrupted): an evaluation is simply rerun.
     with run_task(Path(cfg.paths.output_dir), task="eval", signals=preemption_signals(),
                   hint="Rerun the same command to evaluate again.", ckpt_path=str(cfg.ckpt_path)) as task:
+        keys = check_command(cfg)  # before torch, Lightning or W&B is imported
         task.record_diff()
         task.record_machine()
         ckpt = load_checkpoint(cfg.ckpt_path)
-        merged = merged_config(ckpt["hyper_parameters"]["cfg"], cfg, overridden_keys(cfg))
-        variants = scaling_variants(merged, list(cfg.scaling_sweep) if cfg.get("scaling_sweep") else None)
+        merged, typed, variants = checkpoint_settings(ckpt["hyper_parameters"]["cfg"], cfg, keys)
         task.summary.update(name=f"{merged.name}-{cfg.name}", config=resolved_config(merged),
                             global_step=ckpt.get("global_step"))
         task.save()
-        wcfg = (resolved_config(cfg.logger) if cfg.get("logger") else {}).get("wandb")
+        wcfg = wandb_entry(cfg)
         task.start_wandb(wcfg and {**wcfg, "job_type": "eval"}, name=task.summary["name"],
-                         config=task.summary["config"], group=merged.name, tags=list(cfg.get("tags") or []),
-                         notes=cfg.get("notes"))
-        task.summary["metrics"] = evaluate_variants(cfg, merged, ckpt, variants, task)
+                         config=task.summary["config"], group=merged.name, tags=list(cfg.tags), notes=cfg.notes)
+        task.summary["metrics"] = evaluate_variants(cfg, merged, typed, ckpt, variants, task)
     return task.summary
 
 
-def evaluate_variants(cfg: DictConfig, merged: DictConfig, ckpt: dict, variants: list[str | None],
-                      task: Task) -> dict[str, float]:
+def evaluate_variants(cfg: DictConfig, merged: DictConfig, typed: tuple[EvalConfig, ProbesConfig], ckpt: dict,
+                      variants: list[str | None], task: Task) -> dict[str, float]:
     """Build the data once, then run the evaluation suite on the checkpoint's model under each variant."""
+    import torch
+
     from pelab.evaluation.suite import run_evaluation
     from pelab.harness.build import build_datamodule
 
@@ -153,7 +214,7 @@ def evaluate_variants(cfg: DictConfig, merged: DictConfig, ckpt: dict, variants:
             vcfg.pe = pe_variant(merged.pe, variant)
         model = load_model(vcfg, ckpt, vocab_size).to(device)
         metrics.update(run_evaluation(model, datamodule, vcfg, task.output_dir, task.run, task.summary,
-                                      prefix=variant or ""))
+                                      prefix=variant or "", typed=typed))
         task.summary["metrics"] = metrics  # each variant's numbers on disk as soon as they exist
         task.save()
         if variant is not None:
@@ -165,7 +226,7 @@ def evaluate_variants(cfg: DictConfig, merged: DictConfig, ckpt: dict, variants:
     return metrics
 
 
-def load_model(cfg: DictConfig, ckpt: dict, vocab_size: int) -> torch.nn.Module:
+def load_model(cfg: DictConfig, ckpt: dict, vocab_size: int) -> Any:
     """Build the model of `cfg` (its pe settings may differ from training) and load the trained weights."""
     from pelab.harness.checkpoints import model_state
 
@@ -173,7 +234,7 @@ def load_model(cfg: DictConfig, ckpt: dict, vocab_size: int) -> torch.nn.Module:
     try:
         model.load_state_dict(model_state(ckpt))
     except RuntimeError as err:
-        raise ConfigError(f"the checkpoint's weights do not fit model={cfg.model.get('name')} / "
+        raise ConfigError(f"the checkpoint's weights do not fit model={OmegaConf.select(cfg, 'model.name')} / "
                           f"pe={cfg.pe.name}: {str(err).splitlines()[0]}") from err
     return model.eval()
 
