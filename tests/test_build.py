@@ -53,14 +53,13 @@ def test_busy_cores_sees_a_busy_process():
 
 def test_world_size_counts_devices_times_nodes():
     import torch
-
     from omegaconf import OmegaConf
 
     from helpers.runs import compose
     from pelab.harness.build import world_size_of
 
     default = compose([]).trainer  # conf/trainer/auto.yaml: one device, one node
-    trainer = lambda **keys: OmegaConf.merge(default, keys)  # noqa: E731
+    trainer = lambda **keys: OmegaConf.merge(default, keys)
     assert world_size_of(default) == 1
     assert world_size_of(trainer(devices=2)) == world_size_of(trainer(devices="2")) == 2
     assert world_size_of(trainer(devices=[0, 3])) == 2  # a list of device ids
