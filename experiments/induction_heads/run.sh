@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The study (README "Running the study"): the three attention rows of Mamba's Table 11 (pe=sinusoidal, rope, xpos) x
-# seeds 0-4 of experiment=induction_heads at its stated budget: one resumable Hydra multirun in <root>/sweep, seeds
-# outermost (after k complete seeds every row has k). It runs from a clean git worktree of the commit pinned at the
-# first launch (<root>/COMMIT; pinned.sh), so a relaunch runs the same code whatever the main checkout holds.
-# WORKERS (default 1) workers share the sweep folder, one thread each, nice 10: a job held by one is left to it.
-# Relaunch the same command to go on: finished jobs are skipped, an interrupted one resumes from its last checkpoint
-# (written every 1,000 steps).
-#   setsid nohup bash experiments/induction_heads/run.sh [root] > /dev/null 2>&1 &     (root: /work/studies/induction_heads/study)
-#   bash experiments/collect.sh <root>/sweep experiments/induction_heads/runs        (the finished run folders)
+# The study (README "Running the study"): the three attention rows of Mamba's Table 11 x seeds 0-4 of
+# experiment=induction_heads at its stated budget, into one Hydra sweep folder <root>/sweep: per seed, MHA-Abs
+# (pe=sinusoidal pe.scale=0.125, its own launch: the scale is a sinusoidal key) then MHA-RoPE and MHA-xPos (one
+# multirun), so that after k seeds every row has k. Runs come from a clean git worktree of the commit pinned at the
+# first launch (<root>/COMMIT; pinned.sh): a relaunch runs the same code whatever the main checkout holds by then.
+# WORKERS (default 1) workers go through the same list at one thread each, nice 10: a job another worker holds (its
+# folder's lock) is refused to this one, which goes on to the next. Relaunch the same command to go on: finished jobs
+# are skipped (status ok), an interrupted one resumes from its last checkpoint (written every 1,000 steps).
+#   setsid nohup bash experiments/induction_heads/run.sh [root] > /dev/null 2>&1 &   (root: /work/studies/induction_heads/study)
+#   bash experiments/collect.sh <root>/sweep experiments/induction_heads/runs      (the finished run folders)
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/pinned.sh"
@@ -16,10 +17,15 @@ mkdir -p "$root"
 [ -s "$root/COMMIT" ] || git -C "$REPO" rev-parse HEAD > "$root/COMMIT"
 commit=$(cat "$root/COMMIT")
 echo "$(date -u +%FT%TZ) launch: commit $commit, ${WORKERS:-1} worker(s)" >> "$root/launches.log"
+worker() {  # <n>
+  for s in 0 1 2 3 4; do
+    pinned_train "$commit" -m experiment=induction_heads seed=$s pe=sinusoidal pe.scale=0.125 hydra.sweep.dir="$root/sweep"
+    pinned_train "$commit" -m experiment=induction_heads seed=$s pe=rope,xpos hydra.sweep.dir="$root/sweep"
+  done >> "$root/worker$1.log" 2>&1
+}
 for w in $(seq 1 "${WORKERS:-1}"); do
-  pinned_train "$commit" -m experiment=induction_heads seed=0,1,2,3,4 pe=sinusoidal,rope,xpos \
-    hydra.sweep.dir="$root/sweep" >> "$root/worker$w.log" 2>&1 &
+  worker "$w" &
   sleep 30  # the next worker starts on the next job
 done
 wait
-echo "$(date -u +%FT%TZ) all workers done" >> "$root/launches.log"
+echo "$(date -u +%FT%TZ) worker(s) done" >> "$root/launches.log"
