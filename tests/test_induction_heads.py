@@ -242,3 +242,37 @@ def test_the_agreement_rule():
     assert compare.verdict(7.8, [0.07, 0.09, 0.06])[0] == "both at chance"
     assert compare.verdict(100.0, [1.0, 1.0])[0] == "both at 100 %"
     assert compare.verdict(99.6, [1.0, 1.0, 1.0])[0] == "agrees"  # x̄ = 1: Agresti-Coull keeps a width
+
+
+def test_the_plateau_criterion(tmp_path):
+    """compare.py's plateau: in-window 1.000 at the last five checks, 2^9-2^11 within 0.05 over the last 5,000 steps
+    (read from csv/metrics.csv, whose rows name the step before and repeat a value between two points)."""
+    import csv as csv_module
+    import importlib.util
+    import json
+
+    from helpers.runs import ROOT
+
+    spec = importlib.util.spec_from_file_location("ih_compare", ROOT / "experiments/induction_heads/compare.py")
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+
+    def run(name, inwindow, curve):
+        folder = tmp_path / name
+        (folder / "csv").mkdir(parents=True)
+        (folder / "summary.json").write_text(json.dumps({"global_step": 25000}))
+        keys = ["step", "train/retrieval_acc", *(f"train/induction_acc@{n}" for n in (512, 1024, 2048))]
+        with open(folder / "csv" / "metrics.csv", "w", newline="") as f:
+            w = csv_module.DictWriter(f, keys)
+            w.writeheader()
+            for step in range(50, 25001, 50):
+                row = {"step": step - 1, "train/retrieval_acc": inwindow(step - step % 500)}
+                row |= {f"train/induction_acc@{n}": curve(step - step % 2500, n) for n in (512, 1024, 2048)}
+                w.writerow(row)
+        return compare.plateau(folder)
+
+    assert run("flat", lambda s: 1.0 if s >= 10000 else 0.5, lambda s, n: 0.8 if s >= 15000 else 0.1) == (True, "")
+    ok, why = run("late", lambda s: 1.0 if s >= 24000 else 0.99, lambda s, n: 0.8)
+    assert not ok and why.startswith("in-window at the last 5 checks: 0.990, 0.990, 1.000")
+    ok, why = run("moving", lambda s: 1.0, lambda s, n: s / 25000)
+    assert not ok and "2^9: 0.800 -> 1.000" in why

@@ -20,9 +20,9 @@ def checks(folder: Path) -> list[tuple[int, float]]:
     with open(folder / "csv" / "metrics.csv") as f:
         for row in csv.DictReader(f):
             v = row.get("train/retrieval_acc")
-            if v and (not out or out[-1][1] != float(v) or int(row["step"]) - out[-1][0] >= 500):
-                if not out or int(row["step"]) != out[-1][0]:
-                    out.append((int(row["step"]) + 1, float(v)))
+            fresh = not out or out[-1][1] != float(v or 0) or int(row["step"]) - out[-1][0] >= 500
+            if v and fresh and (not out or int(row["step"]) != out[-1][0]):
+                out.append((int(row["step"]) + 1, float(v)))
     return out
 
 
