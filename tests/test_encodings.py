@@ -16,18 +16,20 @@ from pelab.model import build_model
 
 
 # ---- configs -----------------------------------------------------------------------------------------------
-def test_every_yaml_names_an_encoding_class_whose_schema_has_the_same_defaults():
-    """The schema dataclass is the one source of defaults: each YAML lists exactly its keys and values."""
+def test_every_yaml_names_an_encoding_class_and_composes_its_schemas_defaults():
+    """The schema dataclass is the one source of defaults: a YAML composed outside Hydra is its class's schema
+    defaults with the file's own keys over them (tests/test_conf_schemas.py: no file restates a default)."""
     assert len(available_encodings()) >= 11
     for name in available_encodings():
-        cfg = load_pe_yaml(name)  # as Hydra composes it: conf/pe/_base.yaml under the file
+        cfg = load_pe_yaml(name)  # as Hydra composes it: the schema node `_<Config>` under the file
         assert cfg.name == name
         cls = get_class(cfg._target_)
         assert issubclass(cls, PositionEncoding) and pe_schema(cfg) is cls.Config
         defaults = OmegaConf.to_container(OmegaConf.structured(cls.Config))
-        yaml = OmegaConf.to_container(cfg)
-        assert {k: v for k, v in yaml.items() if k not in ("_target_", "name")} == {
-            k: v for k, v in defaults.items() if k not in ("_target_", "name")}, name
+        own = OmegaConf.load(PE_CONF_DIR / f"{name}.yaml")
+        assert list(own.defaults) == [f"_{cls.Config.__name__}", "_self_"], name
+        own.pop("defaults")
+        assert OmegaConf.to_container(cfg) == {**defaults, **OmegaConf.to_container(own)}, name
 
 
 def test_every_built_in_schema_is_found_without_importing_torch():
@@ -47,11 +49,10 @@ def test_every_built_in_schema_is_found_without_importing_torch():
 
 @pytest.mark.parametrize("name", available_encodings())
 def test_load_pe_yaml_is_what_hydra_composes(name):
-    """Outside Hydra (default_pe_config, report defaults) a YAML reads as Hydra composes it into `pe`: the
-    shared keys of conf/pe/_base.yaml under the file's own; `_base` itself is no encoding."""
+    """Outside Hydra (default_pe_config, report defaults) a YAML reads as Hydra composes it into `pe`: its
+    schema's defaults (the node `pe/_<Config>` of pelab.conf_values) under the file's own keys."""
     from helpers.runs import compose
 
-    assert "_base" not in available_encodings() and (PE_CONF_DIR / "_base.yaml").is_file()
     loaded = OmegaConf.to_container(load_pe_yaml(name))
     assert "defaults" not in loaded and loaded["train_length"] is None
     assert loaded == OmegaConf.to_container(compose([f"pe={name}"]).pe)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,12 +13,12 @@ from torch import nn
 
 from encoding_inputs import MICRO
 from helpers.encodings import embed
+from pelab.conf_values import group_yaml
 from pelab.encodings import available_encodings, build_encoding, resolve_pe_config
 from pelab.encodings.rotary import RoPE
 from pelab.errors import PositionOutOfRange
 from pelab.model import GPT, GPTConfig, build_model
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 V = 50
 # Every registered encoding at its defaults (a scheme added under conf/pe/ is tested with no edit here), then
 # knob variants; a variant named after an encoding replaces its default entry.
@@ -50,7 +49,7 @@ SCHEMES = {**{name: {"name": name, "train_length": 64} for name in available_enc
 
 def micro(pe_cfg: dict, seed: int = 0, **overrides) -> GPT:
     torch.manual_seed(seed)
-    cfg = {**OmegaConf.to_container(OmegaConf.load(CONF / "model" / "micro.yaml")), **overrides}
+    cfg = {**OmegaConf.to_container(group_yaml("model", "micro")), **overrides}
     return build_model(cfg, pe_cfg, V).eval()
 
 
@@ -64,7 +63,7 @@ def tokens(B: int = 2, T: int = 12, seed: int = 0) -> torch.Tensor:
     [("micro", 2, 32, 2), ("tiny", 4, 256, 4), ("small", 6, 384, 6), ("base", 12, 768, 12)],
 )
 def test_model_presets(preset, layers, d, heads):
-    cfg = OmegaConf.to_container(OmegaConf.load(CONF / "model" / f"{preset}.yaml"))
+    cfg = OmegaConf.to_container(group_yaml("model", preset))
     cfg.pop("name", None)  # a label for run names, not a model field
     config = GPTConfig(vocab_size=V, **cfg).validate()
     assert (config.n_layers, config.d_model, config.n_heads, config.d_ff) == (layers, d, heads, 4 * d)
@@ -236,7 +235,7 @@ def test_hidden_from_index_default_is_the_training_forward_bit_for_bit():
 def test_hidden_from_index_through_explicit_logits_scaled_and_observed():
     """log_length scaling past the training length (queries q0..T-1 only) and an attention observer (every
     query computed and shown, then the rows sliced) give the rows of the whole forward."""
-    cfg = {**OmegaConf.to_container(OmegaConf.load(CONF / "model" / "micro.yaml")), "attn_chunk_size": 4}
+    cfg = {**OmegaConf.to_container(group_yaml("model", "micro")), "attn_chunk_size": 4}
     torch.manual_seed(0)
     model = build_model({**cfg, "attn_logit_scale": "log_length"}, {"name": "rope"}, V, train_length=8).eval()
     idx = tokens(2, 24)
@@ -379,8 +378,8 @@ def write_new_scheme(folder) -> str:
     (folder / "log_distance_pe.py").write_text(NEW_SCHEME)
     (folder / "conf" / "pe").mkdir(parents=True)
     (folder / "conf" / "pe" / "log_distance.yaml").write_text(
-        "_target_: log_distance_pe.LogDistanceBias\nname: log_distance\ninit: 0.5\n"
-        "train_length: null\nrandomized:\n  max_position: null\n")
+        "defaults:\n  - _PEConfig\n  - _self_\n_target_: log_distance_pe.LogDistanceBias\nname: log_distance\n"
+        "init: 0.5\n")
     return str(folder / "conf")
 
 

@@ -226,7 +226,9 @@ def cmd_attention(a) -> dict:
 def model_config(name: str, chunk: int | None = None, backend: str = "auto") -> dict:
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{name}.yaml"))
+    from pelab.conf_values import group_yaml
+
+    cfg = OmegaConf.to_container(group_yaml("model", name))
     cfg["attn_backend"] = backend
     if chunk:
         cfg["attn_chunk_size"] = chunk

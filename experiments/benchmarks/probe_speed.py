@@ -48,8 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     a = parse_args(argv)
     import torch
-    from omegaconf import OmegaConf
 
+    from pelab.conf_values import group_yaml
     from pelab.data import recall
     from pelab.data.tokenizer import ByteTokenizer
     from pelab.encodings import default_pe_config
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> dict:
     kinds = a.kinds or [k for k, e in recall.PROBE_KINDS.items() if e.layout == recall.DEPTH]
     tok = ByteTokenizer()
     torch.manual_seed(0)
-    model_cfg = OmegaConf.load(ROOT / "conf" / "model" / f"{a.model}.yaml")
+    model_cfg = group_yaml("model", a.model)
     model = build_model(model_cfg, default_pe_config(a.pe), tok.vocab_size, a.train_len or a.length)
     model = model.to(a.device).eval()
     cuda = torch.device(a.device).type == "cuda"

@@ -2,9 +2,9 @@
 
 The encoding class named by ``_target_`` owns its schema (``Cls.Config``, a ``PEConfig`` dataclass), so
 this module knows no scheme by name: a new encoding is found through its YAML's ``_target_``, and the
-config group folder is the only list of encodings. The keys every encoding shares are in
-``conf/pe/_base.yaml``, which each YAML composes through its Hydra defaults list (``defaults: [_base,
-_self_]``); ``load_pe_yaml`` composes a file the same way outside Hydra.
+config group folder is the only list of encodings. Each YAML composes its schema's
+defaults first (``defaults: [_RoPEConfig, _self_]``, the schema nodes of ``pelab.conf_values``) and writes only
+its ``_target_``, its name and its deviations; ``load_pe_yaml`` composes a file the same way outside Hydra.
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ PE_CONF_DIR = Path(CONF_DIR) / "pe"
 
 
 def available_encodings() -> list[str]:
-    """The names under conf/pe/ (the config group is the registry); a name starting with ``_`` is a shared
-    part the encodings compose (``_base``), not an encoding."""
+    """The names under conf/pe/ (the config group is the registry); a name starting with ``_`` would be a
+    shared part, not an encoding."""
     return sorted(p.stem for p in PE_CONF_DIR.glob("*.yaml") if not p.stem.startswith("_"))
 
 
 def load_pe_yaml(name: str) -> DictConfig:
     """conf/pe/<name>.yaml as Hydra composes it into ``pe`` (``pelab.conf_values.group_yaml``: its defaults list,
-    e.g. ``_base``, merged under its own keys). Untyped: see ``default_pe_config``."""
+    e.g. ``_RoPEConfig``, merged under its own keys). Untyped: see ``default_pe_config``."""
     return group_yaml("pe", name)
 
 

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from omegaconf import MISSING
 
 from pelab.checks import need
+from pelab.conf_values import store_defaults
 from pelab.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,9 @@ class ScalingConfig:
 class RoPEConfig(PEConfig):
     base: float = 10000.0
     rotary_fraction: float = 1.0  # rotate the first fraction of each head's channels (partial rotary)
-    frequency_fraction: float = 1.0  # p-RoPE: the fraction of the highest frequencies that rotate
+    # p-RoPE (Barbero et al. 2024): keep this fraction p of the highest frequencies; the lowest are set to 0
+    # (those pairs are not rotated). 0 = NoPE
+    frequency_fraction: float = 1.0
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
 
     supports_scaling: ClassVar[bool] = True
@@ -158,7 +161,10 @@ def t5_bias_scale(value: Any, head_dim: int) -> float | None:
 @dataclass
 class SinusoidalConfig(PEConfig):
     base: float = 10000.0
-    scale: float = 0.02  # multiplier on the added vector (see the class docstring)
+    # Multiplier on the added vector. 0.02 = the token embeddings' init std, so sinusoid and token vectors start
+    # in the same ratio as in fairseq's baseline of the ALiBi paper (see the class docstring). 1.0 = the raw
+    # formula, which swamps 0.02-std token embeddings (measured: experiments/length_extrapolation/README.md).
+    scale: float = 0.02
     learn_scale: bool = False  # the multiplier is a learned scalar initialised at `scale`
 
     def validate(self, d_model: int, n_heads: int) -> None:
@@ -196,7 +202,11 @@ class T5BiasConfig(PEConfig):
     num_buckets: int = 32
     max_distance: int = 128  # distances >= this share the last bucket
     init_std: float | None = None  # null = d_model^-0.5 (as Hugging Face T5)
-    # a number > 0, or "sqrt_head_dim" (T5 / HF / x-transformers in logit units); see the class docstring
+    # Multiplier on the table before it is added to q.k/sqrt(d_head): a number > 0, or "sqrt_head_dim" = T5 /
+    # Hugging Face (bias on unscaled logits) and x-transformers (RelativePositionBias scale dim_head**0.5); 1 = the
+    # table as it is (the default before 2026-12-01). Under Adam it is also the bias's learning rate in logit
+    # units: at 1 the table barely moves over a run, and T5 trains worse in-window and degrades past L (measured,
+    # both scales: experiments/peer/README.md). See the class docstring.
     bias_scale: Any = "sqrt_head_dim"
 
     def validate(self, d_model: int, n_heads: int) -> None:
@@ -293,3 +303,7 @@ SCHEMAS: dict[str, type[PEConfig]] = {
     "pelab.encodings.rotary.RoPE": RoPEConfig,
     "pelab.encodings.rotary.XPos": XPosConfig,
 }
+
+# Each schema's defaults are the config node `pe/_<Class>` that its YAML composes first (pelab.conf_values).
+for _schema in set(SCHEMAS.values()):
+    store_defaults("pe", _schema)

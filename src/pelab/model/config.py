@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pelab.checks import typed_group
+from pelab.conf_values import store_defaults
 from pelab.errors import ConfigError
 
 ATTN_BACKENDS = ("auto", "sdpa", "flex")  # model.attn_backend
@@ -30,7 +31,9 @@ class GPTConfig:
     d_ff: int | None = None
     dropout: float = 0.0
     bias: bool = False  # biases in Linear and LayerNorm layers
-    attn_chunk_size: int = 1024  # query chunk of the biased-attention SDPA path
+    # query chunk of the biased-attention SDPA path: memory O(heads * chunk * T); smaller chunks also skip more
+    # masked keys (512: experiments/benchmarks/README.md)
+    attn_chunk_size: int = 512
     # auto | sdpa: a score bias goes through SDPA with an additive mask (faster than FlexAttention on an H200:
     # experiments/benchmarks/README.md); flex: FlexAttention (compiled score_mod), with a warning and SDPA if
     # it fails
@@ -106,3 +109,7 @@ class GPTConfig:
             if not ok:
                 raise ConfigError(message)
         return self
+
+
+# The defaults are the config node `model/_GPTConfig` that every conf/model YAML composes first (pelab.conf_values).
+store_defaults("model", GPTConfig, leave_out=GPTConfig.FILLED_KEYS)

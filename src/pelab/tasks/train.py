@@ -18,7 +18,9 @@ import hydra
 from omegaconf import DictConfig
 
 from pelab import CONF_DIR
-from pelab.harness.config import TrainSettings
+from pelab.harness.config import (
+    TrainSettings,  # imports the schemas: their nodes are stored before Hydra composes
+)
 from pelab.tasks.names import in_multirun
 from pelab.tasks.task import cli_main, earlier_summary, launcher_rank, resolved_config, run_task
 
