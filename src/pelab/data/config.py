@@ -130,7 +130,7 @@ def check_reserved(tok: Any, d: DictConfig, probes: DictConfig | None) -> None:
     for where, kinds, pairs_key, pairs in uses:
         for kind in dict.fromkeys(k for k in kinds if k in PROBE_KINDS):
             for k, n in PROBE_KINDS[kind].vocabulary(pairs).items():
-                have = int(tok.get(k, 0))
+                have = int(tok[k])
                 need(have >= n, f"tokenizer.{k}", have, f"is too small for {kind} in {where}: "
                      + (f"it needs {n} distinct ids ({pairs_key}={pairs}); raise it or lower {pairs_key}."
                         if n > 1 else "it needs at least one id; raise it."))

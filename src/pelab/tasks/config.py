@@ -84,10 +84,11 @@ def check_extend(cfg: DictConfig) -> None:
     unknown = sorted(set(e) - set(EXTEND_KEYS))
     if unknown:
         raise ConfigError(f"extend.{unknown[0]} is not a setting of extend; known: {show(list(EXTEND_KEYS))}.")
-    need(e.get("from") is None or isinstance(e["from"], str), "extend.from", e.get("from"),
-         "must be a .ckpt file or a run folder (or null).")
-    need(isinstance(e.get("eval_before", False), bool), "extend.eval_before", e.get("eval_before"),
-         "must be true or false.")
+    if "from" in e:  # the keys the file does not set are left to pelab.harness.extension
+        need(e["from"] is None or isinstance(e["from"], str), "extend.from", e["from"],
+             "must be a .ckpt file or a run folder (or null).")
+    if "eval_before" in e:
+        need(isinstance(e["eval_before"], bool), "extend.eval_before", e["eval_before"], "must be true or false.")
 
 
 # Where a `+key=value` may add a key no config has: Hydra's own, and a namespace for the user's own keys.

@@ -34,6 +34,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader, IterableDataset
 
+from pelab.conf_values import with_file_values
 from pelab.data.batch import ANSWER_FLAG
 from pelab.data.config import loader_settings
 from pelab.data.corpora import SPLITS, to_plain
@@ -97,20 +98,21 @@ class InductionDataModule(L.LightningDataModule):
         if not isinstance(source, Mapping) or source.get("source") != INDUCTION_HEADS:
             raise ConfigError(f"datamodule=induction serves data.source={INDUCTION_HEADS}; use data=induction_heads "
                               "(experiment=induction_heads), or datamodule=lm for a text corpus.")
-        given = {**source, **to_plain(loader)}
+        # a key the config lacks (one built by hand) comes from conf/data/induction_heads.yaml
+        given = with_file_values({**source, **to_plain(loader)}, "data", INDUCTION_HEADS)
         if batch_size is not None:
             given["batch_size"] = batch_size
-        check_length(given.get("seq_len", 3), "data.seq_len")
+        check_length(given["seq_len"], "data.seq_len")
         # the text-mix keys are not read: typed without the mix, whose checks concern text rows
         settings = loader_settings({**given, "recall_mix": 0.0, "recall_curriculum": None})
-        targets = str(given.get("targets", "all"))
+        targets = str(given["targets"])
         if targets not in TARGETS:
             raise ConfigError(f"data.targets={targets!r} must be one of {', '.join(TARGETS)} (all: every position, "
                               "as safari's labels; answer: the answer only).")
-        eval_rows = int(given.get("eval_rows", 64))
+        eval_rows = int(given["eval_rows"])
         if eval_rows < 1:
             raise ConfigError(f"data.eval_rows={eval_rows} must be >= 1 sequence per evaluation split.")
-        long_samples, long_from = given.get("long_probe_samples"), int(given.get("long_probe_from", 8192))
+        long_samples, long_from = given["long_probe_samples"], int(given["long_probe_from"])
         if long_samples is not None and int(long_samples) < 1:
             raise ConfigError(f"data.long_probe_samples={long_samples} must be >= 1 or null (probes.samples at every "
                               "length).")
