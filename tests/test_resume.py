@@ -92,9 +92,9 @@ def test_killed_run_resumes_to_the_uninterrupted_result(reference, tmp_path):
     first, second = (wandb_summary(r) for r in runs)
     assert first["state"] != "finished" and second["state"] == "finished"
     assert any(r.get("type") == "run" and r["run"].get("resume") for r in wandb_records(runs[1]))
-    # README's command to read a run's metrics works on a resumed run (two offline folders).
-    (inspect,) = [line.split("#")[0] for line in (ROOT / "README.md").read_text().splitlines()
-                  if line.startswith("wandb leet inspect --summary --json")]
+    # The documented command to read a run's metrics (README.md or docs/) works on a resumed run (two offline folders).
+    (inspect,) = [line.split("#")[0] for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+                  for line in page.read_text().splitlines() if line.startswith("wandb leet inspect --summary --json")]
     wandb_bin = Path(sys.executable).parent
     res = subprocess.run(["bash", "-c", inspect.replace("<run folder>", str(out))], capture_output=True, text=True,
                          env={**os.environ, "PATH": f"{wandb_bin}{os.pathsep}{os.environ['PATH']}"}, timeout=120)
