@@ -141,11 +141,20 @@ def hierarchical_interval(groups: Sequence[Sequence[float]], level: float = LEVE
     gs = [np.asarray(g, dtype=float) for g in groups if len(g)]
     if len(gs) < 2 or not all(np.isfinite(g).all() for g in gs):
         return float("nan"), float("nan")
+    # The draws, in the generator's order (resample i: the groups, then each drawn group's values); the means are
+    # taken afterwards, one array operation per group: the same numbers as a mean per draw, ~10x faster.
     rng = np.random.default_rng(seed)
-    stats = np.empty(n_resamples)
+    drawn = np.empty((n_resamples, len(gs)), dtype=np.int64)
+    picks: list[list[np.ndarray]] = [[] for _ in gs]  # per group: the index vector of each of its draws
     for i in range(n_resamples):
-        drawn = rng.integers(0, len(gs), len(gs))
-        stats[i] = np.mean([gs[k][rng.integers(0, gs[k].size, gs[k].size)].mean() for k in drawn])
+        drawn[i] = rng.integers(0, len(gs), len(gs))
+        for k in drawn[i]:
+            picks[k].append(rng.integers(0, gs[k].size, gs[k].size))
+    means = np.empty(drawn.shape)  # means[i, j]: the mean of the j-th group drawn in resample i
+    for k, g in enumerate(gs):
+        if picks[k]:  # row sums of the (draws, size) matrix: the pairwise sum a 1-d mean takes, row by row
+            means[drawn == k] = g[np.stack(picks[k])].sum(axis=1) / g.size
+    stats = means.sum(axis=1) / len(gs)
     a = (1 - level) / 2
     lo, hi = np.quantile(stats, [a, 1 - a])
     return float(lo), float(hi)
