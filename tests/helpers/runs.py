@@ -21,30 +21,8 @@ TESTS = ROOT / "tests"
 
 # Small, fast settings for end-to-end runs: micro model, byte tokenizer, a capped stdlib corpus.
 FAST = [
-    "model=micro",
-    "tokenizer=byte",
-    "data.seq_len=32",
-    "data.recall_mix=0.0",  # 32-token windows are too short for a recall sequence (kv needs 37)
-    "data.batch_size=8",
-    "data.val_windows=16",
-    "trainer=cpu",
-    "trainer.max_steps=30",
-    "trainer.val_check_interval=15",
-    "trainer.log_every_n_steps=5",
-    "optim.warmup_steps=5",
-    "callbacks.progress_bar=false",
-    "eval.lengths=[1,2]",
-    "eval.tokens=256",
-    "probes.samples=2",
-    "probes.lengths=[1]",
-    # what these tests were written against (the default run has moved to a retrieval recipe since)
-    "probes.kinds=[kv,passkey]",
-    "eval.protocols=[nonoverlap,sliding]",
-    "data.recall_kinds=[kv,passkey]",
-    "data.recall_loss=all",
-    "data.recall_curriculum=null",
-    "optim.lr=2e-3",
-    "optim.betas=[0.9,0.95]",
+    "debug=fast",  # the smoke settings users get too (conf/debug/fast.yaml): micro model, 32 tokens, 30 steps
+    "callbacks.progress_bar=false",  # no bar in the tests' logs
 ]
 
 # The shared multirun (conftest's `sweep`): rope, alibi x seeds 0, 1; evaluated at 32, 64, 128 tokens; probes

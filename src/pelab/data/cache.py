@@ -21,8 +21,6 @@ experiments/benchmarks/README.md, "Data pipeline").
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -38,21 +36,16 @@ from typing import Any
 import numpy as np
 
 from pelab.data.corpora import SPLITS
+from pelab.data.disk import ensure_writable, locked, resolve_cache_root, sha256_file
 from pelab.data.sources import Corpus
 from pelab.data.tokenizer import EOT, Tokenizer, load_tokenizer, make_tokenizer, tokenizer_fingerprint
-from pelab.errors import CacheDirError, CacheRebuildWarning, CorpusError
+from pelab.errors import CacheRebuildWarning, CorpusError
 
 log = logging.getLogger(__name__)
 
 CACHE_VERSION = 2  # 2: whole-file checksums (`files`), n_bytes = the documents' bytes on disk
 _VERIFIED = "verified.json"
 _CHUNK_BYTES = 4 << 20  # text per encode_batch call
-
-
-def resolve_cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """`paths.cache_dir` if given, else $PELAB_CACHE_DIR, else ~/.cache/pelab."""
-    raw = cache_dir if cache_dir not in (None, "") else os.environ.get("PELAB_CACHE_DIR") or "~/.cache/pelab"
-    return Path(raw).expanduser()
 
 
 def cache_key(corpus_fp: Mapping[str, Any], tok_fp: Mapping[str, Any]) -> str:
@@ -103,8 +96,8 @@ def open_cache(
     if verify_entry(entry) is None:
         return load_entry(entry, built=False)
 
-    _ensure_writable(root)
-    with _locked(root / "tokens" / f"{key}.lock"):
+    ensure_writable(root)
+    with locked(root / "tokens" / f"{key}.lock"):
         problem = verify_entry(entry)  # another process may have built it while we waited
         if problem is None:
             return load_entry(entry, built=False)
@@ -180,7 +173,7 @@ def _check_files(entry: Path, files: Mapping[str, Mapping[str, Any]]) -> str | N
             if st.st_size != want["size"]:
                 return f"{name} is {st.st_size} bytes, expected {want['size']}"
             stamps[name] = _stamp(st, want["sha256"])
-            if trusted.get(name) != stamps[name] and _sha256_file(path) != want["sha256"]:
+            if trusted.get(name) != stamps[name] and sha256_file(path) != want["sha256"]:
                 return f"{name} does not match its checksum (corrupted)"
         except OSError as e:
             return f"{name} unreadable ({type(e).__name__}: {e})"
@@ -220,7 +213,7 @@ def _build_entry(corpus: Corpus, tok_cfg: Mapping[str, Any] | str, entry: Path, 
                 raise CorpusError(
                     f"the {split} split is empty; add documents or raise data.val_fraction / data.test_fraction"
                 )
-        files = {p.name: {"size": p.stat().st_size, "sha256": _sha256_file(p)} for p in sorted(tmp.iterdir())}
+        files = {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(tmp.iterdir())}
         meta = {
             "version": CACHE_VERSION,
             "fingerprint": fp,
@@ -297,34 +290,3 @@ def _chunks(docs: Iterable[tuple[str, int]], max_bytes: int) -> Iterator[list[tu
             buf, size = [], 0
     if buf:
         yield buf
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def _ensure_writable(root: Path) -> None:
-    try:
-        (root / "tokens").mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=root / "tokens", prefix=".probe-"):
-            pass
-    except OSError as e:
-        raise CacheDirError(
-            f"cannot write the token cache under paths.cache_dir={root} ({type(e).__name__}: {e}); "
-            "set paths.cache_dir (or $PELAB_CACHE_DIR) to a writable folder"
-        ) from e
-
-
-@contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    with open(lock_path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _sha256_file(path: Path) -> str:
-    # Chunked by hashlib, which uses the CPU's SHA extensions: cheap enough to hash whole files.
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()

@@ -32,8 +32,8 @@ from pelab.errors import ConfigError
 class LMDataModule(L.LightningDataModule):
     """Corpus + tokenizer + token cache, served as deterministic windows.
 
-    source:    the data config: `source` (stdlib | text_dir | hf) plus that source's knobs
-               (path, glob, name, config, text_field, data_files, doc_split, max_bytes, ...) and the
+    source:    the data config: `source` (stdlib | text_dir | hf | django_docs | shakespeare) plus that
+               source's knobs (path, glob, name, config, text_field, data_files, doc_split, max_bytes, ...) and the
                loader keys (`pelab.data.config.LoaderConfig`: seq_len, recall_mix, ...). A bare kind string
                works.
     tokenizer: the tokenizer config: `kind` (bpe | byte | pretrained) plus its knobs.
@@ -91,12 +91,12 @@ class LMDataModule(L.LightningDataModule):
     def prepare_data(self) -> None:
         """Build the cache (Lightning calls this on one process per node; a file lock guards
         against other nodes sharing the folder)."""
-        open_cache(build_corpus(self.source_cfg), self.tokenizer_cfg, self.cache_dir)
+        open_cache(build_corpus(self.source_cfg, self.cache_dir), self.tokenizer_cfg, self.cache_dir)
 
     def setup(self, stage: str | None = None) -> None:
         if self.cache is not None:
             return
-        cache = open_cache(build_corpus(self.source_cfg), self.tokenizer_cfg, self.cache_dir)
+        cache = open_cache(build_corpus(self.source_cfg, self.cache_dir), self.tokenizer_cfg, self.cache_dir)
         for split in SPLITS:
             if cache.n_tokens(split) < self.seq_len + 1:
                 raise ConfigError(
