@@ -6,7 +6,7 @@
 # Rerun the same command to continue.
 #   bash experiments/induction_heads/curve.sh <commit> <run folder> "<steps ...>" [train.py overrides ...]
 set -u
-. "$(dirname "$0")/pinned.sh"
+. "$(dirname "$0")/../pinned.sh"
 commit=$1; dir=$2; steps=$3; shift 3
 mkdir -p "$dir/curve"
 for s in $steps; do

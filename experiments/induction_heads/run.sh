@@ -11,7 +11,7 @@
 #   bash experiments/collect.sh <root>/sweep experiments/induction_heads/runs      (the finished run folders)
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
-. "$here/pinned.sh"
+. "$here/../pinned.sh"
 root=${1:-/work/studies/induction_heads/study}
 mkdir -p "$root"
 [ -s "$root/COMMIT" ] || git -C "$REPO" rev-parse HEAD > "$root/COMMIT"

@@ -1,11 +1,11 @@
-# Sourced by run.sh and curve.sh: run train.py from a clean git worktree of one commit, so that a study launched
-# while the main checkout has uncommitted changes (other work in progress) records clean provenance, and a relaunch
-# runs the same code as the first launch. As experiments/provenance/verify.py: `python -S` (no editable-install
+# Sourced by the studies' run scripts (induction_heads, corpora): run train.py from a clean git worktree of one
+# commit, so that a study launched while the main checkout has uncommitted changes (other work in progress) records
+# clean provenance, and a relaunch runs the same code as the first launch. As experiments/provenance/verify.py: `python -S` (no editable-install
 # finder, which would map pelab.conf to the main checkout) with the worktree's src first, then the venv's packages.
 #   pinned_train <commit> <train.py arguments ...>     (one thread, nice 10)
 REPO=$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --show-toplevel)
 VENV_PY=${VENV_PY:-$REPO/.venv/bin/python}
-PINNED_ROOT=${PINNED_ROOT:-/work/studies/induction_heads/code}
+PINNED_ROOT=${PINNED_ROOT:-/work/studies/code}  # one worktree per pinned commit, shared by the studies
 
 pinned_tree() {  # <commit>: the worktree's path (created once, kept)
   local tree="$PINNED_ROOT/$1"
