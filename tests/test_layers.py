@@ -128,3 +128,11 @@ def test_the_scan_sees_lazy_type_checking_and_relative_imports(tmp_path):
     assert upward(edges) == ["pelab.encodings.base -> pelab.data", "pelab.encodings.base -> pelab.data.loader",
                              "pelab.encodings.base -> pelab.model.gpt"]
     assert ["pelab.data.loader", "pelab.encodings.base", "pelab.model.gpt"] in cycles(edges)
+
+
+def test_no_experiment_script_edits_sys_path():
+    """The experiments import the installed package (an editable install in a checkout), never `src/` by path."""
+    root = SRC.parents[1] / "experiments"
+    edits = [str(p.relative_to(root)) for p in root.rglob("*.py") if "sys.path.insert" in p.read_text()
+             or "sys.path.append" in p.read_text()]
+    assert edits == []

@@ -29,7 +29,6 @@ SCHEMES = ("nope", "sinusoidal", "learned", "t5_bias", "rope", "xpos", "alibi", 
 
 def run_case(a: argparse.Namespace) -> dict:
     """One scheme in this process: compiled vs eager forward + backward; returns the measurements."""
-    sys.path.insert(0, str(ROOT / "src"))
     import torch
     import torch._inductor.config as inductor_config
 

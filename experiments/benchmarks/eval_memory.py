@@ -53,7 +53,6 @@ def peak_rss_bytes() -> int:
 
 def run_case(a: argparse.Namespace) -> dict:
     """One evaluation forward in this process; returns its measurements."""
-    sys.path.insert(0, str(ROOT / "src"))
     import torch
 
     from pelab.evaluation.extrapolation import Window, score_windows

@@ -30,13 +30,11 @@ import math
 import os
 import platform
 import statistics
-import sys
 import time
 import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "src"))
 
 SCHEMES = ("nope", "sinusoidal", "learned", "t5_bias", "rope", "xpos", "alibi", "kerple", "sandwich", "fire", "cope")
 BIAS_SCHEMES = ("alibi", "t5_bias", "kerple", "sandwich", "fire")  # a score bias: the flex / sdpa_mask choice

@@ -19,13 +19,11 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "src"))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -34,7 +34,6 @@ import logging
 import os
 import platform
 import statistics
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -45,7 +44,6 @@ from lightning.fabric.utilities.throughput import get_available_flops
 from torch import Tensor, nn
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "src"))  # run from a checkout without installing
 
 from pelab.encodings import default_pe_config
 from pelab.harness.callbacks import TokenThroughput

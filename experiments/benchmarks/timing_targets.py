@@ -36,12 +36,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "src"))
 
-# micro model, byte tokenizer, a few steps: what the tests ran (tests/helpers/runs.py FAST, abridged)
-FAST = ["model=micro", "tokenizer=byte", "data.seq_len=32", "data.recall_mix=0.0", "data.batch_size=8",
-        "data.val_windows=16", "trainer=cpu", "optim.warmup_steps=5", "callbacks.progress_bar=false",
-        "evaluate_after_fit=false", "trainer.log_every_n_steps=5"]
+# the tests' smoke settings (conf/debug/fast.yaml: micro model, byte tokenizer, 32-token windows), no evaluation
+FAST = ["debug=fast", "callbacks.progress_bar=false", "evaluate_after_fit=false"]
 LIMITS = {
     "cache_reuse_s": ("<", 1.0),
     "default_cache_build_s": ("<", 60.0),
@@ -55,8 +52,7 @@ LIMITS = {
 
 
 def _env(**extra: str) -> dict:
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true",
-            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]), **extra}
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true", **extra}
 
 
 def _texts(root: Path, n: int = 40, seed: int = 0) -> Path:
@@ -158,7 +154,7 @@ def wandb_unreachable(tmp: Path) -> dict:
 def second_ctrl_c(tmp: Path) -> dict:
     """Ctrl-C during a 5 s step (the tests' SlowSteps callback), then Ctrl-C again: until the process exits."""
     env = _env(PELAB_CACHE_DIR=str(tmp / "cache"))
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), env["PYTHONPATH"]])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), env.get("PYTHONPATH", "")])
     proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *FAST, "logger=csv", "trainer.max_steps=30",
                              f"paths.output_dir={tmp / 'run'}", "+callbacks.slow._target_=helpers.callbacks.SlowSteps",
                              "+callbacks.slow.after=3"], cwd=tmp, env=env, stdin=subprocess.DEVNULL,

@@ -50,8 +50,7 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "src"))
-from pelab.provenance import VERIFIED_FILE, cpu_model, now  # noqa: E402
+from pelab.provenance import VERIFIED_FILE, cpu_model, now
 
 SCRATCH = Path("/tmp/provenance-verify")
 # Keys whose values are wall-clock measurements or paths: never equal between two runs of the same numbers.
