@@ -14,8 +14,9 @@ def _conf_dir() -> str:
     except ModuleNotFoundError as e:
         if e.name != "pelab.conf":
             raise
-        # A checkout used without installing it (src/ on sys.path, as experiments/benchmarks do): only an
-        # install maps pelab.conf to conf/, which sits next to src/.
+        # A checkout used without installing it (its src/ on PYTHONPATH: a study's pinned worktree run by
+        # experiments/pinned.sh, a rerun by experiments/provenance/verify.py, the GPU machine's gpu_check.sh):
+        # only an install maps pelab.conf to conf/, which sits next to src/.
         conf = Path(__file__).resolve().parents[2] / "conf"
     if not isinstance(conf, Path) or not (conf / "train.yaml").is_file():
         # e.g. a src/pelab/conf/ folder left over in a checkout (from before the configs moved to conf/):
