@@ -13,8 +13,8 @@ from torch import nn
 
 @contextmanager
 def evaluating(model: nn.Module) -> Iterator[nn.Module]:
-    """``model.eval()`` under ``torch.no_grad()``, its train / eval mode restored afterwards. Not
-    inference_mode: encodings may cache tables that training reuses."""
+    """``model.eval()`` under ``torch.no_grad()``, its train / eval mode restored afterwards. Encodings keep
+    nothing between forwards (``pelab.encodings.base``), so ``inference_mode`` would do as well."""
     was_training = model.training
     model.eval()
     try:
