@@ -8,13 +8,13 @@ holds most of its scored tokens.
 
 Two draws of K slots, both reproducible from ``eval.seed``:
 
-* ``slots_by_document`` (runs since issue 49) -- stratified by document: each document that can own a slot
-  gets one block while K >= their number, the rest in proportion to the slots each has left; the slots inside
-  a document drawn at random. The blocks cover as many documents as the split has (a document shorter than
-  N / 2 tokens never holds most of a block: its tokens are scored inside its neighbours' blocks).
-* ``uniform_slots`` (runs before) -- K slots drawn uniformly over the whole split. In a split of a few long
-  documents most blocks then come from the longest ones, and many are adjacent. Kept to rebuild the blocks of
-  runs made with it (``pelab.report.eval_text``).
+* ``slots_by_document`` (runs that record ``block_docs``) -- stratified by document: each document that can
+  own a slot gets one block while K >= their number, the rest in proportion to the slots each has left; the
+  slots inside a document drawn at random. The blocks cover as many documents as the split has (a document
+  shorter than N / 2 tokens never holds most of a block: its tokens are scored inside its neighbours' blocks).
+* ``uniform_slots`` (runs that record no ``block_docs``) -- K slots drawn uniformly over the whole split. In a
+  split of a few long documents most blocks then come from the longest ones, and many are adjacent. Kept to
+  rebuild the blocks of runs made with it (``pelab.report.eval_text``).
 """
 
 from __future__ import annotations

@@ -65,8 +65,8 @@ def spread_blocks(tokens: Any, block_length: int, n_blocks: int | None, seed: in
     ``block_length`` tokens (a block's last target is the next slot's first input, so the blocks' scored tokens
     never overlap) and ``n_blocks`` slots are drawn without replacement by ``seed``: stratified by document when
     ``doc_starts`` (n_docs + 1,) says where the documents start (``blocks.slots_by_document``), else uniformly
-    over the stream (``blocks.uniform_slots``, the draw of runs before issue 49). None, or more than there are:
-    every slot, i.e. the whole split scored as one contiguous stream."""
+    over the stream (``blocks.uniform_slots``, the draw of runs that record no ``block_docs``). None, or more
+    than there are: every slot, i.e. the whole split scored as one contiguous stream."""
     if doc_starts is None:
         starts = uniform_slots(len(tokens), block_length, n_blocks, seed)
     else:

@@ -1,4 +1,4 @@
-"""Train to an in-window retrieval criterion (issue 16): schemes differ in how fast they learn retrieval at
+"""Train to an in-window retrieval criterion: schemes differ in how fast they learn retrieval at
 all, so a fixed step budget confounds learnability with extrapolation. This callback scores a fixed set of
 probe instances at the training length every ``every_n_steps`` steps, logs ``train/retrieval_acc``, and
 stops training once it reaches ``threshold`` (``train/steps_to_criterion``; NaN = not acquired within

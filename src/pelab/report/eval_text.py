@@ -1,12 +1,13 @@
 """The evaluation text of a job: which document each evaluation block came from, and the perplexity intervals
 clustered by document (``pelab.evaluation.stats.clustered_ppl_interval``).
 
-Runs since issue 49 record the document of each block (``evaluation.extrapolation.block_docs``). Runs before
-record only the per-block NLL; their blocks are a deterministic function of the split's token count, the block
-length (the longest evaluated length), the number of blocks K and ``eval.seed`` (``blocks.uniform_slots``, the
-draw they were made with), so their documents are rebuilt from the token cache's document starts when this
-machine builds the very corpus the run recorded (its data fingerprint: the stdlib of the same Python, or the
-same text folder). When it cannot, the interval stays the run's bootstrap over blocks and its label says why.
+A run records the document of each block (``evaluation.extrapolation.block_docs``) when it drew them by
+document (``blocks.slots_by_document``). Runs without it record only the per-block NLL; their blocks are a
+deterministic function of the split's token count, the block length (the longest evaluated length), the number
+of blocks K and ``eval.seed`` (``blocks.uniform_slots``, the draw they were made with), so their documents are
+rebuilt from the token cache's document starts when this machine builds the very corpus the run recorded (its
+data fingerprint: the stdlib of the same Python, or the same text folder). When it cannot, the interval stays
+the run's bootstrap over blocks and its label says why.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ REBUILT = ("stdlib", "text_dir")  # corpora read from this machine's disk; a hub
 
 def block_documents_of(job: Job, cache_dir: str | None = None) -> tuple[np.ndarray | None, str]:
     """(K,) document index of each extrapolation block of ``job`` and ""; or None and why it cannot be had.
-    Recorded (runs since issue 49) or rebuilt from the recorded draw and this machine's token cache."""
+    Recorded (``block_docs``) or rebuilt from the recorded draw and this machine's token cache."""
     e = job.extrapolation
     if e.get("block_docs") is not None:
         return np.asarray(e["block_docs"], dtype=np.int64), ""
