@@ -107,12 +107,14 @@ class T5Bias(PositionEncoding):
     One learned table [num_buckets, heads] per model, shared by all layers (as in T5). Initialised
     N(0, init_std) with init_std = d_model^-0.5 by default, like Hugging Face's T5.
 
-    ``bias_scale`` multiplies the table before it is added to the scaled logits q.k / sqrt(d_head):
-    1 adds the table as it is; ``sqrt_head_dim`` (= sqrt(d_head), the default) is what T5 / Hugging Face do in these
-    units (they add the bias to the *unscaled* q.k) and what x-transformers' ``RelativePositionBias(scale=
-    dim_head ** 0.5)`` does (its table is N(0, 1): ``init_std=1.0`` too for its init). Under Adam the
+    ``bias_scale`` multiplies the table before it is added to the scaled logits q.k / sqrt(d_head).
+    1 adds the table as it is, as Hugging Face's T5 does: its ``position_bias`` is the table, unmultiplied, added
+    to q.k, which T5 does not divide by sqrt(d_kv) (``scaling = 1.0``; that factor is in the query's init
+    instead) -- one table unit is one logit in both. ``sqrt_head_dim`` (= sqrt(d_head), the default) is
+    x-transformers': ``RelativePositionBias(scale=dim_head ** 0.5)`` multiplies its table, N(0, 1)
+    (``init_std=1.0`` for that init too), by sqrt(d_head) and adds it to q.k * dim_head ** -0.5. Under Adam the
     table moves ~lr per step whatever its scale, so the scale is also the bias's learning-rate multiplier
-    in logit units.
+    in logit units (why sqrt_head_dim is the default: experiments/peer/README.md).
     """
 
     has_bias = True

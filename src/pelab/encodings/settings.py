@@ -202,9 +202,9 @@ class T5BiasConfig(PEConfig):
     num_buckets: int = 32
     max_distance: int = 128  # distances >= this share the last bucket
     init_std: float | None = None  # null = d_model^-0.5 (as Hugging Face T5)
-    # Multiplier on the table before it is added to q.k/sqrt(d_head): a number > 0, or "sqrt_head_dim" = T5 /
-    # Hugging Face (bias on unscaled logits) and x-transformers (RelativePositionBias scale dim_head**0.5); 1 = the
-    # table as it is (the default before 2026-12-01). Under Adam it is also the bias's learning rate in logit
+    # Multiplier on the table before it is added to q.k/sqrt(d_head): a number > 0, or "sqrt_head_dim" =
+    # x-transformers (RelativePositionBias scale dim_head**0.5); 1 = the table as it is, as Hugging Face's T5 adds
+    # it (to q.k, which T5 does not scale). Under Adam it is also the bias's learning rate in logit
     # units: at 1 the table barely moves over a run, and T5 trains worse in-window and degrades past L (measured,
     # both scales: experiments/peer/README.md). See the class docstring.
     bias_scale: Any = "sqrt_head_dim"
