@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pelab import report
-from pelab.data.recall import MQAR_OFFSET as OFFSET_KIND
+from pelab.data.recall import MQAR_OFFSET
 from pelab.evaluation import stats
 from pelab.evaluation.probes import ProbeCell, ProbeResult
 from pelab.summary import write_summary
@@ -27,8 +27,8 @@ def _result(bits: dict[int, str], offset: dict[int, str] | None = None) -> Probe
             c.n, c.outcomes, c.acc = len(b), b, b.count("1") / len(b)
             c.lo, c.hi = stats.wilson(b.count("1"), len(b))
     for m, b in (offset or {}).items():
-        c = ProbeCell(OFFSET_KIND, float("nan"), 128 * (m + 1), prefix=m, n=len(b), outcomes=b)
-        res.offset[(OFFSET_KIND, m)] = c
+        c = ProbeCell(MQAR_OFFSET, float("nan"), 128 * (m + 1), prefix=m, n=len(b), outcomes=b)
+        res.offset[(MQAR_OFFSET, m)] = c
         c.acc, (c.lo, c.hi) = b.count("1") / len(b), stats.wilson(b.count("1"), len(b))
     return res
 
@@ -97,11 +97,11 @@ def test_probe_summary_and_accuracy_tables_carry_intervals(built):
 
 
 def test_offset_table_and_the_accuracy_vs_length_figure(built):
-    header, rows = _table(built.markdown, f"{OFFSET_KIND}: position vs distance")
+    header, rows = _table(built.markdown, f"{MQAR_OFFSET}: position vs distance")
     assert header == ["encoding", "seed", "prefix 0×L", "prefix 1×L", "prefix 3×L"]
     lo, hi = stats.wilson(4, 10)
     assert rows[0] == ["rope", "0", "1.00 [0.72, 1.00]", "0.90 [0.60, 0.98]", f"0.40 [{lo:.2f}, {hi:.2f}]"]
-    header, paired = _table(built.markdown, f"{OFFSET_KIND}: paired comparisons")
+    header, paired = _table(built.markdown, f"{MQAR_OFFSET}: paired comparisons")
     assert header[1:] == ["prefix 0×L", "prefix 1×L", "prefix 3×L"]
     assert paired[0][0] == "rope vs alibi" and paired[0][3].startswith("-0.60 (p=0.031")  # 6 vs 0 at 3×L
     fig = built.figures["probe_mqar_vs_length"]
@@ -236,5 +236,5 @@ def test_retrieval_only_runs_get_no_perplexity_sections_and_offset_intervals_ove
         _write(tmp_path / f"rope_s{s}", "rope", res, seed=s, mix=1.0, **{"extrap/ppl@128": 5e4})
     md = report.build_report([tmp_path], tmp_path / "out").markdown
     assert "No run trained on text" in md and "## Perplexity" not in md
-    _, rows = _table(md, f"{OFFSET_KIND}: position vs distance")
+    _, rows = _table(md, f"{MQAR_OFFSET}: position vs distance")
     assert rows[0][2] == f"1.00 [{stats.wilson(20, 20)[0]:.2f}, 1.00] (2 seeds)" and rows[0][3].startswith("0.60 [")
