@@ -113,7 +113,8 @@ def is_out_of_memory(err: BaseException) -> bool:
     return isinstance(err, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text.lower())
 
 
-def check_run(settings: TrainSettings, model, vocab: int, rows_per_device: int, precision: str, cuda: bool) -> None:
+def check_memory(settings: TrainSettings, model, vocab: int, rows_per_device: int, precision: str,
+                 cuda: bool) -> None:
     """The training step and the evaluation at the longest length of a run, against the memory available."""
     from pelab.evaluation.config import resolve_lengths
 

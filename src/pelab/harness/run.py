@@ -87,7 +87,7 @@ def check_before_training(settings: TrainSettings, module: Any, datamodule: Any,
     from pelab.evaluation.config import resolve_lengths
     from pelab.evaluation.suite import check_eval_budget
     from pelab.harness.build import on_cuda
-    from pelab.harness.memory import check_run
+    from pelab.harness.memory import check_memory
 
     ev, length = settings.eval, settings.data.seq_len
     if settings.run.evaluate_after_fit or ev.at:
@@ -96,7 +96,7 @@ def check_before_training(settings: TrainSettings, module: Any, datamodule: Any,
         check_eval_budget(ev.split, ev.tokens, longest, available)
         if ev.at:
             check_eval_budget(ev.split, ev.at_tokens, longest, available, key="eval.at_tokens")
-    check_run(settings, module.model, datamodule.vocab_size, settings.data.batch_size // world, precision,
+    check_memory(settings, module.model, datamodule.vocab_size, settings.data.batch_size // world, precision,
               on_cuda(settings.trainer))
 
 
