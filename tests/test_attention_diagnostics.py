@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from pelab.evaluation.attention_stats import attention_diagnostics, buckets, by_length, query_stats
+from pelab.evaluation.attention_stats import attention_diagnostics, buckets, layer_curves, query_stats
 from pelab.model import build_model, reference_attention
 from pelab.model.logits import log_length_scale, observed_attention
 
@@ -69,8 +69,8 @@ def test_diagnostics_leave_the_forward_bit_identical_and_see_its_logits(pe):
     assert {r["length"] for r in rows} == {16, 48} and len(rows) == 2 * 2 * (1 + 3)  # layers x heads x buckets (48: 0-16-32-48)
     assert all(0 <= r["mass_past_L"] <= 1 and r["entropy"] >= 0 for r in rows)
     assert all(r["mass_past_L"] == 0 for r in rows if r["q_hi"] <= 16)  # nothing is that far inside the window
-    layer_curves = by_length(rows, "entropy")
-    assert set(layer_curves) == {0, 1} and set(layer_curves[0]) == {16, 48}
+    curves = layer_curves(rows, "entropy")
+    assert set(curves) == {0, 1} and set(curves[0]) == {16, 48}
 
 
 def test_log_length_scale_is_one_inside_the_window():

@@ -136,7 +136,7 @@ def _rows(n: int, recs: list[Recorder], bounds: list[tuple[int, int]]) -> list[d
     return out
 
 
-def by_length(rows: list[dict[str, Any]], stat: str) -> dict[int, dict[int, float]]:
+def layer_curves(rows: list[dict[str, Any]], stat: str) -> dict[int, dict[int, float]]:
     """{layer: {length: value}}: ``stat`` at the queries of each length's last bucket (the positions first
     reached at that length), averaged over heads -- the value-vs-length lines, one per layer."""
     last: dict[int, int] = {}
@@ -153,11 +153,11 @@ def by_length(rows: list[dict[str, Any]], stat: str) -> dict[int, dict[int, floa
 
 
 def metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Scalars ``attn/<stat>@<length>/layer<l>`` (the ``by_length`` values) and ``attn/<stat>@<length>`` (their
-    mean over layers: what pelab.report tabulates across a sweep)."""
+    """Scalars ``attn/<stat>@<length>/layer<l>`` (the ``layer_curves`` values) and ``attn/<stat>@<length>``
+    (their mean over layers: what pelab.report tabulates across a sweep)."""
     out: dict[str, float] = {}
     for stat in STATS:
-        series = by_length(rows, stat)
+        series = layer_curves(rows, stat)
         for layer, curve in series.items():
             out.update({metric_key(f"attn/{stat}", n, layer=layer): v for n, v in curve.items()})
         for n in sorted({n for curve in series.values() for n in curve}):

@@ -89,7 +89,7 @@ def attention_enabled(s: EvalSettings) -> bool:
 def run_attention(model: Any, datamodule: Any, s: EvalSettings) -> EvalResult:
     """Attention statistics by length on the extrapolation blocks end to end (windows of a length dividing theirs
     stay inside); one figure per statistic: value vs length, one line per layer."""
-    from pelab.evaluation.attention_stats import STATS, attention_diagnostics, by_length, metrics
+    from pelab.evaluation.attention_stats import STATS, attention_diagnostics, layer_curves, metrics
     from pelab.evaluation.plots import plot_ppl_vs_length
     from pelab.summary import json_safe
 
@@ -98,7 +98,7 @@ def run_attention(model: Any, datamodule: Any, s: EvalSettings) -> EvalResult:
     log.info("attention diagnostics: %.2f s", attention["seconds"])
     figures = {}
     for stat in STATS:
-        series = {f"layer {layer}": curve for layer, curve in by_length(attention["rows"], stat).items()}
+        series = {f"layer {layer}": curve for layer, curve in layer_curves(attention["rows"], stat).items()}
         figures[f"attn_{stat}"] = plot_ppl_vs_length(
             series, s.train_length, title=f"{s.label}: attention {stat} vs length",
             ylabel=ATTENTION_LABELS[stat][1], yscale="linear")
@@ -110,12 +110,12 @@ def attention_wandb(r: EvalResult, ns: str) -> dict[str, Any]:
     """The diagnostics as one W&B table and, per statistic, a line plot of value vs length, one line per layer."""
     import wandb
 
-    from pelab.evaluation.attention_stats import STATS, by_length
+    from pelab.evaluation.attention_stats import STATS, layer_curves
 
     cols = ["length", "layer", "head", "q_lo", "q_hi", *STATS, "max_logit_peak"]
     data: dict[str, Any] = {f"attn/{ns}table": wandb.Table(columns=cols, data=[[row[c] for c in cols] for row in r.rows])}
     for stat in STATS:
-        series = by_length(r.rows, stat)
+        series = layer_curves(r.rows, stat)
         xs = sorted({n for curve in series.values() for n in curve})
         data[f"attn/{ns}{stat}_vs_length"] = wandb.plot.line_series(
             xs=xs, ys=[[series[layer].get(n, float("nan")) for n in xs] for layer in series],
