@@ -337,11 +337,11 @@ def metadata_table(jobs: Sequence[Job]) -> Table:
 def _documents(job: Job) -> str:
     """"27 (deff 34 at 1024)": the documents behind the run's evaluation blocks, the design effect at its longest
     length; "—" where the documents cannot be had (the cell's interval then says why)."""
-    by_length = clustered_ppl(job)
-    if not by_length:
+    intervals = clustered_ppl(job)
+    if not intervals:
         return "—"
-    L = max(by_length)
-    c = by_length[L]
+    L = max(intervals)
+    c = intervals[L]
     return f"{c.n_documents} (deff {c.design_effect:.3g} at {L})" if c.n_documents else "—"
 
 
