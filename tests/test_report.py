@@ -270,6 +270,16 @@ def test_report_labels_rows_by_the_shortest_of_keys_that_vary_together(tmp_path)
     assert grouping.also == ["data.recall_curriculum"]  # still recorded as varying with the rows
 
 
+def test_report_labels_two_corpora_by_their_source_not_by_a_knob_that_came_with_them(tmp_path):
+    """Runs of two corpora differ in data.source and in the corpora's own knobs (data.test_fraction, shorter to
+    print): the label names the choice, data.source."""
+    jobs = [_job(tmp_path, {"name": "rope"}, data={"seq_len": 128, "source": "stdlib", "test_fraction": 0.02}),
+            _job(tmp_path, {"name": "rope"}, data={"seq_len": 128, "source": "django_docs", "test_fraction": 0.3})]
+    grouping = report.group_rows(jobs)
+    assert [r.label for r in grouping.rows] == ["rope data.source=django_docs", "rope data.source=stdlib"]
+    assert grouping.also == ["data.test_fraction"]
+
+
 def test_report_labels_variants_and_fills_knobs_older_runs_lack(tmp_path):
     rope = {"name": "rope", "base": 10000.0}
     old_rope = _job(tmp_path, rope)  # written before frequency_fraction / randomized existed

@@ -51,6 +51,7 @@ IGNORED_KEYS = (
 )
 # Always a row key (each named in the labels only where it varies); pe.name always labels a row.
 BASE_KEYS = ["pe.name", "data.seq_len", "model.name"]
+CHOICE_KEYS = (".source", ".kind", ".name", ".type")  # keys that name an option, preferred as row labels
 
 
 @functools.cache
@@ -126,8 +127,11 @@ def row_keys(frame: pd.DataFrame) -> tuple[list[str], list[str]]:
     ]
     target = _n_groups(frame, base + extra)
     label_keys: list[str] = []
-    def order(k: str) -> tuple:  # most values first, then the shortest to print (a mix ratio, not a list)
-        return -frame[k].nunique(dropna=False), int(frame[k].astype(str).str.len().max()), k
+    def order(k: str) -> tuple:
+        # most values first; then a key that names a choice (data.source, tokenizer.kind: what tells two corpora
+        # apart, rather than a knob that differs with them); then the shortest to print (a mix ratio, not a list)
+        return (-frame[k].nunique(dropna=False), not k.endswith(CHOICE_KEYS),
+                int(frame[k].astype(str).str.len().max()), k)
 
     for k in sorted(extra, key=order):
         if _n_groups(frame, base + label_keys) == target:
