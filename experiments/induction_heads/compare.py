@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from pelab.metric_keys import metric_key
+
 LENGTHS = [1 << k for k in range(6, 15)]
 INFORMATIVE = (512, 1024, 2048)
 CHANCE_CEILING = 0.10
@@ -56,7 +58,7 @@ def plateau(folder: Path) -> tuple[bool, str]:
         return False, f"in-window at the last {LAST_CHECKS} checks: {', '.join('—' if v is None else f'{v:.3f}' for v in last[::-1])}"
     moved = []
     for L in INFORMATIVE:
-        curve = logged(folder, f"train/induction_acc@{L}", CURVE_EVERY)
+        curve = logged(folder, metric_key("train/induction_acc", L), CURVE_EVERY)
         a, b = curve.get(B), curve.get(B - CURVE_BACK)
         if a is None or b is None or abs(a - b) > CURVE_MOVE:
             moved.append(f"2^{int(math.log2(L))}: " + ("not measured" if a is None or b is None else f"{b:.3f} -> {a:.3f}"))

@@ -9,6 +9,8 @@
     probe/<kind>/<stat>                     probe/mqar/auc: one number per kind (also effective_length)
     attn/<stat>@<L>                         attn/entropy@512: attention statistic, mean over layers
     attn/<stat>@<L>/layer<l>                attn/entropy@512/layer0: the same, of one layer
+    train/<stat>@<L>                        train/induction_acc@512: a curve logged during training at L tokens
+                                            (the induction-heads callback)
     <family>/<variant>/...                  extrap/yarn/ppl@512, probe/step0/mqar/acc@128: the same key of a
                                             second evaluation of the run (eval.py's scaling type, an extended
                                             run's step-0 evaluation), the variant right after the family
@@ -25,7 +27,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-FAMILIES = ("extrap", "probe", "attn")
+FAMILIES = ("extrap", "probe", "attn", "train")
 KINDED = ("probe",)  # families whose names carry a kind segment before the stat
 BOUNDS = ("lo", "hi")
 
@@ -80,10 +82,18 @@ def _name_parts(name: str) -> dict | None:
     return {"family": family, "variant": variant, "kind": kind, "stat": stat, "bound": bound}
 
 
+AT_A_LENGTH_ONLY = ("train",)  # families whose keys always carry @L (train/loss, train/lr are not metric keys)
+
+
 @functools.lru_cache(maxsize=65536)  # readers parse the same few thousand keys of every run, many times over
 def parse_key(key: str) -> MetricKey | None:
-    """The MetricKey of `key`, or None when `key` is not one (val/ppl, a malformed key). Only the canonical
-    spelling parses (no leading zeros, no "4.0"): every key parsed formats back to itself."""
+    """The MetricKey of `key`, or None when `key` is not one (val/ppl, train/loss, a malformed key). Only the
+    canonical spelling parses (no leading zeros, no "4.0"): every key parsed formats back to itself."""
+    k = _parse(key)
+    return None if k is None or (k.family in AT_A_LENGTH_ONLY and k.length is None) else k
+
+
+def _parse(key: str) -> MetricKey | None:
     m = _KEY.fullmatch(key)
     parts = _name_parts(m["name"]) if m else None
     if parts is None:
@@ -98,7 +108,7 @@ def metric_key(name: str, length: int | None = None, bound: str = "", *, parent_
                layer: int | None = None) -> str:
     """The key of metric `name` (extrap/ppl, probe/mqar/acc) at `length` tokens or at `parent_x` times the
     parent's training length, of one bound ("lo" / "hi") of its interval, of one attention layer."""
-    k = parse_key(name)
+    k = _parse(name)
     if k is None or k.length is not None or k.parent_x is not None or (bound and k.bound) or bound not in ("", *BOUNDS):
         raise ValueError(f"not a metric name (or bound) to put at a length: {name!r} {bound!r}")
     return format_key(replace(k, length=length, bound=bound or k.bound, parent_x=parent_x, layer=layer))

@@ -48,6 +48,7 @@ from pelab.data.recall.induction import (
 )
 from pelab.data.windows import FixedWindows
 from pelab.errors import ConfigError
+from pelab.metric_keys import metric_key
 
 TARGETS = ("all", "answer")  # data.targets
 SPLIT_TAGS = {"val": 1, "test": 2}  # the fixed rows of a split: SeedSequence([tag, L]), whatever the run's seed
@@ -246,5 +247,5 @@ class InductionCurve(Callback):
                            batch_idx: int) -> None:
         if int(trainer.global_step) % self.every:
             return
-        accs = {f"train/induction_acc@{n}": self.accuracy(pl_module.model, n) for n in self.lengths}
+        accs = {metric_key("train/induction_acc", n): self.accuracy(pl_module.model, n) for n in self.lengths}
         pl_module.log_dict(accs, rank_zero_only=True)
