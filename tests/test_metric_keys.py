@@ -40,6 +40,7 @@ FORMS = {
     "attn/entropy@512": MetricKey("attn", "entropy", 512),
     "attn/mass_past_L@512/layer3": MetricKey("attn", "mass_past_L", 512, layer=3),
     "attn/step0/distance@128/layer0": MetricKey("attn", "distance", 128, variant="step0", layer=0),
+    "train/induction_acc@2048": MetricKey("train", "induction_acc", 2048),  # a curve logged during training
 }
 
 
@@ -53,7 +54,7 @@ def test_every_form_round_trips(key):
     "val/ppl", "train/loss", "extrap", "extrap/ppl@", "extrap/ppl@L", "extrap/ppl@0128", "extrap/ppl@128@256",
     "extrap/ppl@parent_x4.0", "extrap/ppl@parent_xnan", "extrap/a/b/ppl@128", "probe/acc@128",
     "probe/a/b/c/acc@128", "probe/mqar/_lo@128", "attn/entropy@128/layer", "attn/entropy@128/layer0/x",
-    "extrap//ppl@128", "extrap/ppl @128", "nonoverlap@128",
+    "extrap//ppl@128", "extrap/ppl @128", "nonoverlap@128", "train/lr", "train/induction_acc",
 ])
 def test_malformed_keys_are_refused(key):
     assert parse_key(key) is None
