@@ -9,6 +9,8 @@
 # are skipped (status ok), an interrupted one resumes from its last checkpoint (written every 1,000 steps).
 #   setsid nohup bash experiments/induction_heads/run.sh [root] > /dev/null 2>&1 &   (root: /work/studies/induction_heads/study)
 #   bash experiments/collect.sh <root>/sweep experiments/induction_heads/runs      (the finished run folders)
+# SEEDS (default "0 1 2 3 4") and ROWS (default "abs rotary": MHA-Abs, then MHA-RoPE and MHA-xPos) narrow the list,
+# e.g. to finish one row first, or to go on when <root>/sweep was lost but some runs are already collected.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../pinned.sh"
@@ -16,11 +18,16 @@ root=${1:-/work/studies/induction_heads/study}
 mkdir -p "$root"
 [ -s "$root/COMMIT" ] || git -C "$REPO" rev-parse HEAD > "$root/COMMIT"
 commit=$(cat "$root/COMMIT")
-echo "$(date -u +%FT%TZ) launch: commit $commit, ${WORKERS:-1} worker(s)" >> "$root/launches.log"
+echo "$(date -u +%FT%TZ) launch: commit $commit, ${WORKERS:-1} worker(s), seeds ${SEEDS:-0 1 2 3 4}, rows ${ROWS:-abs rotary}" >> "$root/launches.log"
 worker() {  # <n>
-  for s in 0 1 2 3 4; do
-    pinned_train "$commit" -m experiment=induction_heads seed=$s pe=sinusoidal pe.scale=0.125 hydra.sweep.dir="$root/sweep"
-    pinned_train "$commit" -m experiment=induction_heads seed=$s pe=rope,xpos hydra.sweep.dir="$root/sweep"
+  for s in ${SEEDS:-0 1 2 3 4}; do
+    for row in ${ROWS:-abs rotary}; do
+      case $row in
+        abs) pinned_train "$commit" -m experiment=induction_heads seed=$s pe=sinusoidal pe.scale=0.125 hydra.sweep.dir="$root/sweep" ;;
+        rotary) pinned_train "$commit" -m experiment=induction_heads seed=$s pe=rope,xpos hydra.sweep.dir="$root/sweep" ;;
+        *) echo "ROWS: unknown row '$row' (abs, rotary)"; return 2 ;;
+      esac
+    done
   done >> "$root/worker$1.log" 2>&1
 }
 for w in $(seq 1 "${WORKERS:-1}"); do
