@@ -9,7 +9,11 @@ The estimate (bytes; fp32 4, bf16 autocast 2 for activations):
   attention scores, per layer                   B x H x C x T x 4 x 2           where a path materialises them:
                                                 the explicit / additive-mask paths on CPU (C = attn_chunk_size
                                                 query rows at a time, forward and backward); none for SDPA
-                                                without a bias (flash / memory-efficient kernels)
+                                                without a bias (flash / memory-efficient kernels). A
+                                                layout whose every layer is local (model.layout, a window
+                                                or chunk S) reads C + S - 1 keys per chunk, not T: the most
+                                                over the layers replaces T; a local layer always takes the
+                                                additive-mask path
   logits, log-softmax and their gradient        3 x B x T x V x 4
 It errs high (calibration: experiments/benchmarks/README.md, "Memory estimate"). The
 memory available: PELAB_AVAILABLE_MEMORY (bytes; the tests set it), else the free CUDA memory of the device, else
@@ -66,25 +70,28 @@ class Estimate:
 
 
 def training_step(n_params: int, batch: int, length: int, d_model: int, d_ff: int, n_layers: int, n_heads: int,
-                  vocab: int, chunk: int, scores_materialised: bool, act_bytes: int = 4) -> Estimate:
-    """The estimate of one training step on one device (`batch`: rows per device); see the module doc."""
-    c = min(chunk, length)
+                  vocab: int, chunk: int, scores_materialised: bool, act_bytes: int = 4,
+                  keys: int | None = None) -> Estimate:
+    """The estimate of one training step on one device (`batch`: rows per device); see the module doc. `keys`:
+    the most key columns a query chunk reads (local spans), default `length`."""
+    c, keys = min(chunk, length), min(keys or length, length)
     return Estimate({
         "weights + gradients + AdamW": 16.0 * n_params,
         "activations": float(batch * length * (12 * d_model + 3 * d_ff) * act_bytes * n_layers),
-        "attention scores": float(batch * n_heads * c * length * 4 * 2 * n_layers) if scores_materialised else 0.0,
+        "attention scores": float(batch * n_heads * c * keys * 4 * 2 * n_layers) if scores_materialised else 0.0,
         "logits": 3.0 * batch * length * vocab * 4,
     })
 
 
 def evaluation(n_params: int, windows: int, length: int, d_model: int, d_ff: int, n_heads: int, vocab: int,
-               chunk: int) -> Estimate:
-    """The estimate of one evaluation forward at `length` (no gradients; one layer's activations alive)."""
-    c = min(chunk, length)
+               chunk: int, keys: int | None = None) -> Estimate:
+    """The estimate of one evaluation forward at `length` (no gradients; one layer's activations alive); `keys`
+    as in `training_step`."""
+    c, keys = min(chunk, length), min(keys or length, length)
     return Estimate({
         "weights": 4.0 * n_params,
         "activations": float(windows * length * (4 * d_model + d_ff) * 4 * 2),
-        "attention scores": float(windows * n_heads * c * length * 4 * 2),
+        "attention scores": float(windows * n_heads * c * keys * 4 * 2),
         "logits": 2.0 * windows * length * vocab * 4,
     })
 
@@ -118,19 +125,22 @@ def check_memory(settings: TrainSettings, model, vocab: int, rows_per_device: in
     """The training step and the evaluation at the longest length of a run, against the memory available."""
     from pelab.evaluation.config import resolve_lengths
 
-    c, pe, ev = model.config, model.pe, settings.eval
+    c, ev = model.config, settings.eval
     n = sum(p.numel() for p in model.parameters())
     length = settings.data.seq_len
-    materialised = pe.has_bias or pe.has_content_bias  # the additive-mask / explicit paths
+    encodings = model.encodings().values()
+    # the additive-mask / explicit paths: a score bias, a content bias or a local span
+    materialised = any(e.has_bias or e.has_content_bias for e in encodings) or model.attention_keys(length) < length
     act = 2 if str(precision).startswith(("bf16", "16")) else 4
     step = training_step(n, rows_per_device, length, c.d_model, c.d_ff, c.n_layers, c.n_heads, vocab,
-                         c.attn_chunk_size, materialised, act)
+                         c.attn_chunk_size, materialised, act, model.attention_keys(length))
     check(step, f"a training step at data.seq_len={length} with {rows_per_device} rows per device "
                 f"(data.batch_size={settings.data.batch_size})",
           "lower data.batch_size or data.seq_len (or the model's size, model.*)", cuda)
     if settings.run.evaluate_after_fit:
         longest = max(resolve_lengths(list(ev.lengths), length) + [length])
         windows = max(1, min(64, ev.batch_tokens // longest))
-        check(evaluation(n, windows, longest, c.d_model, c.d_ff, c.n_heads, vocab, c.attn_chunk_size),
+        check(evaluation(n, windows, longest, c.d_model, c.d_ff, c.n_heads, vocab, c.attn_chunk_size,
+                         model.attention_keys(longest)),
               f"the evaluation at {longest} tokens ({windows} windows per batch, eval.batch_tokens="
               f"{ev.batch_tokens})", "lower the longest eval.lengths or eval.batch_tokens", cuda)

@@ -6,6 +6,7 @@
                        mask is passed 4-D, which SDPA's fused CPU kernel accepts (3-D -> math path). The
                        default on every device, CUDA too: it ran faster than FlexAttention on an H200
                        (experiments/benchmarks/README.md).
+  local span        -> "sdpa_mask" with the span's keys only (``pelab.model.span``: sliding window, chunk)
                     -> "explicit": on CPU, a mask that needs a gradient (a learned bias in training) goes
                        through ``explicit_attention`` (SDPA's fused CPU kernel gives no mask gradient)
   backend="flex"    -> "flex" (``pelab.model.flex``): FlexAttention with a score_mod adding the bias
@@ -32,6 +33,7 @@ from pelab.model.config import ATTN_BACKENDS
 from pelab.model.flex import _flex_biased_attention, _flex_state
 from pelab.model.paths import _note, recorded_paths
 from pelab.model.sdpa import chunked_biased_attention
+from pelab.model.span import Span
 from pelab.ops import BiasFn
 
 
@@ -62,6 +64,7 @@ def causal_attention(
     backend: str = "auto",
     q_start: int = 0,
     scheme: str | None = None,
+    span: Span | None = None,
 ) -> Tensor:
     """q, k, v (B, H, T, Dh) -> (B, H, T, Dh), causal, with an optional score bias (see module doc).
 
@@ -70,13 +73,16 @@ def causal_attention(
     ``q_start`` > 0: only the queries q_start..T-1 (against keys 0..T-1), (B, H, T - q_start, Dh) --
     evaluation of the last rows (``GPT.hidden(from_index=...)``); they take the chunked SDPA path whatever
     the bias (is_causal aligns a shorter query block top-left). ``scheme``: the label the path taken is
-    recorded under (``attention_paths``); None records nothing.
+    recorded under (``attention_paths``); None records nothing. ``span`` (a local layer of ``model.layout``:
+    sliding window or chunk, ``pelab.model.span``): the chunked SDPA path with the span's keys only, whatever
+    the bias and the backend (FlexAttention block masks for spans are not built yet).
     """
     if backend not in ATTN_BACKENDS:
         raise ValueError(f"model.attn_backend={backend} is unknown; choose one of {list(ATTN_BACKENDS)}")
-    if q_start:
+    if q_start or span is not None:
+        reason = "the last rows only (q_start > 0)" if q_start else f"a local span ({span.kind} {span.size})"
         return chunked_biased_attention(q, k, v, bias_fn, chunk_size, dropout_p, q_start, scheme=scheme,
-                                        reason="the last rows only (q_start > 0)")
+                                        reason=reason, span=span)
     if bias_fn is None:
         _note(scheme, "sdpa_causal", None, q, None)
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 from pelab.checks import typed_group
 from pelab.conf_values import store_defaults
 from pelab.errors import ConfigError
+from pelab.model.layout import LayerSpec, check_spans, expand_layout
 
 ATTN_BACKENDS = ("auto", "sdpa", "flex")  # model.attn_backend
 INITS = ("gpt2", "kaiming")
@@ -47,6 +48,18 @@ class GPTConfig:
     tie_embeddings: bool = True  # the LM head is the token embedding (GPT-2); False: its own matrix
     # log_length: logits of the query with n > L keys times log(n)/log(L) (Chiang & Cholak 2022); L = train_length
     attn_logit_scale: str = "none"
+    # Per-layer encodings, attention spans and temperatures (pelab.model.layout): a list of
+    # "<pe>[@window:<W>|@chunk:<C>][+ssmax|+llama4_temp|+qk_norm]", repeated to n_layers; null = every layer
+    # the run's pe with global attention (the model without the key, bit for bit)
+    layout: list[str] | None = None
+    # Scalable-Softmax (+ssmax): the initial s of every head (Nakanishi 2025; 0.43 is the default of the
+    # unofficial `scalable-softmax` package, which attributes it to the paper)
+    ssmax_init: float = 0.43
+    # Llama 4's temperature tuning (+llama4_temp), HF Llama4TextConfig's defaults: q x (log(floor((pos+1) /
+    # floor_scale) + 1) x attn_scale + 1); at 8192 it is exactly 1 below position 8191, so presets at
+    # L = 128 scale floor_scale down (conf/model/irope.yaml says how)
+    temperature_floor_scale: int = 8192
+    temperature_attn_scale: float = 0.1
     train_length: int | None = None  # data.seq_len, filled by build_model
 
     # Keys that change neither the weights nor their meaning: a checkpoint may be resumed, extended or
@@ -102,14 +115,38 @@ class GPTConfig:
              f"model.attn_backend={self.attn_backend} is unknown; choose one of {list(ATTN_BACKENDS)}"),
             (self.attn_logit_scale in LOGIT_SCALES,
              f"model.attn_logit_scale={self.attn_logit_scale} is unknown; choose one of {list(LOGIT_SCALES)}"),
+            (self.ssmax_init > 0, f"model.ssmax_init must be > 0; got {self.ssmax_init}"),
+            (self.temperature_floor_scale >= 1,
+             f"model.temperature_floor_scale must be >= 1 (tokens); got {self.temperature_floor_scale}"),
+            (self.temperature_attn_scale >= 0,
+             f"model.temperature_attn_scale must be >= 0; got {self.temperature_attn_scale}"),
             (self.attn_logit_scale == "none" or self.train_length is None or self.train_length >= 2,
              f"model.attn_logit_scale=log_length needs a training length >= 2 (log L > 0); got {self.train_length}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        if self.layout is not None:
+            check_spans(expand_layout(self.layout, self.n_layers), self.train_length, self.layout)
         return self
+
+    def layer_specs(self, pe_name: str) -> list[LayerSpec]:
+        """Every layer's encoding, span and temperature (`model.layout` repeated; without it, `pe_name` global)."""
+        return expand_layout(self.layout, self.n_layers, pe_name)
 
 
 # The defaults are the config node `model/_GPTConfig` that every conf/model YAML composes first (pelab.conf_values).
 store_defaults("model", GPTConfig, leave_out=GPTConfig.FILLED_KEYS)
+
+
+def validate_layout(model: GPTConfig, pe_name: str, train_length: int | None) -> list[LayerSpec]:
+    """`model.layout` against the encodings of conf/pe and the run's `pe` (one-line ConfigErrors, no torch): each
+    layer's encoding exists, the run's is one of them, every other one's defaults are valid at the model's sizes,
+    and local spans are shorter than the training length."""
+    from pelab.encodings.config import available_encodings, default_pe_config, pe_settings
+    from pelab.model.layout import check_layout
+
+    specs = check_layout(model.layout, model.n_layers, pe_name, available_encodings(), train_length)
+    for name in sorted({s.pe for s in specs} - {pe_name}):
+        pe_settings(default_pe_config(name), d_model=model.d_model, n_heads=model.n_heads, train_length=train_length)
+    return specs

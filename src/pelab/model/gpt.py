@@ -3,6 +3,9 @@
 The model calls the encoding's hooks by their flags (has_embed / has_rotate / has_content_bias) and never
 asks which encoding it holds. Per forward, ``pe.prepare(pos)`` does the position-dependent work once
 (rotary tables, score bias) and its ``PositionState`` is passed to every layer explicitly.
+
+A layout (``model.layout``, ``pelab.model.layout``) gives each layer its own encoding, attention span and
+temperature: each distinct encoding is one module (shared by its layers) prepared once per forward.
 """
 
 from __future__ import annotations
@@ -14,15 +17,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pelab.encodings import PositionEncoding, PositionState
+from pelab.encodings import PositionEncoding, PositionState, build_encoding
 from pelab.model.attention import causal_attention
 from pelab.model.config import GPTConfig
+from pelab.model.layout import LayerSpec
 from pelab.model.logits import observed_attention
+from pelab.model.span import Span, visible_keys
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, spec: LayerSpec | None = None):
         super().__init__()
+        spec = spec or LayerSpec(pe="")
         self.n_heads = config.n_heads
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)  # fused q, k, v
         self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
@@ -35,6 +41,13 @@ class CausalSelfAttention(nn.Module):
         self.scale_from = config.train_length if config.attn_logit_scale == "log_length" else None
         # Evaluation-time diagnostics (pelab.evaluation.attention_stats) set a callable here; None in training.
         self.observer: Callable | None = None
+        # The layer's place in a layout: local span, logit temperature, q/k norm (None / "none" / False: plain)
+        self.span = Span(spec.span, spec.size) if spec.local else None
+        self.temperature = spec.temperature
+        self.qk_norm = spec.qk_norm
+        if spec.temperature == "ssmax":  # s per head, learned (Nakanishi 2025); no weight decay (1-D)
+            self.ssmax_scale = nn.Parameter(torch.full((config.n_heads,), float(config.ssmax_init)))
+        self.floor_scale, self.attn_scale = config.temperature_floor_scale, config.temperature_attn_scale
 
     def forward(self, x: Tensor, pe: PositionEncoding, state: PositionState, q_start: int = 0) -> Tensor:
         """x (B, T, D) -> (B, T - q_start, D): the outputs of queries q_start..T-1 (keys are all T rows)."""
@@ -43,6 +56,10 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
         if pe.has_rotate:
             q, k = pe.rotate(q, k, state)
+        if self.qk_norm:  # after the rotation, as HF Llama 4 (use_qk_norm)
+            q, k = rms_normalise(q), rms_normalise(k)
+        if self.temperature != "none":
+            q = (q * self._temperature(state.pos, T, q.device)).to(q.dtype)
         bias, backend = state.bias, self.backend
         if pe.has_content_bias:
             bias, backend = self._content_bias_fn(pe, q, k, state), "sdpa"  # per layer: chunked SDPA path
@@ -50,14 +67,30 @@ class CausalSelfAttention(nn.Module):
         scaled = self.scale_from is not None and T > self.scale_from
         if self.observer is None and not scaled:  # always in training (T <= L): the fused kernels
             y = causal_attention(q, k, v, bias, chunk_size=self.chunk_size, dropout_p=dropout_p, backend=backend,
-                                 q_start=q_start, scheme=pe.name)
+                                 q_start=q_start, scheme=pe.name, span=self.span)
         else:  # explicit logits: scaled past L and / or shown to the diagnostics
             # an observer's statistics are over every query: with one, all rows are computed, then sliced
             first = q_start if self.observer is None else 0
             y = observed_attention(q, k, v, bias, self.chunk_size, self.scale_from if scaled else None,
-                                   self.observer, q_start=first, scheme=pe.name)[..., q_start - first:, :]
+                                   self.observer, q_start=first, scheme=pe.name,
+                                   span=self.span)[..., q_start - first:, :]
         y = y.transpose(1, 2).reshape(B, T - q_start, D)  # (B, T - q_start, D)
         return self.resid_drop(self.proj(y))
+
+    def _temperature(self, pos: Tensor, T: int, device: torch.device) -> Tensor:
+        """The query multiplier of this layer's temperature, broadcastable to q (B, H, T, Dh).
+
+        ssmax: s_h * log n, n = the keys query row i sees (i + 1, fewer in a local span): Scalable-Softmax
+        (Nakanishi 2025, arXiv 2501.19399) multiplies the logits by it; on q it is the same for encodings without
+        a score bias (a score bias is left unscaled). (H, T, 1).
+        llama4_temp: log(floor((pos + 1) / floor_scale) + 1) * attn_scale + 1 at absolute position pos (HF
+        transformers Llama4TextAttention, attn_temperature_tuning; checked in tests/test_layout_oracles.py).
+        (T, 1) or (B, 1, T, 1) for per-row positions."""
+        if self.temperature == "ssmax":
+            n = visible_keys(self.span, 0, T, device).float()  # (T,)
+            return self.ssmax_scale[:, None, None] * n.log()[:, None]  # (H, T, 1)
+        scale = torch.log1p(torch.floor((pos.float() + 1.0) / self.floor_scale)) * self.attn_scale + 1.0
+        return scale[..., None] if pos.dim() == 1 else scale[:, None, :, None]
 
     @staticmethod
     def _content_bias_fn(pe: PositionEncoding, q: Tensor, k: Tensor, state: PositionState
@@ -66,6 +99,12 @@ class CausalSelfAttention(nn.Module):
             return pe.content_bias(q[..., q0:q1, :], k[..., :q1, :], q0, state)
 
         return bias_fn
+
+
+def rms_normalise(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """x / rms(x) over the last dim, computed in fp32, no weight: HF Llama 4's Llama4TextWeightlessRMSNorm (q, k of
+    its RoPE layers; L2-normalised times sqrt(Dh))."""
+    return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)).type_as(x)
 
 
 class MLP(nn.Module):
@@ -85,10 +124,10 @@ class Block(nn.Module):
     no MLP and no second norm (``ln_2`` and ``mlp`` are None), as in the attention-only transformers of Olsson et
     al. 2022 and the 137K-parameter MHA models of Mamba's induction-heads table (Gu & Dao 2023, App. E.1)."""
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, spec: LayerSpec | None = None):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.d_model, bias=config.bias)
-        self.attn = CausalSelfAttention(config)
+        self.attn = CausalSelfAttention(config, spec)
         self.ln_2 = nn.LayerNorm(config.d_model, bias=config.bias) if config.d_ff else None
         self.mlp = MLP(config) if config.d_ff else None
 
@@ -116,9 +155,12 @@ class GPT(nn.Module):
             )
         self.config = config
         self.pe = pe
+        self.layer_specs = config.layer_specs(pe.name)
+        if pe.name not in {spec.pe for spec in self.layer_specs}:
+            raise ValueError(f"model.layout names no layer with the model's encoding pe={pe.name}; add one")
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.blocks = nn.ModuleList(Block(config, spec) for spec in self.layer_specs)
         self.ln_f = nn.LayerNorm(config.d_model, bias=config.bias)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         # The model's own modules are initialised here; the encoding initialises its own parameters.
@@ -129,6 +171,25 @@ class GPT(nn.Module):
             nn.init.kaiming_normal_(self.tok_emb.weight)  # (V, D): fan_in = D, std sqrt(2 / D)
         if config.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
+        others = sorted({spec.pe for spec in self.layer_specs} - {pe.name})
+        if others:  # only with a layout: the model without one keeps its state_dict keys and its RNG draws
+            self.layer_pes = nn.ModuleDict({name: self._layer_encoding(name) for name in others})
+
+    def _layer_encoding(self, name: str) -> PositionEncoding:
+        """A layout's encoding other than the model's own: conf/pe/<name>.yaml's defaults at the model's sizes."""
+        c = self.config
+        pe = build_encoding(name, c.d_model, c.n_heads, c.train_length)
+        if pe.has_embed:
+            raise ValueError(f"model.layout: pe {name} adds position vectors to the input (embed), which is not "
+                             f"per layer; use it as the run's encoding (pe={name})")
+        if pe.has_bias and pe.has_content_bias:
+            raise NotImplementedError(f"pe={name} sets both has_bias and has_content_bias")
+        return pe
+
+    def encodings(self) -> dict[str, PositionEncoding]:
+        """Every encoding a layer uses, by name: the model's own first, then the layout's others."""
+        others = self.layer_pes.items() if hasattr(self, "layer_pes") else ()
+        return {self.pe.name: self.pe, **dict(others)}
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
@@ -145,13 +206,19 @@ class GPT(nn.Module):
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
 
+    def attention_keys(self, length: int) -> int:
+        """The most key columns one query chunk of the attention reads at `length` tokens, over the layers:
+        `length` when a layer is global, chunk + span - 1 when every layer is local (memory estimate)."""
+        spans = [block.attn.span for block in self.blocks]
+        return max(length if s is None else s.keys(self.config.attn_chunk_size, length) for s in spans)
+
     def num_params(self, exclude_embedding: bool = True) -> int:
         """Unique parameters. ``exclude_embedding``: the non-embedding count of Kaplan et al. (2020), the
         blocks and the final norm: without the vocabulary's matrices (the token embedding and the LM head, tied
         or not) and the encoding's parameters (position and bias tables). nanoGPT's
         ``get_num_params(non_embedding=True)`` subtracts only its position table and keeps the tied head: that
         count is `matmul_params`."""
-        excluded = ({id(p) for m in (self.tok_emb, self.lm_head, self.pe) for p in m.parameters()}
+        excluded = ({id(p) for m in (self.tok_emb, self.lm_head, *self.encodings().values()) for p in m.parameters()}
                     if exclude_embedding else set())
         return sum(p.numel() for p in self.parameters() if id(p) not in excluded)
 
@@ -185,14 +252,16 @@ class GPT(nn.Module):
             raise ValueError(f"from_index must be in [0, {T}) for a {T}-token input; got {from_index}")
         consecutive = pos is None
         pos, largest = self.positions(idx, pos, start)
-        state = self.pe.prepare(pos, consecutive, largest)  # once per forward, for every layer
+        encodings = self.encodings()
+        # once per encoding and forward, for every layer that uses it
+        states = {name: pe.prepare(pos, consecutive, largest) for name, pe in encodings.items()}
         x = self.tok_emb(idx)  # (B, T, D)
         if self.pe.has_embed:
-            x = self.pe.embed(x, state)  # sum composition: still (B, T, D)
+            x = self.pe.embed(x, states[self.pe.name])  # sum composition: still (B, T, D)
         x = self.drop(x)
         last = len(self.blocks) - 1
-        for i, block in enumerate(self.blocks):
-            x = block(x, self.pe, state, from_index if i == last else 0)
+        for i, (block, spec) in enumerate(zip(self.blocks, self.layer_specs, strict=True)):
+            x = block(x, encodings[spec.pe], states[spec.pe], from_index if i == last else 0)
         return self.ln_f(x)
 
     def forward(self, idx: Tensor, pos: Tensor | None = None, start: int = 0) -> Tensor:

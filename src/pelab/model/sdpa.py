@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pelab.model.paths import _note
+from pelab.model.span import Span, span_mask
 from pelab.ops import BiasFn, CausalBias, DistanceBias, causal_additive_mask
 
 
@@ -30,10 +31,12 @@ def _bias_chunk(bias_fn: BiasFn, q0: int, q1: int) -> Tensor:
 
 def chunked_biased_attention(
     q: Tensor, k: Tensor, v: Tensor, bias_fn: BiasFn | None, chunk_size: int = 1024, dropout_p: float = 0.0,
-    q_start: int = 0, scheme: str | None = None, reason: str | None = None,
+    q_start: int = 0, scheme: str | None = None, reason: str | None = None, span: Span | None = None,
 ) -> Tensor:
     """SDPA with mask = bias + causal, one query chunk at a time (memory O(H * chunk * T)); queries
     q_start..T-1 only -> (B, H, T - q_start, Dh). No bias (None): the mask is the causal -inf alone.
+    ``span`` (a local layer, ``pelab.model.span``): each chunk reads only the keys its queries can see, from
+    ``span.first_key(q0)`` (memory O(H * chunk * (chunk + span))), with -inf outside the span.
     The path ("sdpa_mask" or "explicit") is recorded under ``scheme`` with ``reason`` (see note_path)."""
     if chunk_size < 1:
         raise ValueError(f"model.attn_chunk_size must be >= 1; got {chunk_size}")
@@ -43,17 +46,20 @@ def chunked_biased_attention(
     outs = []
     for q0 in range(q_start, T, chunk_size):
         q1 = min(q0 + chunk_size, T)
-        qc, kc, vc = q[..., q0:q1, :], k[..., :q1, :], v[..., :q1, :]
+        k0 = 0 if span is None else span.first_key(q0)  # keys before k0 lie outside every query's span
+        qc, kc, vc = q[..., q0:q1, :], k[..., k0:q1, :], v[..., k0:q1, :]
         flipped = isinstance(bias_fn, DistanceBias)
         if flipped:
             # the chunk's mask lists queries in reverse order: flip the queries in and the outputs back
-            qc, mask = qc.flip(-2), bias_fn.chunk(q0, q1)
+            qc, mask = qc.flip(-2), bias_fn.chunk(q0, q1)[..., k0:]
         elif bias_fn is None:
-            mask = causal_additive_mask(q.new_zeros(1, q1 - q0, q1), q0)  # (1, C, q1)
+            mask = causal_additive_mask(q.new_zeros(1, q1 - q0, q1 - k0), q0 - k0)  # (1, C, q1 - k0)
         else:
-            mask = _bias_chunk(bias_fn, q0, q1)  # (H | B,H, C, q1)
+            mask = _bias_chunk(bias_fn, q0, q1)[..., k0:]  # (H | B,H, C, q1 - k0)
             if not isinstance(bias_fn, CausalBias):
-                mask = causal_additive_mask(mask, q0)
+                mask = causal_additive_mask(mask, q0 - k0)
+        if span is not None:
+            mask = span_mask(mask, span, q0, k0, flipped)
         if mask.dim() == 3:
             # (1, H, C, K) view: SDPA takes its fused CPU kernel for 4-D masks, the math path for 3-D ones
             mask = mask.unsqueeze(0)

@@ -39,6 +39,7 @@ from pelab.harness.config import (
 )
 from pelab.harness.run_folder import resolve_ckpt_path
 from pelab.model import GPTConfig
+from pelab.model.config import validate_layout
 
 # Groups typed in the listed keys only (the others are free).
 OPEN_GROUPS = ("data", "trainer", "tokenizer")
@@ -172,6 +173,7 @@ def validate(cfg: DictConfig, overrides: list[str] | None = None) -> TrainSettin
     check_ckpt_path(cfg)
     check_extend(cfg)
     pe = pe_settings(cfg.pe, d_model=t["model"].d_model, n_heads=t["model"].n_heads, train_length=t["data"].seq_len)
+    validate_layout(t["model"], pe.name, t["data"].seq_len)
     typed = {g: OmegaConf.to_object(v) for g, v in t.items() if g not in ("model", "callbacks")}
     return TrainSettings(**typed, model=t["model"], pe=pe,
                          callbacks={k: OmegaConf.to_object(v) for k, v in t["callbacks"].items()})

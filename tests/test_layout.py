@@ -1,0 +1,178 @@
+"""Per-layer layouts (model.layout): the syntax and its one-line errors, local spans (sliding window, chunk) against
+a dense reference mask built here, Scalable-Softmax against its formula on explicit logits, and the model: no
+layout = today's model, a span >= T = global attention, one prepare per encoding per forward."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from attention_inputs import qkv, random_bias
+
+from pelab.encodings import build_encoding
+from pelab.errors import ConfigError
+from pelab.model import GPT, GPTConfig
+from pelab.model.attention import causal_attention
+from pelab.model.config import validate_layout
+from pelab.model.layout import LayerSpec, expand_layout, parse_layer
+from pelab.model.logits import observed_attention
+from pelab.model.span import Span
+
+
+def dense_allowed(T: int, kind: str, size: int) -> torch.Tensor:
+    """(T, T) True where query i may see key j: written out per pair, independently of pelab.model.span."""
+    allowed = torch.zeros(T, T, dtype=torch.bool)
+    for i in range(T):
+        for j in range(i + 1):
+            allowed[i, j] = (i - j < size) if kind == "window" else (j // size == i // size)
+    return allowed
+
+
+def reference(q, k, v, allowed, bias=None, logit_scale=None):
+    """softmax(scale * (q k^T / sqrt(Dh) + bias) masked) v, explicit."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if bias is not None:
+        scores = scores + bias
+    if logit_scale is not None:
+        scores = scores * logit_scale
+    return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1) @ v
+
+
+# -- syntax ------------------------------------------------------------------------------------------------
+def test_layer_syntax():
+    assert parse_layer("rope@chunk:32+qk_norm", "k") == LayerSpec("rope", "chunk", 32, "none", True)
+    assert parse_layer("nope+llama4_temp", "k") == LayerSpec("nope", "global", 0, "llama4_temp", False)
+    assert parse_layer("alibi@window:8+ssmax", "k") == LayerSpec("alibi", "window", 8, "ssmax", False)
+    specs = expand_layout(["rope@chunk:4", "nope"], 4)
+    assert [s.pe for s in specs] == ["rope", "nope", "rope", "nope"]  # a pattern repeats to n_layers
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("rope@local:32", "span 'local' is unknown"), ("rope@window", "needs a size"), ("rope@global:8", "takes no size"),
+    ("rope@chunk:0", "positive integer"), ("rope+hot", "modifier 'hot'"), ("nope+ssmax+llama4_temp", "two temperatures"),
+    ("@chunk:8", "names no encoding"),
+])
+def test_bad_layer_is_one_line_naming_the_key(text, says):
+    with pytest.raises(ConfigError, match=r"model\.layout\[0\]") as err:
+        expand_layout([text], 2)
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_layout_checks_against_the_run():
+    config = GPTConfig(vocab_size=8, n_layers=4, n_heads=2, d_model=16, layout=["rope@chunk:32", "nope"])
+    assert len(validate_layout(config, "rope", 128)) == 4
+    for layout, pe, length, says in [
+        (["rope@chunk:32", "nope"], "alibi", 128, "names no layer with the run's encoding pe=alibi"),
+        (["rope@chunk:32", "nopee"], "rope", 128, "'nopee' is not an encoding"),
+        (["rope@window:128", "nope"], "rope", 128, "not shorter than the training length 128"),
+        (["rope", "nope", "rope"], "rope", 128, "3 entries for model.n_layers=4"),
+    ]:
+        config.layout = layout
+        with pytest.raises(ConfigError, match=says):
+            validate_layout(config, pe, length)
+
+
+# -- local spans against a dense mask -----------------------------------------------------------------------
+@pytest.mark.parametrize(("kind", "size"), [("window", 5), ("chunk", 4), ("window", 1), ("chunk", 7)])
+def test_span_matches_dense_mask(kind, size):
+    T = 19
+    q, k, v = qkv(T)
+    allowed = dense_allowed(T, kind, size)
+    span = Span(kind, size)
+    want = reference(q, k, v, allowed)
+    # query chunks of 6 rows (several chunks, the span crossing their edges), with and without a tensor bias
+    assert torch.allclose(causal_attention(q, k, v, chunk_size=6, span=span), want, atol=1e-5)
+    bias = random_bias(T)
+    assert torch.allclose(causal_attention(q, k, v, bias, chunk_size=6, span=span), reference(q, k, v, allowed, bias),
+                          atol=1e-5)
+    # the last rows only (evaluation of probe answers) and the explicit-logits path of evaluation
+    assert torch.allclose(causal_attention(q, k, v, chunk_size=6, q_start=11, span=span), want[..., 11:, :], atol=1e-5)
+    assert torch.allclose(observed_attention(q, k, v, None, 6, span=span), want, atol=1e-5)
+
+
+def test_span_with_a_per_distance_bias():
+    """ALiBi on CPU is a DistanceBias whose chunks list queries in reverse order."""
+    T, span = 23, Span("window", 6)
+    q, k, v = qkv(T)
+    alibi = build_encoding("alibi", d_model=24, n_heads=3)
+    state = alibi.prepare(torch.arange(T), consecutive=True, largest=T - 1)
+    dense = alibi.score_bias(torch.arange(T), torch.arange(T))  # (H, T, T), no mask
+    want = reference(q, k, v, dense_allowed(T, "window", 6), dense)
+    assert torch.allclose(causal_attention(q, k, v, state.bias, chunk_size=8, span=span), want, atol=1e-5)
+
+
+def test_span_reads_only_the_keys_it_needs():
+    span = Span("window", 32)
+    assert span.first_key(100) == 69 and span.keys(512, 16384) == 543
+    assert Span("chunk", 32).first_key(100) == 96
+
+
+# -- temperature ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("kind", "n_seen"), [("window", lambda i: min(i + 1, 5)), ("chunk", lambda i: i % 5 + 1)])
+def test_ssmax_is_s_log_n_times_the_logits(kind, n_seen):
+    """Scalable-Softmax (Nakanishi 2025, eq. 4: softmax(s log n * z)), n = the keys each query sees."""
+    torch.manual_seed(0)
+    T, D, H = 12, 16, 2
+    config = GPTConfig(vocab_size=8, n_layers=1, n_heads=H, d_model=D, layout=[f"nope@{kind}:5+ssmax"])
+    nope = build_encoding("nope", D, H)
+    model = GPT(config, nope)
+    attn = model.blocks[0].attn
+    with torch.no_grad():
+        attn.ssmax_scale.copy_(torch.tensor([0.3, 0.8]))
+    x = torch.randn(1, T, D)
+    q, k, v = attn.qkv(x).view(1, T, 3, H, D // H).permute(2, 0, 3, 1, 4)
+    n = torch.tensor([n_seen(i) for i in range(T)], dtype=torch.float)
+    scale = torch.tensor([0.3, 0.8])[:, None, None] * n.log()[:, None]  # (H, T, 1): s_h log n_i
+    y = reference(q, k, v, dense_allowed(T, kind, 5), logit_scale=scale)
+    want = attn.proj(y.transpose(1, 2).reshape(1, T, D))
+    assert torch.allclose(attn(x, nope, nope.prepare(torch.arange(T))), want, atol=1e-5)
+
+
+# -- the model -----------------------------------------------------------------------------------------------
+def _logits(layout, pe_name="rope", T=24, n_layers=2, **extra):
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=32, n_layers=n_layers, n_heads=2, d_model=16, layout=layout, **extra)
+    model = GPT(config, build_encoding(pe_name, 16, 2))
+    idx = torch.randint(0, 32, (2, T), generator=torch.Generator().manual_seed(1))
+    return model, model(idx)
+
+
+def test_the_runs_own_encoding_as_a_layout_is_the_model_without_one():
+    assert torch.equal(_logits(None)[1], _logits(["rope"])[1])
+    # spans at least as long as the input are global attention
+    assert torch.allclose(_logits(["rope@window:24"])[1], _logits(None)[1], atol=1e-5)
+    assert torch.allclose(_logits(["rope@chunk:30"])[1], _logits(None)[1], atol=1e-5)
+    assert not torch.allclose(_logits(["rope@chunk:8"])[1], _logits(None)[1], atol=1e-3)
+
+
+def test_each_encoding_is_prepared_once_per_forward(monkeypatch):
+    model, _ = _logits(["rope@chunk:8", "alibi", "rope@window:4", "nope+llama4_temp"], n_layers=4,
+                       temperature_floor_scale=4)
+    assert set(model.encodings()) == {"rope", "alibi", "nope"}
+    calls = []
+    for name, pe in model.encodings().items():
+        original = pe.prepare
+        monkeypatch.setattr(pe, "prepare", lambda *a, _o=original, _n=name, **kw: calls.append(_n) or _o(*a, **kw))
+    model(torch.randint(0, 32, (1, 40)))
+    assert sorted(calls) == ["alibi", "nope", "rope"]
+    # the layout's other encodings are not counted as the model's non-embedding parameters
+    assert model.num_params() == sum(p.numel() for b in (*model.blocks, model.ln_f) for p in b.parameters())
+
+
+def test_local_layers_bound_the_memory_estimate():
+    model, _ = _logits(["rope@window:8"], attn_chunk_size=64)
+    assert model.attention_keys(2048) == 71
+    mixed, _ = _logits(["rope@window:8", "nope"], attn_chunk_size=64)
+    assert mixed.attention_keys(2048) == 2048  # a global layer reads every key
+
+
+def test_the_command_line_refuses_a_bad_layout_before_any_data():
+    from helpers.runs import compose
+    from pelab.tasks.config import validate
+
+    validate(compose(["model.layout=[rope@chunk:32,nope+llama4_temp]", "data.seq_len=128"]))
+    with pytest.raises(ConfigError, match=r"model\.layout\[1\]='nope@window:256'.*not shorter than the training"):
+        validate(compose(["model.layout=[rope@chunk:32,nope@window:256]", "data.seq_len=128"]))
+    with pytest.raises(ConfigError, match=r"names no layer with the run's encoding pe=alibi"):
+        validate(compose(["pe=alibi", "model.layout=[rope@chunk:32,nope]"]))
