@@ -120,6 +120,7 @@ def test_ssmax_is_s_log_n_times_the_logits(kind, n_seen):
     attn = model.blocks[0].attn
     with torch.no_grad():
         attn.ssmax_scale.copy_(torch.tensor([0.3, 0.8]))
+        attn.qkv.weight.mul_(40)  # logits of order 1, so that a wrong scale shows
     x = torch.randn(1, T, D)
     q, k, v = attn.qkv(x).view(1, T, 3, H, D // H).permute(2, 0, 3, 1, 4)
     n = torch.tensor([n_seen(i) for i in range(T)], dtype=torch.float)

@@ -2,6 +2,9 @@
 
 RoPE scalings: Hugging Face transformers' ``ROPE_INIT_FUNCTIONS`` (what Llama, Qwen, ... run). T5 buckets:
 transformers' ``T5Attention._relative_position_bucket``. ALiBi slopes: x-transformers' ``AlibiPositionalBias``.
+Layouts (model.layout): a RoPE-chunked layer (with and without q/k norm) and a NoPE layer with temperature tuning
+against transformers' ``Llama4TextAttention``, as installed, its masks from transformers' ``masking_utils`` (here,
+beside the Llama imports: the Llama 4 modules add ~0.03 s to them, ~3 s in a file of their own).
 Both libraries are dev dependencies, so a missing one is an error here, never a skip.
 
 Where the definitions agree the comparison is exact up to float32 (HF computes in fp32, PELab in fp64):
@@ -24,10 +27,15 @@ from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.models.t5.modeling_t5 import T5Attention
+from transformers.masking_utils import and_masks, causal_mask_function, chunked_overlay
+from transformers.models.llama4.configuration_llama4 import Llama4TextConfig
+from transformers.models.llama4.modeling_llama4 import Llama4TextAttention, Llama4TextRotaryEmbedding
 from x_transformers.x_transformers import AlibiPositionalBias
 
 from pelab.encodings.bias import alibi_slopes, t5_causal_bucket
+from pelab.encodings import build_encoding
 from pelab.encodings.rotary import rope_attention_factor, rope_inv_freq
+from pelab.model import GPT, GPTConfig
 
 # HF builds the frequencies in float32: base ** (2i/d) has a relative error up to ~ln(base) * 6e-8.
 FP32 = {"rtol": 2e-6, "atol": 0.0}
@@ -152,3 +160,50 @@ def test_alibi_slopes_match_x_transformers(n_heads):
     theirs = AlibiPositionalBias(heads=n_heads, total_heads=n_heads).slopes.flatten().double()
     ours = torch.tensor(alibi_slopes(n_heads), dtype=torch.float64)
     torch.testing.assert_close(ours, theirs, rtol=1e-7, atol=0.0)
+
+
+# ---- Layouts: Llama 4's attention layers ----------------------------------------------------------------------
+def hf_llama4_layer(layer: int, qk_norm: bool, chunk: int, floor_scale: int) -> tuple[Llama4TextAttention, Llama4TextConfig]:
+    """Layer 0 a RoPE layer with chunked attention, layer 1 a NoPE layer with global attention and temperature
+    tuning (``no_rope_layers``: 1 = RoPE); eager attention, no GQA (PELab has none)."""
+    config = Llama4TextConfig(
+        hidden_size=32, num_attention_heads=2, num_key_value_heads=2, head_dim=16, num_hidden_layers=2,
+        no_rope_layers=[1, 0], attention_chunk_size=chunk, attn_temperature_tuning=True, floor_scale=floor_scale,
+        attn_scale=0.1, use_qk_norm=qk_norm, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        intermediate_size=64, intermediate_size_mlp=64, vocab_size=16)
+    config._attn_implementation = "eager"
+    return Llama4TextAttention(config, layer), config
+
+
+@pytest.mark.parametrize(("layer", "qk_norm"), [(0, True), (0, False), (1, False)])
+def test_layout_layers_match_hf_llama4_attention(layer, qk_norm):
+    """PELab's ``rope@chunk:8(+qk_norm)`` and ``nope+llama4_temp`` layers = HF's Llama4TextAttention with PELab's
+    weights. HF rotates adjacent channel pairs (2i, 2i+1) (view_as_complex), PELab half-split pairs (i, i + Dh/2):
+    the q and k rows of each head are permuted into HF's order (a dot product is unchanged by permuting both)."""
+    T, D, H, chunk, floor_scale = 21, 32, 2, 8, 4
+    torch.manual_seed(0)
+    layout = [f"rope@chunk:{chunk}" + ("+qk_norm" if qk_norm else ""), "nope+llama4_temp"]
+    model = GPT(GPTConfig(vocab_size=16, n_layers=2, n_heads=H, d_model=D, layout=layout, bias=False,
+                          temperature_floor_scale=floor_scale, temperature_attn_scale=0.1),
+                build_encoding({"name": "rope", "base": 10000.0}, D, H))
+    ours, pe = model.blocks[layer].attn, model.encodings()[model.layer_specs[layer].pe]
+    theirs, config = hf_llama4_layer(layer, qk_norm, chunk, floor_scale)
+    dh = D // H
+    half_split_to_pairs = torch.stack([torch.arange(dh // 2), torch.arange(dh // 2) + dh // 2], dim=1).flatten()
+    with torch.no_grad():
+        ours.qkv.weight.mul_(40)  # logits of order 1 (GPT-2's N(0, 0.02) init makes them ~1e-3: any temperature passes)
+    wq, wk, wv = ours.qkv.weight.detach().chunk(3)
+    with torch.no_grad():
+        theirs.q_proj.weight.copy_(wq.view(H, dh, D)[:, half_split_to_pairs].reshape(D, D))
+        theirs.k_proj.weight.copy_(wk.view(H, dh, D)[:, half_split_to_pairs].reshape(D, D))
+        theirs.v_proj.weight.copy_(wv)
+        theirs.o_proj.weight.copy_(ours.proj.weight)
+    x = torch.randn(2, T, D)
+    q_idx, kv_idx = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    allowed = (and_masks(chunked_overlay(chunk, torch.zeros(2, dtype=torch.long)), causal_mask_function)
+               if layer == 0 else causal_mask_function)(0, 0, q_idx, kv_idx)
+    mask = torch.zeros(T, T).masked_fill(~allowed, float("-inf"))[None, None]
+    cis = Llama4TextRotaryEmbedding(config)(x, torch.arange(T)[None].expand(2, T))
+    want, _ = theirs(x, cis, mask)
+    got = ours(x, pe, pe.prepare(torch.arange(T)))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -101,9 +101,9 @@ class CausalSelfAttention(nn.Module):
         return bias_fn
 
 
-def rms_normalise(x: Tensor, eps: float = 1e-6) -> Tensor:
+def rms_normalise(x: Tensor, eps: float = 1e-5) -> Tensor:
     """x / rms(x) over the last dim, computed in fp32, no weight: HF Llama 4's Llama4TextWeightlessRMSNorm (q, k of
-    its RoPE layers; L2-normalised times sqrt(Dh))."""
+    its RoPE layers; L2-normalised times sqrt(Dh)); eps = Llama4TextConfig.rms_norm_eps."""
     return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)).type_as(x)
 
 
