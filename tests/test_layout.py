@@ -67,6 +67,7 @@ def test_layout_checks_against_the_run():
         (["rope@chunk:32", "nopee"], "rope", 128, "'nopee' is not an encoding"),
         (["rope@window:128", "nope"], "rope", 128, "not shorter than the training length 128"),
         (["rope", "nope", "rope"], "rope", 128, "3 entries for model.n_layers=4"),
+        (["rope", "fire"], "rope", None, r"model\.layout: the layers of pe fire .*pe\.init_L"),  # not the run's pe.*
     ]:
         config.layout = layout
         with pytest.raises(ConfigError, match=says):

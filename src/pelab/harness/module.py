@@ -282,12 +282,14 @@ class LMModule(L.LightningModule):
     # -- optimisation ----------------------------------------------------------------------------
     def configure_optimizers(self) -> dict:
         o = self.optim
-        # Weight decay on matmul weights only; norms, biases and position tables are not decayed.
+        # Weight decay on matmul weights only; norms, biases and position tables (of every encoding a layer uses,
+        # a layout's too) are not decayed.
         decay, no_decay = [], []
-        for name, p in self.model.named_parameters():
+        position = {id(p) for pe in self.model.encodings().values() for p in pe.parameters()}
+        for p in self.model.parameters():
             if not p.requires_grad:
                 continue
-            (decay if p.dim() >= 2 and not name.startswith("pe.") else no_decay).append(p)
+            (decay if p.dim() >= 2 and id(p) not in position else no_decay).append(p)
         groups = [
             {"params": decay, "weight_decay": o.weight_decay},
             {"params": no_decay, "weight_decay": 0.0},

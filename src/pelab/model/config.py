@@ -148,5 +148,10 @@ def validate_layout(model: GPTConfig, pe_name: str, train_length: int | None) ->
 
     specs = check_layout(model.layout, model.n_layers, pe_name, available_encodings(), train_length)
     for name in sorted({s.pe for s in specs} - {pe_name}):
-        pe_settings(default_pe_config(name), d_model=model.d_model, n_heads=model.n_heads, train_length=train_length)
+        try:
+            pe_settings(default_pe_config(name), d_model=model.d_model, n_heads=model.n_heads,
+                        train_length=train_length)
+        except ConfigError as err:  # its knobs are conf/pe/<name>.yaml's, not the run's pe.*: say so
+            raise ConfigError(f"model.layout: the layers of pe {name} (conf/pe/{name}.yaml's defaults; only the "
+                              f"run's pe={pe_name} takes pe.* knobs): {err}") from None
     return specs
