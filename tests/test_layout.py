@@ -44,6 +44,7 @@ def test_layer_syntax():
     assert parse_layer("rope@chunk:32+qk_norm", "k") == LayerSpec("rope", "chunk", 32, "none", True)
     assert parse_layer("nope+llama4_temp", "k") == LayerSpec("nope", "global", 0, "llama4_temp", False)
     assert parse_layer("alibi@window:8+ssmax", "k") == LayerSpec("alibi", "window", 8, "ssmax", False)
+    assert parse_layer("rope@window:8+rotate_heads:2", "k").rotate_heads == 2
     specs = expand_layout(["rope@chunk:4", "nope"], 4)
     assert [s.pe for s in specs] == ["rope", "nope", "rope", "nope"]  # a pattern repeats to n_layers
 
@@ -51,7 +52,7 @@ def test_layer_syntax():
 @pytest.mark.parametrize(("text", "says"), [
     ("rope@local:32", "span 'local' is unknown"), ("rope@window", "needs a size"), ("rope@global:8", "takes no size"),
     ("rope@chunk:0", "positive integer"), ("rope+hot", "modifier 'hot'"), ("nope+ssmax+llama4_temp", "two temperatures"),
-    ("@chunk:8", "names no encoding"),
+    ("@chunk:8", "names no encoding"), ("rope+rotate_heads", "rotate_heads:<n>"), ("rope+rotate_heads:0", "n >= 1"),
 ])
 def test_bad_layer_is_one_line_naming_the_key(text, says):
     with pytest.raises(ConfigError, match=r"model\.layout\[0\]") as err:
@@ -167,6 +168,13 @@ def test_local_layers_bound_the_memory_estimate():
     assert model.attention_keys(2048) == 71
     mixed, _ = _logits(["rope@window:8", "nope"], attn_chunk_size=64)
     assert mixed.attention_keys(2048) == 2048  # a global layer reads every key
+
+
+def test_rotate_heads_needs_a_rotary_encoding_and_enough_heads():
+    with pytest.raises(ConfigError, match=r"rotate_heads:3 is more than model.n_heads=2"):
+        GPTConfig(vocab_size=8, n_layers=1, n_heads=2, d_model=16, layout=["rope+rotate_heads:3"]).validate()
+    with pytest.raises(ValueError, match="needs a rotary encoding; pe alibi"):
+        _logits(["rope", "alibi+rotate_heads:1"])
 
 
 def test_the_command_line_refuses_a_bad_layout_before_any_data():

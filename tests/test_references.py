@@ -2,7 +2,7 @@
 
 RoPE scalings: Hugging Face transformers' ``ROPE_INIT_FUNCTIONS`` (what Llama, Qwen, ... run). T5 buckets:
 transformers' ``T5Attention._relative_position_bucket``. ALiBi slopes: x-transformers' ``AlibiPositionalBias``.
-Layouts (model.layout): a RoPE-chunked layer (with and without q/k norm) and a NoPE layer with temperature tuning
+NoPE/RoPE head mixing (``+rotate_heads:<n>``): x-transformers' ``Attention(rotate_num_heads=n)``. Layouts (model.layout): a RoPE-chunked layer (with and without q/k norm) and a NoPE layer with temperature tuning
 against transformers' ``Llama4TextAttention``, as installed, its masks from transformers' ``masking_utils`` (here,
 beside the Llama imports: the Llama 4 modules add ~0.03 s to them, ~3 s in a file of their own).
 Both libraries are dev dependencies, so a missing one is an error here, never a skip.
@@ -30,7 +30,7 @@ from transformers.models.t5.modeling_t5 import T5Attention
 from transformers.masking_utils import and_masks, causal_mask_function, chunked_overlay
 from transformers.models.llama4.configuration_llama4 import Llama4TextConfig
 from transformers.models.llama4.modeling_llama4 import Llama4TextAttention, Llama4TextRotaryEmbedding
-from x_transformers.x_transformers import AlibiPositionalBias
+from x_transformers.x_transformers import AlibiPositionalBias, Attention, RotaryEmbedding
 
 from pelab.encodings.bias import alibi_slopes, t5_causal_bucket
 from pelab.encodings import build_encoding
@@ -189,13 +189,12 @@ def test_layout_layers_match_hf_llama4_attention(layer, qk_norm):
     ours, pe = model.blocks[layer].attn, model.encodings()[model.layer_specs[layer].pe]
     theirs, config = hf_llama4_layer(layer, qk_norm, chunk, floor_scale)
     dh = D // H
-    half_split_to_pairs = torch.stack([torch.arange(dh // 2), torch.arange(dh // 2) + dh // 2], dim=1).flatten()
     with torch.no_grad():
         ours.qkv.weight.mul_(40)  # logits of order 1 (GPT-2's N(0, 0.02) init makes them ~1e-3: any temperature passes)
     wq, wk, wv = ours.qkv.weight.detach().chunk(3)
     with torch.no_grad():
-        theirs.q_proj.weight.copy_(wq.view(H, dh, D)[:, half_split_to_pairs].reshape(D, D))
-        theirs.k_proj.weight.copy_(wk.view(H, dh, D)[:, half_split_to_pairs].reshape(D, D))
+        theirs.q_proj.weight.copy_(wq.view(H, dh, D)[:, half_split_to_pairs(dh)].reshape(D, D))
+        theirs.k_proj.weight.copy_(wk.view(H, dh, D)[:, half_split_to_pairs(dh)].reshape(D, D))
         theirs.v_proj.weight.copy_(wv)
         theirs.o_proj.weight.copy_(ours.proj.weight)
     x = torch.randn(2, T, D)
@@ -206,4 +205,34 @@ def test_layout_layers_match_hf_llama4_attention(layer, qk_norm):
     cis = Llama4TextRotaryEmbedding(config)(x, torch.arange(T)[None].expand(2, T))
     want, _ = theirs(x, cis, mask)
     got = ours(x, pe, pe.prepare(torch.arange(T)))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def half_split_to_pairs(dh: int) -> torch.Tensor:
+    """PELab's channel i, i + dh/2 (one RoPE pair, half-split) -> channels 2i, 2i+1 (adjacent pairs: HF Llama 4,
+    x-transformers)."""
+    return torch.stack([torch.arange(dh // 2), torch.arange(dh // 2) + dh // 2], dim=1).flatten()
+
+
+@pytest.mark.parametrize("rotated", [1, 3])
+def test_rotate_heads_matches_x_transformers_rotate_num_heads(rotated):
+    """``rope+rotate_heads:n`` = x-transformers' Attention(rotate_num_heads=n): the LAST n heads rotate, the first
+    H - n have no position signal. Weights copied, q/k rows permuted into x-transformers' adjacent pairs."""
+    T, D, H = 13, 64, 4
+    dh = D // H
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=16, n_layers=1, n_heads=H, d_model=D, layout=[f"rope+rotate_heads:{rotated}"]),
+                build_encoding({"name": "rope", "base": 10000.0}, D, H))
+    ours = model.blocks[0].attn
+    theirs = Attention(dim=D, heads=H, dim_head=dh, causal=True, rotate_num_heads=rotated)
+    with torch.no_grad():
+        ours.qkv.weight.mul_(40)  # logits of order 1, so that a head rotated or not shows
+        wq, wk, wv = ours.qkv.weight.chunk(3)
+        theirs.to_q.weight.copy_(wq.view(H, dh, D)[:, half_split_to_pairs(dh)].reshape(D, D))
+        theirs.to_k.weight.copy_(wk.view(H, dh, D)[:, half_split_to_pairs(dh)].reshape(D, D))
+        theirs.to_v.weight.copy_(wv)
+        theirs.to_out.weight.copy_(ours.proj.weight)
+    x = torch.randn(2, T, D)
+    want = theirs(x, rotary_pos_emb=RotaryEmbedding(dh).forward_from_seq_len(T))
+    got = ours(x, model.pe, model.pe.prepare(torch.arange(T)))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

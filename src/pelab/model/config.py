@@ -49,7 +49,7 @@ class GPTConfig:
     # log_length: logits of the query with n > L keys times log(n)/log(L) (Chiang & Cholak 2022); L = train_length
     attn_logit_scale: str = "none"
     # Per-layer encodings, attention spans and temperatures (pelab.model.layout): a list of
-    # "<pe>[@window:<W>|@chunk:<C>][+ssmax|+llama4_temp|+qk_norm]", repeated to n_layers; null = every layer
+    # "<pe>[@window:<W>|@chunk:<C>][+ssmax|+llama4_temp|+qk_norm|+rotate_heads:<n>]", repeated to n_layers; null = every layer
     # the run's pe with global attention (the model without the key, bit for bit)
     layout: list[str] | None = None
     # Scalable-Softmax (+ssmax): the initial s of every head (Nakanishi 2025; 0.43 is the default of the
@@ -127,7 +127,12 @@ class GPTConfig:
             if not ok:
                 raise ConfigError(message)
         if self.layout is not None:
-            check_spans(expand_layout(self.layout, self.n_layers), self.train_length, self.layout)
+            specs = expand_layout(self.layout, self.n_layers)
+            check_spans(specs, self.train_length, self.layout)
+            for i, spec in enumerate(specs[: len(self.layout)]):
+                if spec.rotate_heads > self.n_heads:
+                    raise ConfigError(f"model.layout[{i}]={self.layout[i]!r}: rotate_heads:{spec.rotate_heads} is more "
+                                      f"than model.n_heads={self.n_heads}; choose 1..{self.n_heads}")
         return self
 
     def layer_specs(self, pe_name: str) -> list[LayerSpec]:

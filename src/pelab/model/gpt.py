@@ -45,6 +45,7 @@ class CausalSelfAttention(nn.Module):
         self.span = Span(spec.span, spec.size) if spec.local else None
         self.temperature = spec.temperature
         self.qk_norm = spec.qk_norm
+        self.rotate_heads = spec.rotate_heads  # 0 = every head
         if spec.temperature == "ssmax":  # s per head, learned (Nakanishi 2025); no weight decay (1-D)
             self.ssmax_scale = nn.Parameter(torch.full((config.n_heads,), float(config.ssmax_init)))
         self.floor_scale, self.attn_scale = config.temperature_floor_scale, config.temperature_attn_scale
@@ -54,7 +55,11 @@ class CausalSelfAttention(nn.Module):
         B, T, D = x.shape
         # (B, T, 3D) -> 3 x (B, H, T, Dh); q of every row too: rotation and CoPE index the full tensors
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
-        if pe.has_rotate:
+        if pe.has_rotate and self.rotate_heads:  # the last n heads rotate, the others keep no position signal
+            n = self.rotate_heads  # (x-transformers' rotate_num_heads; tests/test_references.py)
+            q_rot, k_rot = pe.rotate(q[:, -n:], k[:, -n:], state)
+            q, k = torch.cat([q[:, :-n], q_rot], dim=1), torch.cat([k[:, :-n], k_rot], dim=1)
+        elif pe.has_rotate:
             q, k = pe.rotate(q, k, state)
         if self.qk_norm:  # after the rotation, as HF Llama 4 (use_qk_norm)
             q, k = rms_normalise(q), rms_normalise(k)
@@ -174,6 +179,10 @@ class GPT(nn.Module):
         others = sorted({spec.pe for spec in self.layer_specs} - {pe.name})
         if others:  # only with a layout: the model without one keeps its state_dict keys and its RNG draws
             self.layer_pes = nn.ModuleDict({name: self._layer_encoding(name) for name in others})
+        unrotated = sorted({s.pe for s in self.layer_specs if s.rotate_heads and not self.encodings()[s.pe].has_rotate})
+        if unrotated:
+            raise ValueError(f"model.layout: +rotate_heads needs a rotary encoding; pe {unrotated[0]} does not rotate "
+                             "q and k (use rope or xpos, or drop +rotate_heads)")
 
     def _layer_encoding(self, name: str) -> PositionEncoding:
         """A layout's encoding other than the model's own: conf/pe/<name>.yaml's defaults at the model's sizes."""

@@ -11,6 +11,8 @@ One entry per layer, a short string (typed: a list of strings, so Hydra's overri
     modifier  ssmax (Scalable-Softmax, Nakanishi 2025: logits x s_h log n, s_h learned per head and layer)
               llama4_temp (Llama 4's temperature tuning: q x (log(floor((pos + 1) / floor_scale) + 1) x attn_scale + 1))
               qk_norm (Llama 4's weightless RMS norm of q and k after the rotation, HF `use_qk_norm`)
+              rotate_heads:<n> (a rotary encoding rotates the last n heads only, the others have no position
+              signal: NoPE/RoPE mixing by heads, x-transformers' `rotate_num_heads`)
 
 `model.layout=[rope@chunk:32, rope@chunk:32, rope@chunk:32, nope+llama4_temp]` is Llama 4's iRoPE at a 4-layer
 scale. A layout shorter than model.n_layers repeats (its length must divide n_layers): a pattern and its interval.
@@ -25,9 +27,10 @@ from dataclasses import dataclass
 from pelab.errors import ConfigError
 
 SPANS = ("global", "window", "chunk")
-MODIFIERS = ("ssmax", "llama4_temp", "qk_norm")
+MODIFIERS = ("ssmax", "llama4_temp", "qk_norm", "rotate_heads:<n>")
 TEMPERATURES = ("ssmax", "llama4_temp")  # at most one per layer
-SYNTAX = "<pe>[@global|@window:<W>|@chunk:<C>][+ssmax|+llama4_temp|+qk_norm], e.g. rope@chunk:32+qk_norm"
+SYNTAX = ("<pe>[@global|@window:<W>|@chunk:<C>][+ssmax|+llama4_temp|+qk_norm|+rotate_heads:<n>], "
+          "e.g. rope@chunk:32+qk_norm")
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,7 @@ class LayerSpec:
     size: int = 0  # tokens of the window / chunk; 0 for global
     temperature: str = "none"  # none | ssmax | llama4_temp
     qk_norm: bool = False
+    rotate_heads: int = 0  # a rotary encoding rotates the last n heads only; 0 = every head
 
     @property
     def local(self) -> bool:
@@ -59,6 +63,13 @@ def parse_layer(text: str, key: str) -> LayerSpec:
         raise ConfigError(f"{key}={text!r}: {span} {want}; write {SYNTAX}")
     if size_text and (not size_text.isdigit() or int(size_text) < 1):
         raise ConfigError(f"{key}={text!r}: the {span} size must be a positive integer; got {size_text!r}")
+    rotate_heads = 0
+    for mod in [m for m in mods if m.startswith("rotate_heads")]:
+        n = mod.removeprefix("rotate_heads:")
+        if not (mod.startswith("rotate_heads:") and n.isdigit() and int(n) >= 1):
+            raise ConfigError(f"{key}={text!r}: write rotate_heads:<n>, n >= 1 heads (the last n rotate)")
+        rotate_heads = int(n)
+    mods = [m for m in mods if not m.startswith("rotate_heads")]
     unknown = [m for m in mods if m not in MODIFIERS]
     if unknown:
         raise ConfigError(f"{key}={text!r}: modifier {unknown[0]!r} is unknown; choose from {list(MODIFIERS)}")
@@ -66,7 +77,7 @@ def parse_layer(text: str, key: str) -> LayerSpec:
     if len(temps) > 1:
         raise ConfigError(f"{key}={text!r} sets two temperatures ({' and '.join(temps)}); keep one")
     return LayerSpec(pe=pe, span=span, size=int(size_text or 0), temperature=temps[0] if temps else "none",
-                     qk_norm="qk_norm" in mods)
+                     qk_norm="qk_norm" in mods, rotate_heads=rotate_heads)
 
 
 def expand_layout(layout: list[str] | None, n_layers: int, default_pe: str | None = None) -> list[LayerSpec]:
