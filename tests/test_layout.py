@@ -8,8 +8,8 @@ import math
 
 import pytest
 import torch
-from attention_inputs import qkv, random_bias
 
+from attention_inputs import qkv, random_bias
 from pelab.encodings import build_encoding
 from pelab.errors import ConfigError
 from pelab.model import GPT, GPTConfig
@@ -186,3 +186,22 @@ def test_the_command_line_refuses_a_bad_layout_before_any_data():
         validate(compose(["model.layout=[rope@chunk:32,nope@window:256]", "data.seq_len=128"]))
     with pytest.raises(ConfigError, match=r"names no layer with the run's encoding pe=alibi"):
         validate(compose(["pe=alibi", "model.layout=[rope@chunk:32,nope]"]))
+
+
+def test_log_length_scaling_leaves_local_layers_on_their_fused_path():
+    """A local layer's queries see at most span < L keys, so log(n)/log(L) is 1 there (SWAN's preset: the scaling acts
+    on the global NoPE layer)."""
+    from pelab.model import attention_paths, reset_attention_paths
+
+    model, _ = _logits(["rope@window:8", "nope"], attn_logit_scale="log_length", train_length=16)
+    plain, _ = _logits(["rope@window:8", "nope"], train_length=16)
+    reset_attention_paths()
+    idx = torch.randint(0, 32, (1, 40))
+    with torch.no_grad():
+        for m in (model, plain):  # logits of order 1 (same weights: same seed), so that a scaling shows
+            m.blocks[1].attn.qkv.weight.mul_(40)
+        scaled, unscaled = model.eval()(idx), plain.eval()(idx)
+    paths = attention_paths()["paths"]
+    assert set(paths["rope"]) == {"sdpa_mask"} and "explicit_logits" in paths["nope"]
+    assert not torch.allclose(scaled, unscaled, atol=1e-4)  # the global layer is scaled
+    reset_attention_paths()

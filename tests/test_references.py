@@ -2,9 +2,10 @@
 
 RoPE scalings: Hugging Face transformers' ``ROPE_INIT_FUNCTIONS`` (what Llama, Qwen, ... run). T5 buckets:
 transformers' ``T5Attention._relative_position_bucket``. ALiBi slopes: x-transformers' ``AlibiPositionalBias``.
-NoPE/RoPE head mixing (``+rotate_heads:<n>``): x-transformers' ``Attention(rotate_num_heads=n)``. Layouts (model.layout): a RoPE-chunked layer (with and without q/k norm) and a NoPE layer with temperature tuning
-against transformers' ``Llama4TextAttention``, as installed, its masks from transformers' ``masking_utils`` (here,
-beside the Llama imports: the Llama 4 modules add ~0.03 s to them, ~3 s in a file of their own).
+NoPE/RoPE head mixing (``+rotate_heads:<n>``): x-transformers' ``Attention(rotate_num_heads=n)``. Layouts
+(model.layout): a RoPE-chunked layer (with and without q/k norm) and a NoPE layer with temperature tuning against
+transformers' ``Llama4TextAttention``, as installed, its masks from transformers' ``masking_utils`` (here, beside
+the Llama imports: the Llama 4 modules add ~0.03 s to them, ~3 s in a file of their own).
 Both libraries are dev dependencies, so a missing one is an error here, never a skip.
 
 Where the definitions agree the comparison is exact up to float32 (HF computes in fp32, PELab in fp64):
@@ -24,16 +25,16 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import LlamaConfig
+from transformers.masking_utils import and_masks, causal_mask_function, chunked_overlay
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-from transformers.models.t5.modeling_t5 import T5Attention
-from transformers.masking_utils import and_masks, causal_mask_function, chunked_overlay
 from transformers.models.llama4.configuration_llama4 import Llama4TextConfig
 from transformers.models.llama4.modeling_llama4 import Llama4TextAttention, Llama4TextRotaryEmbedding
+from transformers.models.t5.modeling_t5 import T5Attention
 from x_transformers.x_transformers import AlibiPositionalBias, Attention, RotaryEmbedding
 
-from pelab.encodings.bias import alibi_slopes, t5_causal_bucket
 from pelab.encodings import build_encoding
+from pelab.encodings.bias import alibi_slopes, t5_causal_bucket
 from pelab.encodings.rotary import rope_attention_factor, rope_inv_freq
 from pelab.model import GPT, GPTConfig
 

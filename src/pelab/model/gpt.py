@@ -69,7 +69,9 @@ class CausalSelfAttention(nn.Module):
         if pe.has_content_bias:
             bias, backend = self._content_bias_fn(pe, q, k, state), "sdpa"  # per layer: chunked SDPA path
         dropout_p = self.dropout if self.training else 0.0
-        scaled = self.scale_from is not None and T > self.scale_from
+        # a local layer's queries see at most span < L keys: log-length scaling is 1 there, the fused path stays
+        scaled = (self.scale_from is not None and T > self.scale_from
+                  and (self.span is None or self.span.size > self.scale_from))
         if self.observer is None and not scaled:  # always in training (T <= L): the fused kernels
             y = causal_attention(q, k, v, bias, chunk_size=self.chunk_size, dropout_p=dropout_p, backend=backend,
                                  q_start=q_start, scheme=pe.name, span=self.span)
