@@ -164,10 +164,15 @@ def test_each_encoding_is_prepared_once_per_forward(monkeypatch):
 
 
 def test_local_layers_bound_the_memory_estimate():
+    from pelab.harness.memory import evaluation
+
     model, _ = _logits(["rope@window:8"], attn_chunk_size=64)
-    assert model.attention_keys(2048) == 71
-    mixed, _ = _logits(["rope@window:8", "nope"], attn_chunk_size=64)
-    assert mixed.attention_keys(2048) == 2048  # a global layer reads every key
+    assert model.score_keys(2048) == 71  # 64 queries of a chunk reach back 7 keys before it
+    assert _logits(["rope@window:8", "nope"], attn_chunk_size=64)[0].score_keys(2048) == 71  # NoPE: fused SDPA
+    assert _logits(["rope@window:8", "alibi"], attn_chunk_size=64)[0].score_keys(2048) == 2048  # a global bias
+    assert _logits(None)[0].score_keys(2048) == 0  # RoPE everywhere: no scores materialised
+    scores = [evaluation(10**6, 8, 2048, 128, 512, 4, 256, 64, keys).parts["attention scores"] for keys in (None, 71)]
+    assert scores[1] * 2048 == scores[0] * 71
 
 
 def test_rotate_heads_needs_a_rotary_encoding_and_enough_heads():

@@ -12,8 +12,8 @@ The estimate (bytes; fp32 4, bf16 autocast 2 for activations):
                                                 without a bias (flash / memory-efficient kernels). A
                                                 layout whose every layer is local (model.layout, a window
                                                 or chunk S) reads C + S - 1 keys per chunk, not T: the most
-                                                over the layers replaces T; a local layer always takes the
-                                                additive-mask path
+                                                over the layers that materialise scores replaces T (a local
+                                                layer always takes the additive-mask path)
   logits, log-softmax and their gradient        3 x B x T x V x 4
 It errs high (calibration: experiments/benchmarks/README.md, "Memory estimate"). The
 memory available: PELAB_AVAILABLE_MEMORY (bytes; the tests set it), else the free CUDA memory of the device, else
@@ -128,12 +128,11 @@ def check_memory(settings: TrainSettings, model, vocab: int, rows_per_device: in
     c, ev = model.config, settings.eval
     n = sum(p.numel() for p in model.parameters())
     length = settings.data.seq_len
-    encodings = model.encodings().values()
-    # the additive-mask / explicit paths: a score bias, a content bias or a local span
-    materialised = any(e.has_bias or e.has_content_bias for e in encodings) or model.attention_keys(length) < length
+    # the additive-mask / explicit paths (a score bias, a content bias or a local span): their key columns
+    materialised = model.score_keys(length) > 0
     act = 2 if str(precision).startswith(("bf16", "16")) else 4
     step = training_step(n, rows_per_device, length, c.d_model, c.d_ff, c.n_layers, c.n_heads, vocab,
-                         c.attn_chunk_size, materialised, act, model.attention_keys(length))
+                         c.attn_chunk_size, materialised, act, model.score_keys(length))
     check(step, f"a training step at data.seq_len={length} with {rows_per_device} rows per device "
                 f"(data.batch_size={settings.data.batch_size})",
           "lower data.batch_size or data.seq_len (or the model's size, model.*)", cuda)
@@ -141,6 +140,6 @@ def check_memory(settings: TrainSettings, model, vocab: int, rows_per_device: in
         longest = max(resolve_lengths(list(ev.lengths), length) + [length])
         windows = max(1, min(64, ev.batch_tokens // longest))
         check(evaluation(n, windows, longest, c.d_model, c.d_ff, c.n_heads, vocab, c.attn_chunk_size,
-                         model.attention_keys(longest)),
+                         model.score_keys(longest) or longest),
               f"the evaluation at {longest} tokens ({windows} windows per batch, eval.batch_tokens="
               f"{ev.batch_tokens})", "lower the longest eval.lengths or eval.batch_tokens", cuda)

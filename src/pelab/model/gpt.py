@@ -217,11 +217,15 @@ class GPT(nn.Module):
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
 
-    def attention_keys(self, length: int) -> int:
-        """The most key columns one query chunk of the attention reads at `length` tokens, over the layers:
-        `length` when a layer is global, chunk + span - 1 when every layer is local (memory estimate)."""
-        spans = [block.attn.span for block in self.blocks]
-        return max(length if s is None else s.keys(self.config.attn_chunk_size, length) for s in spans)
+    def score_keys(self, length: int) -> int:
+        """The memory estimate's key columns at `length` tokens: the most that one query chunk of a layer whose
+        path materialises its scores reads (a local layer: chunk + span - 1; a global layer with a score or content
+        bias: `length`); 0 when no layer materialises them (SDPA without a mask: flash / fused kernels)."""
+        encodings = self.encodings()
+        keys = [length if b.attn.span is None else b.attn.span.keys(self.config.attn_chunk_size, length)
+                for b, spec in zip(self.blocks, self.layer_specs, strict=True)
+                if b.attn.span is not None or encodings[spec.pe].has_bias or encodings[spec.pe].has_content_bias]
+        return max(keys, default=0)
 
     def num_params(self, exclude_embedding: bool = True) -> int:
         """Unique parameters. ``exclude_embedding``: the non-embedding count of Kaplan et al. (2020), the
