@@ -40,6 +40,21 @@ def test_scheme_compiles_as_one_graph_with_eager_numbers(scheme):
 
 
 @pytest.mark.slow
+def test_a_layout_compiles_as_one_graph_with_eager_numbers():
+    """Local spans, both temperatures, q/k norm, head mixing and a second encoding: still one graph (~2 s)."""
+    torch.manual_seed(0)
+    layout = ["rope@chunk:8+qk_norm+ssmax", "nope+llama4_temp", "alibi@window:8", "rope+rotate_heads:1"]
+    model = build_model({**MICRO, "n_layers": 4, "layout": layout}, default_pe_config("rope"), V, T)
+    x = torch.randint(0, V, (B, T))
+    params = [p for p in model.parameters() if p.requires_grad]
+    want = _loss_and_grads(model, x, params)
+    got = _loss_and_grads(torch.compile(model, dynamic=False, fullgraph=True, backend="aot_eager"), x, params)
+    torch.testing.assert_close(got[0], want[0], atol=1e-6, rtol=1e-6)
+    for g, w in zip(got[1], want[1], strict=True):
+        torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.slow
 def test_compile_true_trains_t5_bias_with_eager_numbers():
     """LMModule.net (what `compile: true` trains) through inductor for T5's learned per-distance bias (its
     custom-gradient view, the explicit-softmax path): a training forward + backward and a validation forward
