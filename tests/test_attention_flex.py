@@ -95,3 +95,27 @@ def test_flex_self_check_rejects_a_wrong_kernel(monkeypatch):
     with pytest.warns(UserWarning, match="disagrees"):
         assert not _flex_matches_sdpa(good + 0.01, q, k, v, bias)
     assert flex._flex_state["error"]  # flex is now refused for this process (with this reason)
+
+
+@pytest.mark.slow
+def test_flex_attention_of_a_local_span_matches_reference_on_cpu():
+    """model.attn_backend=flex for a local layer of model.layout (a sliding window, with a score bias): the span's
+    block mask and the bias's score_mod under torch.compile on CPU, recorded as "flex" (~15 s: one compile)."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    import torch._inductor.config as inductor_config
+
+    from pelab.model import attention_paths, reset_attention_paths
+    from pelab.model.span import Span
+
+    T, W = 128, 16
+    reset_attention_paths()
+    q, k, v = qkv(T)
+    bias = random_bias(T)
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    outside = (j > i) | (i - j >= W)  # the window, written out
+    with inductor_config.patch(force_disable_caches=True), torch.no_grad():
+        out = causal_attention(q, k, v, bias, backend="flex", scheme="window", span=Span("window", W))
+    ref = reference_attention(q, k, v, bias.masked_fill(outside, float("-inf")))
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert list(attention_paths()["paths"]["window"]) == ["flex"]
+    reset_attention_paths()

@@ -210,3 +210,22 @@ def test_log_length_scaling_leaves_local_layers_on_their_fused_path():
     assert set(paths["rope"]) == {"sdpa_mask"} and "explicit_logits" in paths["nope"]
     assert not torch.allclose(scaled, unscaled, atol=1e-4)  # the global layer is scaled
     reset_attention_paths()
+
+
+@pytest.mark.parametrize(("kind", "size"), [("window", 32), ("chunk", 32), ("window", 5)])
+def test_flex_block_mask_of_a_span_matches_dense_mask(kind, size):
+    """The predicate of FlexAttention's block mask for a span (model.attn_backend=flex), run by flex_attention's
+    eager reference (no compile; the compiled path is checked against SDPA on its first call of each shape)."""
+    import warnings
+
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from pelab.model.flex import _mask_mod
+
+    T = 128  # one flex block: the eager path needs no partial-block handling
+    q, k, v = qkv(T)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # flex_attention warns when it runs uncompiled
+        block_mask = create_block_mask(_mask_mod(Span(kind, size)), None, None, T, T, device="cpu")
+        out = flex_attention(q, k, v, block_mask=block_mask)
+    assert torch.allclose(out, reference(q, k, v, dense_allowed(T, kind, size)), atol=1e-5)

@@ -6,7 +6,8 @@
                        mask is passed 4-D, which SDPA's fused CPU kernel accepts (3-D -> math path). The
                        default on every device, CUDA too: it ran faster than FlexAttention on an H200
                        (experiments/benchmarks/README.md).
-  local span        -> "sdpa_mask" with the span's keys only (``pelab.model.span``: sliding window, chunk)
+  local span        -> "sdpa_mask" with the span's keys only (``pelab.model.span``: sliding window, chunk);
+                       with backend="flex", FlexAttention under the span's block mask (blocks outside skipped)
                     -> "explicit": on CPU, a mask that needs a gradient (a learned bias in training) goes
                        through ``explicit_attention`` (SDPA's fused CPU kernel gives no mask gradient)
   backend="flex"    -> "flex" (``pelab.model.flex``): FlexAttention with a score_mod adding the bias
@@ -74,25 +75,27 @@ def causal_attention(
     evaluation of the last rows (``GPT.hidden(from_index=...)``); they take the chunked SDPA path whatever
     the bias (is_causal aligns a shorter query block top-left). ``scheme``: the label the path taken is
     recorded under (``attention_paths``); None records nothing. ``span`` (a local layer of ``model.layout``:
-    sliding window or chunk, ``pelab.model.span``): the chunked SDPA path with the span's keys only, whatever
-    the bias and the backend (FlexAttention block masks for spans are not built yet).
+    sliding window or chunk, ``pelab.model.span``): the chunked SDPA path with the span's keys only, or with
+    backend="flex" FlexAttention under the span's block mask, whatever the bias.
     """
     if backend not in ATTN_BACKENDS:
         raise ValueError(f"model.attn_backend={backend} is unknown; choose one of {list(ATTN_BACKENDS)}")
-    if q_start or span is not None:
-        reason = "the last rows only (q_start > 0)" if q_start else f"a local span ({span.kind} {span.size})"
+    if q_start:
         return chunked_biased_attention(q, k, v, bias_fn, chunk_size, dropout_p, q_start, scheme=scheme,
-                                        reason=reason, span=span)
-    if bias_fn is None:
+                                        reason="the last rows only (q_start > 0)", span=span)
+    if bias_fn is None and span is None:
         _note(scheme, "sdpa_causal", None, q, None)
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
     reason = _sdpa_reason(q, backend, dropout_p)
     if reason is None:  # FlexAttention asked for and possible
-        out, reason = _flex_biased_attention(q, k, v, bias_fn, strict=False)
+        out, reason = _flex_biased_attention(q, k, v, bias_fn, strict=False, span=span)
         if out is not None:
             _note(scheme, "flex", "model.attn_backend=flex", q, bias_fn)
             return out
-    return chunked_biased_attention(q, k, v, bias_fn, chunk_size, dropout_p, scheme=scheme, reason=reason)
+    if span is not None:
+        reason = f"a local span ({span.kind} {span.size}); {reason}"
+    return chunked_biased_attention(q, k, v, bias_fn, chunk_size, dropout_p, scheme=scheme, reason=reason,
+                                    span=span)
 
 
 def _sdpa_reason(q: Tensor, backend: str, dropout_p: float) -> str | None:
