@@ -2,6 +2,7 @@
 
     python experiments/benchmarks/eval_memory.py                       # 4k, 16k, 32k tokens, all schemes
     python experiments/benchmarks/eval_memory.py --pe rope alibi --lengths 4096 --json out.json
+    python experiments/benchmarks/eval_memory.py --pe rope --layout irope --lengths 2048 16384  # a layout preset
     python experiments/benchmarks/eval_memory.py --device cuda --dtype bf16 --lengths 32768 --d 384 --layers 6 \
         --heads 6 --vocab 32768 --pe nope rope alibi t5_bias          # GPU: peak CUDA memory per case
 
@@ -65,6 +66,10 @@ def run_case(a: argparse.Namespace) -> dict:
     if scheme == "learned":
         pe["max_position"] = length
     model_cfg = {"n_layers": a.layers, "n_heads": a.heads, "d_model": a.d, "attn_chunk_size": a.chunk}
+    if a.layout:  # a conf/layout preset: its keys (model.layout, temperature constants) into the model's
+        from omegaconf import OmegaConf
+
+        model_cfg |= OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "layout" / f"{a.layout}.yaml"))
     torch.manual_seed(0)
     device = torch.device(a.device)
     model = build_model(model_cfg, pe, a.vocab, a.train_len).eval().to(device)
@@ -87,6 +92,7 @@ def run_case(a: argparse.Namespace) -> dict:
         "dtype": a.dtype,
         "cuda_peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
         "scheme": scheme,
+        "layout": a.layout,
         "length": length,
         "seconds": seconds,
         "peak_rss": peak_rss_bytes(),
@@ -120,6 +126,8 @@ def measure(scheme: str, length: int, a: argparse.Namespace) -> dict:
     ]
     if a.threads:
         cmd += ["--threads", str(a.threads)]
+    if a.layout:
+        cmd += ["--layout", a.layout]
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=a.timeout)
     if proc.returncode != 0:
         return {"scheme": scheme, "length": length, "error": proc.stderr.strip().splitlines()[-1:]}
@@ -170,6 +178,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--chunk", type=int, default=512, help="model.attn_chunk_size (conf/model/tiny.yaml)")
     p.add_argument("--train-len", type=int, default=256, help="training length (RoPE scaling's L)")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--layout", default=None, help="a conf/layout preset (model.layout) for every case")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per case")
     p.add_argument("--limit-gib", type=float, default=4.0)
     p.add_argument("--json", default=None)
