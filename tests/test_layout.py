@@ -191,6 +191,8 @@ def test_the_command_line_refuses_a_bad_layout_before_any_data():
         validate(compose(["model.layout=[rope@chunk:32,nope@window:256]", "data.seq_len=128"]))
     with pytest.raises(ConfigError, match=r"names no layer with the run's encoding pe=alibi"):
         validate(compose(["pe=alibi", "model.layout=[rope@chunk:32,nope]"]))
+    with pytest.raises(ConfigError, match=r"model\.layout=rope@chunk:32 must be a list.*model\.layout=\[rope@chunk:32\]"):
+        validate(compose(["model.layout=rope@chunk:32"]))
 
 
 def test_log_length_scaling_leaves_local_layers_on_their_fused_path():

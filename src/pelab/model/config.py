@@ -48,16 +48,16 @@ class GPTConfig:
     tie_embeddings: bool = True  # the LM head is the token embedding (GPT-2); False: its own matrix
     # log_length: logits of the query with n > L keys times log(n)/log(L) (Chiang & Cholak 2022); L = train_length
     attn_logit_scale: str = "none"
-    # Per-layer encodings, attention spans and temperatures (pelab.model.layout): a list of
-    # "<pe>[@window:<W>|@chunk:<C>][+ssmax|+llama4_temp|+qk_norm|+rotate_heads:<n>]", repeated to n_layers; null = every layer
-    # the run's pe with global attention (the model without the key, bit for bit)
+    # Per-layer encodings, attention spans and temperatures (pelab.model.layout, docs/layouts.md): a list of
+    # "<pe>[@window:<W>|@chunk:<C>][+ssmax|+llama4_temp|+qk_norm|+rotate_heads:<n>]", repeated to n_layers;
+    # null = every layer the run's pe with global attention (the model without the key, bit for bit)
     layout: list[str] | None = None
     # Scalable-Softmax (+ssmax): the initial s of every head (Nakanishi 2025; 0.43 is the default of the
     # unofficial `scalable-softmax` package, which attributes it to the paper)
     ssmax_init: float = 0.43
     # Llama 4's temperature tuning (+llama4_temp), HF Llama4TextConfig's defaults: q x (log(floor((pos+1) /
     # floor_scale) + 1) x attn_scale + 1); at 8192 it is exactly 1 below position 8191, so presets at
-    # L = 128 scale floor_scale down (conf/model/irope.yaml says how)
+    # L = 128 scale floor_scale down (conf/layout/irope.yaml says how)
     temperature_floor_scale: int = 8192
     temperature_attn_scale: float = 0.1
     train_length: int | None = None  # data.seq_len, filled by build_model
@@ -84,6 +84,10 @@ class GPTConfig:
         if filled:
             raise ConfigError(f"model.{filled[0]} is not a model setting: the harness fills it (the tokenizer's "
                               "vocabulary, data.seq_len).")
+        layout = settings.get("layout")
+        if layout is not None and not isinstance(layout, list | tuple):  # OmegaConf's own message names no fix
+            raise ConfigError(f"model.layout={layout} must be a list (one entry per layer, or a pattern that "
+                              f"repeats): model.layout=[{layout}] or e.g. model.layout=[rope@chunk:32,nope]")
         values = {**settings, "vocab_size": int(vocab_size), "train_length": train_length}
         return OmegaConf.to_object(typed_group(cls, values, "model")).validate()
 

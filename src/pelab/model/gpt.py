@@ -91,7 +91,7 @@ class CausalSelfAttention(nn.Module):
         (Nakanishi 2025, arXiv 2501.19399) multiplies the logits by it; on q it is the same for encodings without
         a score bias (a score bias is left unscaled). (H, T, 1).
         llama4_temp: log(floor((pos + 1) / floor_scale) + 1) * attn_scale + 1 at absolute position pos (HF
-        transformers Llama4TextAttention, attn_temperature_tuning; checked in tests/test_layout_oracles.py).
+        transformers Llama4TextAttention, attn_temperature_tuning; checked in tests/test_references.py).
         (T, 1) or (B, 1, T, 1) for per-row positions."""
         if self.temperature == "ssmax":
             n = visible_keys(self.span, 0, T, device).float()  # (T,)
