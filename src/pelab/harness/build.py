@@ -157,7 +157,8 @@ def build_module(summary: dict, vocab_size: int) -> Any:
     summary["model"] = {
         "params": module.model.num_params(exclude_embedding=False),
         "params_non_embedding": module.model.num_params(exclude_embedding=True),
-        "pe_params": module.model.pe.num_learnable_params(),
+        # every encoding a layer uses (a layout's others too)
+        "pe_params": sum(pe.num_learnable_params() for pe in module.model.encodings().values()),
         "flops_per_token": module.flops_per_token,
     }
     return module
