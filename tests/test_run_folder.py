@@ -237,3 +237,51 @@ def test_resolve_ckpt_path_auto_a_run_folder_or_a_file(tmp_path):
     requeue.write_bytes(last.read_bytes())
     os.utime(last, (1_000_000, 1_000_000))
     assert resolve_ckpt_path("auto", run) == str(requeue)  # the newer one
+
+
+# -- a folder whose run cannot be identified: refused, never treated as empty (issue 58) ----------------------
+def test_an_unreadable_summary_refuses_the_launch_and_keeps_the_file(tmp_path):
+    from pelab.errors import ConfigError
+    from pelab.tasks.task import earlier_summary
+
+    cut = '{"status": "ok", "global_step": 10, "config": {"se'  # a write cut short
+    (tmp_path / "summary.json").write_text(cut)
+    with pytest.raises(ConfigError, match=r"summary\.json cannot be read .* refused \(nothing was changed\)\. "
+                                          r"Restore the file, or move it aside .* ckpt_path=auto"):
+        earlier_summary(tmp_path)
+    assert (tmp_path / "summary.json").read_text() == cut  # left where it is
+    assert earlier_summary(tmp_path / "new") == {}
+
+
+def test_checkpoints_without_a_summary_are_a_run(config, tmp_path):
+    from pelab.errors import ConfigError
+    from pelab.harness.run_folder import relaunch_decision
+
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "best.ckpt").write_bytes(b"x")
+    with pytest.raises(ConfigError, match=r"holds checkpoints of a run without its summary\.json: relaunch with "
+                                          r"ckpt_path=auto"):
+        relaunch_decision(tmp_path, config, {}, None, False)
+    assert relaunch_decision(tmp_path, config, {}, "auto", False) == "continue"
+    assert relaunch_decision(tmp_path, config, {}, None, True) == "continue"
+
+
+def test_ckpt_path_auto_continues_only_the_checkpoints_own_settings(config, tmp_path):
+    """The run folder's checkpoint is checked against the launch with its own record (the seed included):
+    a seed-1 launch never continues (and relabels) seed 0's weights."""
+    import copy
+
+    import torch
+
+    from pelab.errors import CheckpointError
+    from pelab.harness.checkpoints import check_resume_checkpoint
+
+    last = tmp_path / "last.ckpt"
+    torch.save({"global_step": 10, "state_dict": {"model.w": torch.zeros(2)},
+                "hyper_parameters": {"cfg": config, "vocab_size": 260}}, last)
+    other_seed = {**copy.deepcopy(config), "seed": 1}
+    assert check_resume_checkpoint(str(last), config, same_run=True) == (10, 260)
+    assert check_resume_checkpoint(str(last), other_seed) == (10, 260)  # a named checkpoint: weights to start from
+    with pytest.raises(CheckpointError, match=r"ckpt_path=auto: .*last\.ckpt was trained with other settings: "
+                                              r"seed=0 before but 1 now\. Relaunch with the checkpoint's settings"):
+        check_resume_checkpoint(str(last), other_seed, same_run=True)

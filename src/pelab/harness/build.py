@@ -106,7 +106,7 @@ def resume_point(ckpt_setting: str | None, output_dir: Path, summary: dict) -> t
     ckpt_path = resolve_ckpt_path(ckpt_setting, output_dir)
     if not ckpt_path:
         return None, None
-    step, vocab_size = check_resume_checkpoint(ckpt_path, summary["config"])
+    step, vocab_size = check_resume_checkpoint(ckpt_path, summary["config"], same_run=ckpt_setting == "auto")
     summary["resumed_from"] = {"ckpt_path": ckpt_path, "step": step}
     log.info("resuming from %s (step %d)", ckpt_path, step)
     return ckpt_path, vocab_size

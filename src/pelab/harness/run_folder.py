@@ -137,6 +137,12 @@ def relaunch_decision(folder: Path, config: dict, earlier: dict[str, Any], ckpt_
     "skip" (a finished job of a relaunched multirun). Refuses, in one line, a launch with other defining
     settings and a fresh start over a run (it would overwrite it)."""
     trained = earlier.get("global_step") or any((folder / "checkpoints").glob("*.ckpt"))
+    if not earlier and trained:  # checkpoints without a record (summary.json moved aside): a run, settings unknown
+        if multirun or ckpt_path not in (None, "", "null"):
+            return "continue"  # the checkpoint's own settings are checked before resuming (check_resume_checkpoint)
+        raise ConfigError(f"{folder} holds checkpoints of a run without its summary.json: relaunch with "
+                          "ckpt_path=auto to continue it (its settings are checked against the checkpoint's), or "
+                          "launch into another folder.")
     if not earlier or (earlier.get("status") != "ok" and not trained):
         return "new"  # nothing was trained there (e.g. a launch that stopped on a bad setting)
     diffs = changed_settings(earlier.get("config") or {}, config)

@@ -190,17 +190,21 @@ CARRIED = ("global_step", "metrics", "data", "model", "along_training", "threads
 
 
 def earlier_summary(output_dir: Path) -> dict[str, Any]:
-    """The summary.json an earlier launch of this run left in its folder ({} for a new run; an unreadable file
-    is set aside as summary.json.unreadable, never silently dropped)."""
+    """The summary.json an earlier launch of this run left in its folder ({} for a new run). An unreadable one
+    (cut short by a crash, a hand edit) makes the folder a run of unknown settings: the launch is refused, the
+    file left as it is -- treating the folder as empty would overwrite or relabel that run."""
     path = output_dir / "summary.json"
     if not path.is_file():
         return {}
     try:
         return read_summary(path)
-    except (OSError, ValueError):
-        path.replace(path.with_name("summary.json.unreadable"))
-        log.warning("%s could not be read (kept as summary.json.unreadable); this launch starts a new record", path)
-        return {}
+    except (OSError, ValueError) as err:
+        first = (str(err).splitlines() or [""])[0][:120]
+        raise ConfigError(
+            f"{path} cannot be read ({type(err).__name__}: {first}), so the run in {output_dir} is of unknown "
+            "settings and this launch is refused (nothing was changed). Restore the file, or move it aside (mv "
+            f"{path} {path}.unreadable) and relaunch with ckpt_path=auto to continue from the run's checkpoint "
+            "(its recorded settings are checked against this launch), or launch into another folder.") from err
 
 
 def carried(earlier: dict[str, Any]) -> dict[str, Any]:
