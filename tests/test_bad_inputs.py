@@ -307,11 +307,14 @@ def test_environment_variables_are_input_too(env, setting, tmp_path):
     assert setting in _one_error_line(out)
 
 
-def test_a_run_folder_that_cannot_be_made_is_one_line_naming_the_setting(tmp_path):
+@pytest.mark.parametrize("folder, message", [("{file}/run", "is not a folder"),
+                                             ("", "is empty, which would write the run into the current folder")])
+def test_a_run_folder_that_cannot_be_made_is_one_line_naming_the_setting(folder, message, tmp_path):
     (tmp_path / "a_file").write_text("not a folder")
-    out = run_cli([*FAST, f"hydra.run.dir={tmp_path / 'a_file' / 'run'}"], cwd=tmp_path, timeout=120)
+    out = run_cli([*FAST, f"hydra.run.dir={folder.format(file=tmp_path / 'a_file')}"], cwd=tmp_path, timeout=120)
     line = _one_error_line(out)
-    assert "hydra.run.dir" in line and "is not a folder" in line
+    assert "hydra.run.dir" in line and message in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]  # nothing written, the current folder included
 
 
 def test_a_full_disk_anywhere_in_the_chain_is_one_line_naming_the_path():

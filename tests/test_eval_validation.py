@@ -97,3 +97,48 @@ def test_partial_tokenizer_data_and_wandb_configs_take_their_files_values():
     assert (text["glob"], text["encoding"], text["val_fraction"]) == ("**/*.txt", "utf-8", 0.02)
     w = wandb_values({"mode": "offline"})
     assert (w["project"], w["job_type"], w["init_timeout"], w["mode"]) == ("pelab", "train", 20, "offline")
+
+
+# -- eval.py's folder and checkpoint (issue 58) --------------------------------------------------------------
+def test_eval_refuses_a_training_runs_folder_and_takes_an_evaluations_or_a_new_one(tmp_path):
+    import json
+
+    from pelab.tasks.preflight import check_eval_folder, check_not_a_training_run
+
+    trained, evaluated, killed, new = (tmp_path / n for n in ("trained", "evaluated", "killed", "new"))
+    for folder, record in ((trained, {"status": "ok", "name": "rope"}), (evaluated, {"status": "ok", "task": "eval"})):
+        folder.mkdir()
+        (folder / "summary.json").write_text(json.dumps(record))
+    (killed / "checkpoints").mkdir(parents=True)  # a run killed before its first summary write: still a run
+    for folder in (trained, killed):
+        with pytest.raises(ConfigError, match=rf"hydra\.run\.dir={folder} holds a training run: eval\.py writes its "
+                                              r"own summary\.json and W&B run"):
+            check_not_a_training_run(folder, "hydra.run.dir")
+    check_not_a_training_run(evaluated, "hydra.run.dir")  # an evaluation rerun in its own folder
+    check_not_a_training_run(new, "hydra.run.dir")
+    # Hydra's callback checks eval.py's folder only (train.py's relaunch rules are its own)
+    with pytest.raises(ConfigError, match="holds a training run"):
+        check_eval_folder(OmegaConf.create({"task": "eval", "hydra": {"run": {"dir": str(trained)}}}), "hydra.run.dir")
+    check_eval_folder(OmegaConf.create({"task": "train", "hydra": {"run": {"dir": str(trained)}}}), "hydra.run.dir")
+
+
+def test_eval_ckpt_path_may_name_a_run_folder(tmp_path):
+    from pelab.tasks.evaluate import checkpoint_of
+
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    last.parent.mkdir(parents=True)
+    with pytest.raises(ConfigError, match=r"ckpt_path=.*run is a folder without checkpoints"):
+        checkpoint_of(str(tmp_path / "run"))
+    last.write_bytes(b"x")
+    assert checkpoint_of(str(tmp_path / "run")) == str(last)  # its newest checkpoint, as train.py takes it
+    assert checkpoint_of(str(last)) == str(last)
+
+
+@pytest.mark.parametrize("value", ["", " ", None])
+def test_an_empty_run_folder_setting_is_refused(value, tmp_path):
+    from pelab.tasks.preflight import check_folders
+
+    config = OmegaConf.create({"hydra": {"run": {"dir": value}}, "paths": {"cache_dir": str(tmp_path)}})
+    with pytest.raises(ConfigError, match=r"hydra\.run\.dir=\s*is empty, which would write the run into the current "
+                                          r"folder"):
+        check_folders(config, "hydra.run.dir")

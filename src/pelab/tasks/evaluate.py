@@ -48,7 +48,8 @@ def check_command(cfg: DictConfig) -> list[str]:
     from pelab.harness.run_folder import check_checkpoint_file
 
     path = Path(str(cfg.ckpt_path))
-    need(path.is_file(), "ckpt_path", str(path), "does not exist; pass a .ckpt file (a run's checkpoints/last.ckpt).")
+    need(path.is_file(), "ckpt_path", str(path), "does not exist; pass a .ckpt file (a run's checkpoints/last.ckpt) "
+         "or a run folder.")
     check_checkpoint_file(path)
     keys = overridden_keys(cfg)
     typed_group(EvalConfig, resolved_value(cfg, "eval"), "eval")
@@ -63,6 +64,19 @@ def check_command(cfg: DictConfig) -> list[str]:
     need(sweep is None or (OmegaConf.is_list(sweep) and all(isinstance(v, str) for v in sweep)), "scaling_sweep",
          sweep, "must be null or a list of variant names, e.g. [none,linear,ntk,yarn].")
     return keys
+
+
+def checkpoint_of(ckpt_path: str) -> str:
+    """`ckpt_path` as a file: a run folder stands for its newest checkpoint, as for train.py
+    (`pelab.harness.run_folder.newest_checkpoint`); anything else is checked as a file by `check_command`."""
+    from pelab.harness.run_folder import newest_checkpoint
+
+    if not Path(ckpt_path).is_dir():
+        return ckpt_path
+    newest = newest_checkpoint(Path(ckpt_path))
+    need(newest is not None, "ckpt_path", ckpt_path, "is a folder without checkpoints (checkpoints/last.ckpt); pass "
+         "a .ckpt file or a run folder that has one.")
+    return str(newest)
 
 
 def checkpoint_settings(train_cfg: dict, cfg: DictConfig, keys: list[str]
@@ -169,7 +183,10 @@ def evaluate(cfg: DictConfig) -> dict:
     if OmegaConf.is_missing(cfg, "ckpt_path") or cfg.ckpt_path in (None, ""):
         raise ConfigError("ckpt_path is required: python eval.py ckpt_path=outputs/runs/<...>/checkpoints/last.ckpt")
     from pelab.harness.signals import preemption_signals
+    from pelab.tasks.preflight import check_not_a_training_run
 
+    check_not_a_training_run(Path(cfg.paths.output_dir), "paths.output_dir")  # also when Hydra's callback did not run
+    cfg.ckpt_path = checkpoint_of(str(cfg.ckpt_path))
     # SIGTERM / Ctrl-C stop at once (status preempted / interrupted): an evaluation is simply rerun.
     with run_task(Path(cfg.paths.output_dir), task="eval", signals=preemption_signals(),
                   hint="Rerun the same command to evaluate again.", ckpt_path=str(cfg.ckpt_path)) as task:

@@ -94,6 +94,7 @@ class Preflight(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         refuse_unless(lambda: check_folders(config, "hydra.run.dir"))
+        refuse_unless(lambda: check_eval_folder(config, "hydra.run.dir"))
         refuse_unless(lambda: check_clean_tree(config))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -103,12 +104,54 @@ class Preflight(Callback):
 
 def check_folders(config: DictConfig, out_key: str) -> None:
     try:
-        out = Path(OmegaConf.select(config, out_key))
+        value = OmegaConf.select(config, out_key)
         cache = Path(config.paths.cache_dir)
     except Exception:  # noqa: BLE001 - an interpolation only Hydra's own run resolves: its error is clear
         return
-    check_writable(out, out_key, "output")
+    check_named_folder(value, out_key)
+    check_writable(Path(value), out_key, "output")
     check_writable(cache, "paths.cache_dir", "cache")
+
+
+def check_named_folder(value: Any, key: str) -> None:
+    """An empty `hydra.run.dir=` is Path("") -- the current folder: the whole run (summary.json, .hydra/,
+    checkpoints/) would be written among the files of wherever the command was typed, the repository root included."""
+    if value is None or not str(value).strip():
+        raise ConfigError(f"{key}={value or ''} is empty, which would write the run into the current folder; give "
+                          f"it a folder ({key}=outputs/runs/my-run), or drop {key}= for a new dated one.")
+
+
+def check_eval_folder(config: DictConfig, out_key: str) -> None:
+    """eval.py's run folder, before Hydra writes its .hydra/ there (`check_not_a_training_run`)."""
+    if config.get("task") != "eval":
+        return
+    try:
+        out = Path(OmegaConf.select(config, out_key))
+    except Exception:  # noqa: BLE001 - an interpolation only Hydra's own run resolves: its error is clear
+        return
+    check_not_a_training_run(out, out_key)
+
+
+def check_not_a_training_run(folder: Path, key: str) -> None:
+    """eval.py writes a record of its own into its folder (summary.json, .hydra/, the W&B run id): in a training
+    run's folder it would replace that run's record and log a second W&B run under its id. Refused rather than
+    written beside it in a subfolder: the training folder stays exactly as its run left it, and an evaluation's
+    folder is always an evaluation's (pelab-report reads each folder as one job)."""
+    from pelab.summary import read_summary
+
+    summary = folder / "summary.json"
+    if summary.is_file():
+        try:
+            task = read_summary(summary).get("task")
+        except (OSError, ValueError):
+            task = None  # unreadable: whose it is cannot be told, so it is not taken
+        trained = task != "eval"
+    else:
+        trained = (folder / "checkpoints").is_dir()
+    if trained:
+        raise ConfigError(f"{key}={folder} holds a training run: eval.py writes its own summary.json and W&B run "
+                          f"into its folder and would replace that run's record; drop {key}= (a new dated folder) "
+                          "or pass an empty or an evaluation's folder (ckpt_path= names the checkpoint to evaluate).")
 
 
 def check_clean_tree(config: DictConfig) -> None:
