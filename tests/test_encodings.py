@@ -71,6 +71,8 @@ def test_yaml_builds_and_has_expected_shapes(name):
         q, k = torch.randn(2, H, 7, D // H), torch.randn(2, H, 7, D // H)
         assert pe.content_bias(q[..., 3:, :], k, 3, state).shape == (2, H, 4, 7)
     x = torch.randn(B, T, D)
+    if pe.has_layer_input_bias:  # a per-layer module reading the layer input x, its bias per query chunk
+        assert pe.layer_input_bias()(x, state)(3, 7).shape == (B, H, 4, 7)
     assert pe.embed(x, state).shape == (B, T, D)  # sum composition: width unchanged
     q, k = torch.randn(B, H, T, D // H), torch.randn(B, H, T, D // H)
     q2, k2 = pe.rotate(q, k, state)

@@ -2,7 +2,8 @@
 
 RoPE scalings: Hugging Face transformers' ``ROPE_INIT_FUNCTIONS`` (what Llama, Qwen, ... run). T5 buckets:
 transformers' ``T5Attention._relative_position_bucket``. ALiBi slopes: x-transformers' ``AlibiPositionalBias``.
-NoPE/RoPE head mixing (``+rotate_heads:<n>``): x-transformers' ``Attention(rotate_num_heads=n)``. Layouts
+NoPE/RoPE head mixing (``+rotate_heads:<n>``): x-transformers' ``Attention(rotate_num_heads=n)``. FoX's forget-gate
+bias: x-transformers' ``DataDependentAlibi``; a FoX layer: the naive path of the FoX repository's kernel test. Layouts
 (model.layout): a RoPE-chunked layer (with and without q/k norm) and a NoPE layer with temperature tuning against
 transformers' ``Llama4TextAttention``, as installed, its masks from transformers' ``masking_utils`` (here, beside
 the Llama imports: the Llama 4 modules add ~0.03 s to them, ~3 s in a file of their own).
@@ -31,7 +32,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.models.llama4.configuration_llama4 import Llama4TextConfig
 from transformers.models.llama4.modeling_llama4 import Llama4TextAttention, Llama4TextRotaryEmbedding
 from transformers.models.t5.modeling_t5 import T5Attention
-from x_transformers.x_transformers import AlibiPositionalBias, Attention, RotaryEmbedding
+from x_transformers.x_transformers import AlibiPositionalBias, Attention, DataDependentAlibi, RotaryEmbedding
 
 from pelab.encodings import build_encoding
 from pelab.encodings.bias import alibi_slopes, t5_causal_bucket
@@ -237,3 +238,68 @@ def test_rotate_heads_matches_x_transformers_rotate_num_heads(rotated):
     want = theirs(x, rotary_pos_emb=RotaryEmbedding(dh).forward_from_seq_len(T))
     got = ours(x, model.pe, model.pe.prepare(torch.arange(T)))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+# ---- FoX (the Forgetting Transformer): the forget-gate bias and a whole FoX attention layer -------------------
+def test_fox_bias_matches_x_transformers_data_dependent_alibi():
+    """One layer's forget gate = x-transformers' ``DataDependentAlibi`` (the FoX gate as a data-dependent ALiBi) with
+    the same weights: bias_ij = sum_{j<l<=i} logsigmoid(w . x_l + b) on and below the diagonal, for the whole
+    input and per query chunk (the rows of queries 8..15 against keys 0..15)."""
+    B, T, D, H = 2, 24, 32, 4
+    torch.manual_seed(0)
+    gate = build_encoding({"name": "fox", "gate_bias_init": 2.0}, D, H, 64).layer_input_bias()
+    theirs = DataDependentAlibi(dim=D, heads=H)
+    with torch.no_grad():
+        gate.proj.weight.normal_(0.0, 0.5)  # gates of all sizes, not only near sigmoid(b)
+        theirs.to_forget_gates[0].load_state_dict(gate.proj.state_dict())
+    x = torch.randn(B, T, D)
+    want, bias_fn = theirs(x), gate(x, None)  # (B, H, T, T); the gate reads no positions
+    seen = torch.ones(T, T, dtype=torch.bool).tril()
+    torch.testing.assert_close(bias_fn(0, T)[..., seen], want[..., seen], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(bias_fn(8, 16)[..., seen[8:16, :16]], want[..., 8:16, :16][..., seen[8:16, :16]],
+                               rtol=1e-5, atol=1e-5)
+    assert want[..., seen].max() <= 0 and want[..., seen].min() < -1  # a decay, and not a negligible one
+
+
+def fox_reference_attention(q, k, v, log_fgate, sm_scale):
+    """The naive path of ``test_op`` in zhixuan-lin/forgetting-transformer (ops/forgetting_attention.py), M = N
+    (no seq_start): p = q k^T * scale + (log_lambda_i - log_lambda_j), causal -inf, softmax, times v."""
+    M = N = q.shape[-2]
+    mask = torch.tril(torch.ones((M, N)), diagonal=N - M)
+    p = torch.matmul(q, k.transpose(2, 3)) * sm_scale
+    log_lambda = torch.cumsum(log_fgate, dim=-1)
+    p = p.float() + (log_lambda[..., -M:, None] - log_lambda[..., None, :])
+    p[:, :, mask == 0] = float("-inf")
+    return torch.matmul(torch.softmax(p, dim=-1), v)
+
+
+@pytest.mark.parametrize("rope", [False, True])
+def test_fox_layer_matches_the_reference_naive_path(rope):
+    """A FoX attention layer (pe=fox, pe.rope=false/true) = the FoX repository's naive attention on the layer's own
+    q, k, v and gate, through PELab's training path (explicit: the mask needs a gradient on CPU), its evaluation
+    path (SDPA with the mask) in query chunks of 8, and the last rows only: outputs and the gate's gradient."""
+    B, T, D, H = 2, 21, 32, 2
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=16, n_layers=1, n_heads=H, d_model=D, attn_chunk_size=8),
+                build_encoding({"name": "fox", "rope": rope}, D, H, 64))
+    layer, pe = model.blocks[0].attn, model.pe
+    with torch.no_grad():
+        layer.qkv.weight.mul_(40)  # logits of order 1
+        layer.input_bias.proj.weight.normal_(0.0, 0.5)
+    x = torch.randn(B, T, D)
+    q, k, v = layer.qkv(x).view(B, T, 3, H, D // H).permute(2, 0, 3, 1, 4)
+    state = pe.prepare(torch.arange(T))
+    if rope:
+        q, k = pe.rotate(q, k, state)
+    log_fgate = torch.nn.functional.logsigmoid(layer.input_bias.proj(x).float()).transpose(1, 2)  # (B, H, T)
+    want = layer.proj(fox_reference_attention(q, k, v, log_fgate, (D // H) ** -0.5).transpose(1, 2).reshape(B, T, D))
+    (want_grad,) = torch.autograd.grad(want.square().sum(), layer.input_bias.proj.weight)
+    model.train()
+    got = layer(x, pe, state)
+    (got_grad,) = torch.autograd.grad(got.square().sum(), layer.input_bias.proj.weight)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_grad, want_grad, rtol=1e-4, atol=1e-5)
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x, pe, state), want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(layer(x, pe, state, q_start=13), want[:, 13:], rtol=1e-5, atol=1e-5)

@@ -6,6 +6,9 @@ An encoding fills any of
   3. ``score_bias(q_pos, k_pos)``    a per-head bias on attention logits    (ALiBi, T5, KERPLE, FIRE, Sandwich)
   4. ``content_bias(q, k, q0, state)`` a bias computed from a layer's q and k (CoPE: positions are counts of
                                      gated keys, so they depend on content)
+  5. ``layer_input_bias()``          a module per attention layer that reads that layer's input x (FoX: a
+                                     forget gate from x decays the logits); the model builds one per layer
+                                     (its parameters are the layer's) and calls ``module(x, state) -> BiasFn``
 and sets the matching ``has_*`` flag. The model calls ``prepare(pos)`` once per forward; it returns a
 ``PositionState`` -- the positions after any remapping (randomized positions in training), the rotary
 tables and the score bias -- which the model hands to every layer, as Hugging Face models pass
@@ -68,6 +71,7 @@ class PositionEncoding(nn.Module):
     has_rotate: ClassVar[bool] = False
     has_bias: ClassVar[bool] = False
     has_content_bias: ClassVar[bool] = False
+    has_layer_input_bias: ClassVar[bool] = False
     # True: score_bias depends on q_pos - k_pos only (ALiBi, T5), so for consecutive positions the bias is
     # one value per distance, (H, 2T-1), instead of one per (query, key) pair, (H, T, T).
     bias_translation_invariant: ClassVar[bool] = False
@@ -155,6 +159,14 @@ class PositionEncoding(nn.Module):
         Called per layer and per query chunk; entries of future keys are ignored (masked by attention).
         """
         raise NotImplementedError(f"pe={self.name} has no content bias (has_content_bias=False)")
+
+    def layer_input_bias(self) -> nn.Module:
+        """A new module for one attention layer (has_layer_input_bias), called per forward as
+        ``module(x, state) -> BiasFn``: x (B, T, D) is that layer's input (after its norm; all T rows, also when
+        only the last rows are queried), the result a score bias in any form of ``pelab.ops`` (a per-chunk
+        callable ``(q0, q1) -> (B, H, q1 - q0, q1)`` keeps memory O(H * chunk * T)). The model builds it after its
+        own weights, so that encodings without the hook keep their parameters, RNG draws and numbers."""
+        raise NotImplementedError(f"pe={self.name} has no layer-input bias (has_layer_input_bias=False)")
 
     # ---- declarations -------------------------------------------------------------------------
     def num_learnable_params(self) -> int:

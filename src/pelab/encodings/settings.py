@@ -288,6 +288,25 @@ class XPosConfig(RoPEConfig):
         need(self.scale_base > 0, "pe.scale_base", self.scale_base, "must be > 0")
 
 
+@dataclass
+class FoXConfig(RoPEConfig):
+    """The Forgetting Transformer (pelab.encodings.forgetting): the forget gate, and RoPE's knobs for pe.rope=true."""
+
+    rope: bool = False  # also rotate q and k (FoX + RoPE); false: the gate is the only position signal
+    # The gate's initial bias b: f = sigmoid(b) at the start. 0 = the reference's "full" gate (f = 1/2: a strong
+    # decay to unlearn); x-transformers' DataDependentAlibi starts at 5 (f = 0.993: almost no decay)
+    gate_bias_init: float = 0.0
+
+    @property
+    def extends_context(self) -> bool:
+        return self.rope and super().extends_context
+
+    def validate(self, d_model: int, n_heads: int) -> None:
+        super().validate(d_model, n_heads)
+        need(self.rope or self.scaling.type == "none", "pe.scaling.type", self.scaling.type,
+             "scales RoPE's frequencies, and pe=fox rotates nothing; add pe.rope=true or drop the scaling")
+
+
 # The schema of each built-in encoding by the `_target_` its YAML names (tests/test_encodings.py checks that
 # each entry is its class's `Config` and that every built-in YAML has an entry).
 SCHEMAS: dict[str, type[PEConfig]] = {
@@ -300,6 +319,7 @@ SCHEMAS: dict[str, type[PEConfig]] = {
     "pelab.encodings.bias.Sandwich": SandwichConfig,
     "pelab.encodings.bias.FIRE": FIREConfig,
     "pelab.encodings.contextual.CoPE": CoPEConfig,
+    "pelab.encodings.forgetting.FoX": FoXConfig,
     "pelab.encodings.rotary.RoPE": RoPEConfig,
     "pelab.encodings.rotary.XPos": XPosConfig,
 }

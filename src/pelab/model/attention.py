@@ -101,7 +101,10 @@ def causal_attention(
 def _sdpa_reason(q: Tensor, backend: str, dropout_p: float) -> str | None:
     """Why a score bias takes the SDPA path rather than FlexAttention; None: try FlexAttention."""
     if backend == "sdpa":
-        return "SDPA asked for: model.attn_backend=sdpa, or a content bias (CoPE: computed per layer and chunk)"
+        return (
+            "SDPA asked for: model.attn_backend=sdpa, or a bias computed per layer and chunk (CoPE's content bias, "
+            "FoX's forget gate)"
+        )
     if backend == "auto":
         if q.is_cuda:
             return ("model.attn_backend=auto: additive-mask SDPA, faster than FlexAttention on an H200 "

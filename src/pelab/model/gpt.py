@@ -1,7 +1,7 @@
 """A small decoder-only GPT (nanoGPT-style) whose positions come only from a PositionEncoding.
 
-The model calls the encoding's hooks by their flags (has_embed / has_rotate / has_content_bias) and never
-asks which encoding it holds. Per forward, ``pe.prepare(pos)`` does the position-dependent work once
+The model calls the encoding's hooks by their flags (has_embed / has_rotate / has_content_bias /
+has_layer_input_bias) and never asks which encoding it holds. Per forward, ``pe.prepare(pos)`` does the position-dependent work once
 (rotary tables, score bias) and its ``PositionState`` is passed to every layer explicitly.
 
 A layout (``model.layout``, ``pelab.model.layout``) gives each layer its own encoding, attention span and
@@ -49,6 +49,9 @@ class CausalSelfAttention(nn.Module):
         if spec.temperature == "ssmax":  # s per head, learned (Nakanishi 2025); no weight decay (1-D)
             self.ssmax_scale = nn.Parameter(torch.full((config.n_heads,), float(config.ssmax_init)))
         self.floor_scale, self.attn_scale = config.temperature_floor_scale, config.temperature_attn_scale
+        # The encoding's per-layer module that reads this layer's input (FoX's forget gate), set by GPT
+        # after its own init (PositionEncoding.layer_input_bias); None for every other encoding
+        self.input_bias: nn.Module | None = None
 
     def forward(self, x: Tensor, pe: PositionEncoding, state: PositionState, q_start: int = 0) -> Tensor:
         """x (B, T, D) -> (B, T - q_start, D): the outputs of queries q_start..T-1 (keys are all T rows)."""
@@ -68,6 +71,8 @@ class CausalSelfAttention(nn.Module):
         bias, backend = state.bias, self.backend
         if pe.has_content_bias:
             bias, backend = self._content_bias_fn(pe, q, k, state), "sdpa"  # per layer: chunked SDPA path
+        elif self.input_bias is not None:  # from this layer's input x, per layer: chunked SDPA path
+            bias, backend = self.input_bias(x, state), "sdpa"
         dropout_p = self.dropout if self.training else 0.0
         # a local layer's queries see at most span < L keys: log-length scaling is 1 there, the fused path stays
         scaled = (self.scale_from is not None and T > self.scale_from
@@ -156,9 +161,10 @@ class GPT(nn.Module):
                 f"the encoding was built for d_model={pe.d_model}, n_heads={pe.n_heads} but the model has "
                 f"d_model={config.d_model}, n_heads={config.n_heads}; build it with the model's sizes"
             )
-        if pe.has_bias and pe.has_content_bias:
+        if pe.has_bias + pe.has_content_bias + pe.has_layer_input_bias > 1:
             raise NotImplementedError(
-                f"pe={pe.name} sets both has_bias and has_content_bias; fold the score bias into content_bias"
+                f"pe={pe.name} sets more than one of has_bias, has_content_bias, has_layer_input_bias; "
+                "fold its biases into one hook"
             )
         self.config = config
         self.pe = pe
@@ -185,6 +191,9 @@ class GPT(nn.Module):
         if unrotated:
             raise ValueError(f"model.layout: +rotate_heads needs a rotary encoding; pe {unrotated[0]} does not rotate "
                              "q and k (use rope or xpos, or drop +rotate_heads)")
+        for block, spec in zip(self.blocks, self.layer_specs, strict=True):  # last: other encodings' draws unchanged
+            if self.encodings()[spec.pe].has_layer_input_bias:
+                block.attn.input_bias = self.encodings()[spec.pe].layer_input_bias()
 
     def _layer_encoding(self, name: str) -> PositionEncoding:
         """A layout's encoding other than the model's own: conf/pe/<name>.yaml's defaults at the model's sizes."""
@@ -193,8 +202,8 @@ class GPT(nn.Module):
         if pe.has_embed:
             raise ValueError(f"model.layout: pe {name} adds position vectors to the input (embed), which is not "
                              f"per layer; use it as the run's encoding (pe={name})")
-        if pe.has_bias and pe.has_content_bias:
-            raise NotImplementedError(f"pe={name} sets both has_bias and has_content_bias")
+        if pe.has_bias + pe.has_content_bias + pe.has_layer_input_bias > 1:
+            raise NotImplementedError(f"pe={name} sets more than one of has_bias, has_content_bias, has_layer_input_bias")
         return pe
 
     def encodings(self) -> dict[str, PositionEncoding]:
@@ -224,7 +233,8 @@ class GPT(nn.Module):
         encodings = self.encodings()
         keys = [length if b.attn.span is None else b.attn.span.keys(self.config.attn_chunk_size, length)
                 for b, spec in zip(self.blocks, self.layer_specs, strict=True)
-                if b.attn.span is not None or encodings[spec.pe].has_bias or encodings[spec.pe].has_content_bias]
+                if b.attn.span is not None or b.attn.input_bias is not None or encodings[spec.pe].has_bias
+                or encodings[spec.pe].has_content_bias]
         return max(keys, default=0)
 
     def num_params(self, exclude_embedding: bool = True) -> int:
