@@ -142,3 +142,26 @@ def test_an_empty_run_folder_setting_is_refused(value, tmp_path):
     with pytest.raises(ConfigError, match=r"hydra\.run\.dir=\s*is empty, which would write the run into the current "
                                           r"folder"):
         check_folders(config, "hydra.run.dir")
+
+
+def test_a_folder_of_other_files_is_refused_unless_allowed(tmp_path):
+    """A run folder belongs to PELab or is empty (both entry points: Hydra's callback)."""
+    from pelab.tasks.preflight import check_run_folder_is_ours
+
+    docs, run, empty = tmp_path / "docs", tmp_path / "run", tmp_path / "empty"
+    docs.mkdir(), run.mkdir(), empty.mkdir()
+    for name in ("doc1.txt", "doc2.txt", "doc3.txt", "doc4.txt"):
+        (docs / name).write_text("mine")
+    (run / ".hydra").mkdir()
+    (run / "notes.txt").write_text("a user's notes beside a run")
+
+    def check(folder, **paths):
+        check_run_folder_is_ours(OmegaConf.create({"hydra": {"run": {"dir": str(folder)}}, "paths": paths}),
+                                 "hydra.run.dir")
+
+    with pytest.raises(ConfigError, match=rf"hydra\.run\.dir={docs} already holds files but no PELab run \(doc1\.txt, "
+                                          r"doc2\.txt, doc3\.txt \(\+1 more\)\); .* paths\.allow_nonempty=true"):
+        check(docs)
+    check(docs, allow_nonempty=True)
+    for folder in (run, empty, tmp_path / "new"):  # a run's folder (the relaunch rules decide), empty, new
+        check(folder)

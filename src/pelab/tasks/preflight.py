@@ -26,6 +26,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from pelab.errors import ConfigError, DirtyTreeError
+from pelab.harness.run_folder import LOCK
 
 WANDB_MODES = ("online", "offline", "disabled", "dryrun", "run")
 WHERE = {"cache": "PELAB_CACHE_DIR or paths.cache_dir", "output": "hydra.run.dir / hydra.sweep.dir, "
@@ -95,6 +96,7 @@ class Preflight(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         refuse_unless(lambda: check_folders(config, "hydra.run.dir"))
         refuse_unless(lambda: check_eval_folder(config, "hydra.run.dir"))
+        refuse_unless(lambda: check_run_folder_is_ours(config, "hydra.run.dir"))
         refuse_unless(lambda: check_clean_tree(config))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -119,6 +121,35 @@ def check_named_folder(value: Any, key: str) -> None:
     if value is None or not str(value).strip():
         raise ConfigError(f"{key}={value or ''} is empty, which would write the run into the current folder; give "
                           f"it a folder ({key}=outputs/runs/my-run), or drop {key}= for a new dated one.")
+
+
+# What a PELab launch leaves in its folder from its first moment (Hydra's .hydra/, the lock, the record) or a
+# killed one may leave (checkpoints/, a summary set aside by hand): a folder holding one of these is a run's.
+RUN_MARKERS = (".hydra", LOCK, "summary.json", "summary.json.unreadable", "checkpoints")
+
+
+def check_run_folder_is_ours(config: DictConfig, out_key: str) -> None:
+    """The run folder (`check_pelab_or_empty`), unless `paths.allow_nonempty`."""
+    if OmegaConf.select(config, "paths.allow_nonempty", default=False) is True:
+        return
+    try:
+        out = Path(OmegaConf.select(config, out_key))
+    except Exception:  # noqa: BLE001 - an interpolation only Hydra's own run resolves: its error is clear
+        return
+    check_pelab_or_empty(out, out_key)
+
+
+def check_pelab_or_empty(folder: Path, key: str) -> None:
+    """A fresh launch into a folder of other files (a user's documents, another tool's output) would write
+    checkpoints/, csv/, summary.json and wandb/ among them: refused, naming the folder; a PELab run's folder
+    is left to the relaunch rules (pelab.harness.run_folder.relaunch_decision)."""
+    if not folder.is_dir():
+        return
+    entries = sorted(p.name for p in folder.iterdir())
+    if entries and not any(name in RUN_MARKERS for name in entries):
+        shown = ", ".join(entries[:3]) + (f" (+{len(entries) - 3} more)" if len(entries) > 3 else "")
+        raise ConfigError(f"{key}={folder} already holds files but no PELab run ({shown}); launch into an empty or "
+                          "a new folder, or set paths.allow_nonempty=true to write the run among them.")
 
 
 def check_eval_folder(config: DictConfig, out_key: str) -> None:
