@@ -3,7 +3,9 @@
 RoPE scalings: Hugging Face transformers' ``ROPE_INIT_FUNCTIONS`` (what Llama, Qwen, ... run). T5 buckets:
 transformers' ``T5Attention._relative_position_bucket``. ALiBi slopes: x-transformers' ``AlibiPositionalBias``.
 NoPE/RoPE head mixing (``+rotate_heads:<n>``): x-transformers' ``Attention(rotate_num_heads=n)``. FoX's forget-gate
-bias: x-transformers' ``DataDependentAlibi``; a FoX layer: the naive path of the FoX repository's kernel test. Layouts
+bias: x-transformers' ``DataDependentAlibi``; a FoX layer: the naive path of the FoX repository's kernel test.
+Stick-breaking attention: the reference repository's naive formula (``sb_ref.py``) and a loop over the paper's
+definition. Layouts
 (model.layout): a RoPE-chunked layer (with and without q/k norm) and a NoPE layer with temperature tuning against
 transformers' ``Llama4TextAttention``, as installed, its masks from transformers' ``masking_utils`` (here, beside
 the Llama imports: the Llama 4 modules add ~0.03 s to them, ~3 s in a file of their own).
@@ -23,8 +25,11 @@ full spectrum; HF's ``llama3`` / ``longrope`` have no PELab counterpart.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import LlamaConfig
 from transformers.masking_utils import and_masks, causal_mask_function, chunked_overlay
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -38,6 +43,7 @@ from pelab.encodings import build_encoding
 from pelab.encodings.bias import alibi_slopes, t5_causal_bucket
 from pelab.encodings.rotary import rope_attention_factor, rope_inv_freq
 from pelab.model import GPT, GPTConfig
+from pelab.model.stickbreaking import stickbreaking_attention
 
 # HF builds the frequencies in float32: base ** (2i/d) has a relative error up to ~ln(base) * 6e-8.
 FP32 = {"rtol": 2e-6, "atol": 0.0}
@@ -303,3 +309,73 @@ def test_fox_layer_matches_the_reference_naive_path(rope):
     with torch.no_grad():
         torch.testing.assert_close(layer(x, pe, state), want, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(layer(x, pe, state, q_start=13), want[:, 13:], rtol=1e-5, atol=1e-5)
+
+
+# ---- Stick-breaking attention -------------------------------------------------------------------------------
+def stickbreaking_reference(q, k, v, attend_current):
+    """shawntan/stickbreaking-attention: ``stickbreaking_attention/sb_ref.py::stickbreaking`` as ``tests/test_attn.py``'s
+    ``ref_fwd`` calls it (cm = ones.tril(-1), mask = ones.triu(1 if attend_current else 0), o + rem * v)."""
+    T = q.shape[-2]
+    mask = torch.ones(T, T).triu(1 if attend_current else 0).bool()
+    cum_weight = torch.ones(T, T).tril(-1)
+    logits = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    log_z = F.logsigmoid(logits).masked_fill(mask, -1e5)
+    log_beta = F.logsigmoid(-logits).masked_fill(mask, 0)
+    att = (log_z + torch.einsum("bhij,jk->bhik", log_beta, cum_weight)).exp()
+    return att @ v + (1 - att.sum(dim=-1))[..., None] * v
+
+
+def stickbreaking_loop(q, k, v, attend_current):
+    """The paper's definition, one query and one key at a time (fp64): from the nearest key to the farthest, key j
+    takes beta = sigmoid(q_i . k_j / sqrt(Dh)) of what is left of the stick; the rest goes to v_i."""
+    B, H, T, Dh = q.shape
+    out = torch.zeros(B, H, T, Dh, dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            for i in range(T):
+                left = 1.0
+                for j in range(i if attend_current else i - 1, -1, -1):
+                    beta = torch.sigmoid(q[b, h, i].double() @ k[b, h, j].double() / math.sqrt(Dh))
+                    out[b, h, i] += left * beta * v[b, h, j].double()
+                    left = left * (1 - beta)
+                out[b, h, i] += left * v[b, h, i].double()
+    return out
+
+
+@pytest.mark.parametrize("attend_current", [False, True])
+def test_stickbreaking_matches_the_reference_formula_and_the_definition(attend_current):
+    """``stickbreaking_attention`` (in query chunks of 4, and from the 7th query only) = the reference's naive formula
+    (outputs and q, k, v gradients) = a loop over the definition."""
+    B, H, T, Dh = 1, 2, 11, 8
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(B, H, T, Dh, requires_grad=True) for _ in range(3))
+    want = stickbreaking_reference(q, k, v, attend_current)
+    got = stickbreaking_attention(q, k, v, chunk_size=4, attend_current=attend_current)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got.double(), stickbreaking_loop(q.detach(), k.detach(), v.detach(), attend_current),
+                               rtol=1e-5, atol=1e-6)
+    grads = [torch.autograd.grad(out.square().sum(), (q, k, v)) for out in (got, want)]
+    for ours, theirs in zip(*grads, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(stickbreaking_attention(q, k, v, chunk_size=4, q_start=6, attend_current=attend_current),
+                               want[..., 6:, :], rtol=1e-5, atol=1e-6)
+
+
+def test_model_attention_stickbreaking_is_the_reference_in_a_layer():
+    """model.attention=stickbreaking with pe=nope: a layer's output = the reference on its own q, k, v (training
+    and evaluation, the last rows only); an unknown model.attention is a one-line error naming the key."""
+    B, T, D, H = 2, 13, 32, 2
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=16, n_layers=1, n_heads=H, d_model=D, attention="stickbreaking",
+                          attn_chunk_size=5), build_encoding("nope", D, H, 64))
+    layer = model.blocks[0].attn
+    with torch.no_grad():
+        layer.qkv.weight.mul_(40)  # logits of order 1
+    x = torch.randn(B, T, D)
+    q, k, v = layer.qkv(x).view(B, T, 3, H, D // H).permute(2, 0, 3, 1, 4)
+    want = layer.proj(stickbreaking_reference(q, k, v, False).transpose(1, 2).reshape(B, T, D))
+    state = model.pe.prepare(torch.arange(T))
+    torch.testing.assert_close(layer(x, model.pe, state), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(layer(x, model.pe, state, q_start=9), want[:, 9:], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"model.attention=sparse is unknown; choose one of \['softmax', 'stickbreaking'\]"):
+        GPTConfig(vocab_size=16, n_layers=1, n_heads=H, d_model=D, attention="sparse").validate()

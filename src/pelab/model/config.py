@@ -13,6 +13,7 @@ from pelab.errors import ConfigError
 from pelab.model.layout import LayerSpec, check_spans, expand_layout
 
 ATTN_BACKENDS = ("auto", "sdpa", "flex")  # model.attn_backend
+ATTENTIONS = ("softmax", "stickbreaking")  # model.attention
 INITS = ("gpt2", "kaiming")
 LOGIT_SCALES = ("none", "log_length")  # model.attn_logit_scale
 
@@ -39,6 +40,10 @@ class GPTConfig:
     # experiments/benchmarks/README.md); flex: FlexAttention (compiled score_mod), with a warning and SDPA if
     # it fails
     attn_backend: str = "auto"
+    # softmax: softmax(q k^T / sqrt(Dh) + bias) v, the kernels above. stickbreaking: stick-breaking attention
+    # (Tan et al. ICLR 2025; pelab.model.stickbreaking), weights broken off from the nearest key to the farthest, no
+    # softmax: a different model, so not a runtime key; its position signal is the order itself (pe=nope)
+    attention: str = "softmax"
     # gpt2: N(0, 0.02) weights, residual projections scaled by 1/sqrt(2 * layers) (GPT-2, nanoGPT).
     # kaiming: PyTorch's default Linear / LayerNorm init and kaiming-normal token embeddings, N(0, 2/d)
     # (x-transformers' TransformerWrapper; checked against x_transformers 2.31). The embedding scale is what
@@ -115,6 +120,11 @@ class GPTConfig:
             (0.0 <= self.dropout < 1.0, f"model.dropout must be in [0, 1); got {self.dropout}"),
             (self.attn_chunk_size >= 1, f"model.attn_chunk_size must be >= 1; got {self.attn_chunk_size}"),
             (self.init in INITS, f"model.init={self.init} is unknown; choose one of {list(INITS)}"),
+            (self.attention in ATTENTIONS,
+             f"model.attention={self.attention} is unknown; choose one of {list(ATTENTIONS)}"),
+            (self.attention == "softmax" or self.attn_logit_scale == "none",
+             f"model.attn_logit_scale={self.attn_logit_scale} scales softmax logits; model.attention="
+             f"{self.attention} has no softmax: drop one of the two"),
             (self.attn_backend in ATTN_BACKENDS,
              f"model.attn_backend={self.attn_backend} is unknown; choose one of {list(ATTN_BACKENDS)}"),
             (self.attn_logit_scale in LOGIT_SCALES,

@@ -23,6 +23,7 @@ from pelab.model.config import GPTConfig
 from pelab.model.layout import LayerSpec
 from pelab.model.logits import observed_attention
 from pelab.model.span import Span, visible_keys
+from pelab.model.stickbreaking import stickbreaking_attention
 
 
 class CausalSelfAttention(nn.Module):
@@ -37,6 +38,7 @@ class CausalSelfAttention(nn.Module):
         self.resid_drop = nn.Dropout(config.dropout)
         self.chunk_size = config.attn_chunk_size
         self.backend = config.attn_backend
+        self.attention = config.attention  # softmax | stickbreaking
         # Past this many keys, logits scale by log(n)/log(L) (model.attn_logit_scale=log_length); None = off.
         self.scale_from = config.train_length if config.attn_logit_scale == "log_length" else None
         # Evaluation-time diagnostics (pelab.evaluation.attention_stats) set a callable here; None in training.
@@ -77,7 +79,13 @@ class CausalSelfAttention(nn.Module):
         # a local layer's queries see at most span < L keys: log-length scaling is 1 there, the fused path stays
         scaled = (self.scale_from is not None and T > self.scale_from
                   and (self.span is None or self.span.size > self.scale_from))
-        if self.observer is None and not scaled:  # always in training (T <= L): the fused kernels
+        if self.attention == "stickbreaking":  # no softmax: neither the kernels below nor explicit logits
+            if self.observer is not None:
+                raise ValueError("eval.diagnostics reads softmax attention; model.attention=stickbreaking has none: "
+                                 "set eval.diagnostics.enabled=false")
+            y = stickbreaking_attention(q, k, v, bias, self.chunk_size, dropout_p, q_start, scheme=pe.name,
+                                        span=self.span)
+        elif self.observer is None and not scaled:  # always in training (T <= L): the fused kernels
             y = causal_attention(q, k, v, bias, chunk_size=self.chunk_size, dropout_p=dropout_p, backend=backend,
                                  q_start=q_start, scheme=pe.name, span=self.span)
         else:  # explicit logits: scaled past L and / or shown to the diagnostics
@@ -228,13 +236,13 @@ class GPT(nn.Module):
 
     def score_keys(self, length: int) -> int:
         """The memory estimate's key columns at `length` tokens: the most that one query chunk of a layer whose
-        path materialises its scores reads (a local layer: chunk + span - 1; a global layer with a score or content
-        bias: `length`); 0 when no layer materialises them (SDPA without a mask: flash / fused kernels)."""
+        path materialises its scores reads (a local layer: chunk + span - 1; a global layer with a score, content or
+        layer-input bias, or stick-breaking attention: `length`); 0 when no layer materialises them (SDPA without a mask: flash / fused kernels)."""
         encodings = self.encodings()
         keys = [length if b.attn.span is None else b.attn.span.keys(self.config.attn_chunk_size, length)
                 for b, spec in zip(self.blocks, self.layer_specs, strict=True)
                 if b.attn.span is not None or b.attn.input_bias is not None or encodings[spec.pe].has_bias
-                or encodings[spec.pe].has_content_bias]
+                or encodings[spec.pe].has_content_bias or b.attn.attention == "stickbreaking"]
         return max(keys, default=0)
 
     def num_params(self, exclude_embedding: bool = True) -> int:
