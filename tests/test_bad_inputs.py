@@ -54,6 +54,11 @@ BAD = [
     (["trainer.val_check_interval=0.5"], "trainer.val_check_interval"),
     (["trainer.precision=bogus"], "trainer.precision"),
     (["trainer.devices=0"], "trainer.devices"),
+    # Lightning Trainer keywords passed through (Lightning takes them and fails mid-fit: issue 58)
+    (["+trainer.accumulate_grad_batches=0"], "trainer.accumulate_grad_batches"),  # was a ZeroDivisionError
+    (["+trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val"),
+    (["trainer.limit_val_batches=-1"], "trainer.limit_val_batches"),
+    (["+trainer.check_val_every_n_epoch=0"], "trainer.check_val_every_n_epoch"),
     (["seed=-1"], "seed"),
     (["eval.split=dev"], "eval.split"),
     (["eval.at=[0.5,1.5]"], "eval.at"),

@@ -98,6 +98,59 @@ def check_trainer(t: DictConfig) -> None:
     need(t.precision in PRECISIONS, "trainer.precision", t.precision, f"must be one of {show(PRECISIONS)}.")
 
 
+def _count(low: int) -> tuple[Any, str]:
+    return (lambda v: is_int(v) and v >= low), f"must be a whole number >= {low}"
+
+
+def _optional(rule: tuple[Any, str]) -> tuple[Any, str]:
+    return (lambda v: v is None or rule[0](v)), f"{rule[1]} (or null)"
+
+
+def _fraction_or_count(v: Any) -> bool:  # Lightning's limit_*_batches: a share of the batches or a number of them
+    return v is None or (is_int(v) and v >= 0) or (isinstance(v, float) and 0.0 <= v <= 1.0)
+
+
+def _flag(v: Any) -> bool:
+    return v is None or isinstance(v, bool)  # null: Lightning's default (benchmark, enable_model_summary)
+
+
+# Lightning Trainer keywords given with `+trainer.<key>=` (pelab reads them not, Lightning takes them as they
+# are): Lightning accepts a wrong value at construction and fails in the middle of fit (accumulate_grad_batches=0:
+# a ZeroDivisionError after the data is built), so the numeric and flag ones are checked here, before any cost.
+# The other keywords pass to Lightning unchecked.
+PASSTHROUGH_RULES: dict[str, tuple[Any, str]] = {
+    "accumulate_grad_batches": _count(1),
+    "gradient_clip_val": ((lambda v: v is None or (isinstance(v, int | float) and not isinstance(v, bool) and v >= 0)),
+                          "must be a number >= 0 (or null)"),
+    "gradient_clip_algorithm": ((lambda v: v in (None, "norm", "value")), "must be norm or value (or null)"),
+    "max_epochs": _optional(_count(-1)),
+    "min_epochs": _optional(_count(0)),
+    "min_steps": _optional(_count(-1)),
+    "check_val_every_n_epoch": _optional(_count(1)),
+    "num_sanity_val_steps": _optional(_count(-1)),
+    "reload_dataloaders_every_n_epochs": _count(0),
+    **{f"limit_{split}_batches": (_fraction_or_count, "must be a share in [0.0, 1.0] or a whole number of batches "
+                                  ">= 0 (or null)") for split in ("train", "val", "test", "predict")},
+    "overfit_batches": ((lambda v: _fraction_or_count(v) and v is not None),
+                        "must be a share in [0.0, 1.0] or a whole number of batches >= 0"),
+    **{key: (_flag, "must be true or false (or null)") for key in ("benchmark", "inference_mode", "use_distributed_sampler",
+                                                       "enable_model_summary", "barebones", "sync_batchnorm",
+                                                       "detect_anomaly")},
+    "deterministic": ((lambda v: v is None or isinstance(v, bool) or v == "warn"), "must be true, false or warn (or "
+                      "null)"),
+}
+
+
+def check_trainer_passthrough(trainer: dict) -> None:
+    """The `trainer.*` keys pelab does not type itself (`TrainerConfig`) against PASSTHROUGH_RULES: one line
+    naming the key, before any data is built."""
+    typed_keys = {f.name for f in fields(TrainerConfig)}
+    for key, value in trainer.items():
+        rule = PASSTHROUGH_RULES.get(key)
+        if key not in typed_keys and rule is not None:
+            need(rule[0](value), f"trainer.{key}", value, f"{rule[1]} (a Lightning Trainer keyword).")
+
+
 def explicit_world_size(t: TrainerConfig) -> int | None:
     """The number of processes a trainer config asks for, when it names them (devices as a number or a list of
     ids, times num_nodes); None for -1 / auto (all the machine's GPUs: counted once torch is loaded)."""

@@ -33,6 +33,7 @@ from pelab.harness.config import (
     check_callbacks,
     check_optim,
     check_trainer,
+    check_trainer_passthrough,
     check_world,
     explicit_world_size,
     typed_callbacks,
@@ -162,6 +163,7 @@ def validate(cfg: DictConfig, overrides: list[str] | None = None) -> TrainSettin
     check_tokenizer(t["tokenizer"])
     check_optim(t["optim"])
     check_trainer(t["trainer"])
+    check_trainer_passthrough(resolved_value(cfg, "trainer"))
     check_callbacks(t["callbacks"])
     check_eval(t["eval"], t["data"].seq_len)
     check_probes(t["probes"], t["data"].seq_len)
