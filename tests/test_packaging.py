@@ -29,6 +29,7 @@ SCRIPTS = {
     "pelab-train": "pelab.tasks.train:main",
     "pelab-eval": "pelab.tasks.evaluate:main",
     "pelab-report": "pelab.report:main",
+    "pelab-export": "pelab.export:main",
 }
 
 

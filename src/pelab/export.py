@@ -1,0 +1,147 @@
+"""A PELab RoPE checkpoint as a Hugging Face `transformers` model: GPT-NeoX, which matches PELab's GPT exactly.
+
+PELab's block is pre-norm LayerNorm -> attention -> residual, LayerNorm -> GELU MLP -> residual (nanoGPT), RoPE with
+half-split pairs. GPT-NeoX with ``use_parallel_residual=False`` is that block (Llama is not: RMSNorm and SwiGLU);
+its rotary embedding rotates half-split pairs too (``rotate_half``), its ``partial_rotary_factor`` is PELab's
+``pe.rotary_fraction``. What differs is only the layout of the fused q/k/v projection (PELab's rows are
+(q | k | v) x heads, NeoX's heads x (q | k | v)) and the biases NeoX always has (set to zero when the model has
+none). Checked by tests/test_export.py: the exported model's logits equal PELab's (transformers 5 as installed).
+
+    pelab-export <run folder or .ckpt> <out folder>
+    AutoModelForCausalLM.from_pretrained(<out folder>)
+
+Other encodings (ALiBi, T5, FIRE, ...) have no native architecture in `transformers`; they are refused here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pelab.errors import ConfigError
+
+# pe.scaling.type -> HF rope_type (pelab.encodings' RoPE scalings are checked against HF's rope utils)
+ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}
+
+
+def neox_config(cfg: Any, vocab_size: int, eot_id: int) -> dict:
+    """The GPTNeoXConfig keywords of a PELab run's config (`cfg`: its resolved training config), or a one-line
+    ConfigError naming the setting that has no GPT-NeoX equivalent."""
+    pe, model = cfg["pe"], cfg["model"]
+    if pe["name"] != "rope":
+        raise ConfigError(f"pe={pe['name']}: only RoPE models map onto a transformers architecture (GPT-NeoX); "
+                          "export a pe=rope run.")
+    d_ff = 4 * model["d_model"] if model.get("d_ff") is None else model["d_ff"]  # GPTConfig's default
+    unsupported = {"pe.frequency_fraction": pe.get("frequency_fraction", 1.0) != 1.0,
+                   "model.layout": bool(model.get("layout")),
+                   "model.d_ff": d_ff == 0,  # attention-only blocks
+                   "model.attention": model.get("attention", "softmax") != "softmax",
+                   "model.attn_logit_scale": model.get("attn_logit_scale") not in (None, "none"),
+                   "pe.randomized": bool((pe.get("randomized") or {}).get("max_position"))}
+    for key, bad in unsupported.items():
+        if bad:
+            raise ConfigError(f"{key}: this run's setting has no GPT-NeoX equivalent; export a run without it.")
+    scaling = pe.get("scaling") or {"type": "none"}
+    if scaling["type"] not in ROPE_TYPES:
+        raise ConfigError(f"pe.scaling.type={scaling['type']}: GPT-NeoX export maps {', '.join(ROPE_TYPES)}; "
+                          "export with one of them (pelab-export --pe.scaling.type=none).")
+    rope = {"rope_type": ROPE_TYPES[scaling["type"]], "rope_theta": float(pe["base"]),
+            "partial_rotary_factor": float(pe.get("rotary_fraction", 1.0))}
+    if scaling["type"] != "none":
+        rope["factor"] = float(scaling["factor"])
+    if scaling["type"] == "yarn":
+        rope.update(beta_fast=float(scaling["beta_fast"]), beta_slow=float(scaling["beta_slow"]),
+                    original_max_position_embeddings=int(cfg["data"]["seq_len"]))
+    return dict(vocab_size=vocab_size, hidden_size=model["d_model"], num_hidden_layers=model["n_layers"],
+                num_attention_heads=model["n_heads"], intermediate_size=d_ff, hidden_act="gelu",
+                use_parallel_residual=False, attention_bias=True, layer_norm_eps=1e-5, attention_dropout=0.0,
+                hidden_dropout=0.0, max_position_embeddings=int(cfg["data"]["seq_len"]),
+                tie_word_embeddings=bool(model.get("tie_embeddings")), rope_parameters=rope,
+                bos_token_id=eot_id, eos_token_id=eot_id)
+
+
+def neox_state_dict(state: dict[str, torch.Tensor], n_layers: int, n_heads: int) -> dict[str, torch.Tensor]:
+    """PELab GPT weights (`model_state`) renamed and laid out as GPTNeoXForCausalLM's; absent biases as zeros."""
+    def bias(key: str, like: torch.Tensor) -> torch.Tensor:
+        return state[key] if key in state else torch.zeros(like.shape[0], dtype=like.dtype)
+
+    def per_head(t: torch.Tensor) -> torch.Tensor:  # rows (3, H, Dh) -> (H, 3, Dh): NeoX views qkv per head
+        return t.reshape(3, n_heads, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+
+    out = {"gpt_neox.embed_in.weight": state["tok_emb.weight"], "lm_head.weight": state["lm_head.weight"],
+           "gpt_neox.final_layer_norm.weight": state["ln_f.weight"],
+           "gpt_neox.final_layer_norm.bias": bias("ln_f.bias", state["ln_f.weight"])}
+    for i in range(n_layers):
+        p, q = f"blocks.{i}.", f"gpt_neox.layers.{i}."
+        qkv = state[p + "attn.qkv.weight"]
+        pairs = {"input_layernorm": "ln_1", "post_attention_layernorm": "ln_2", "attention.dense": "attn.proj",
+                 "mlp.dense_h_to_4h": "mlp.fc", "mlp.dense_4h_to_h": "mlp.proj"}
+        for neox, pelab in pairs.items():
+            out[q + neox + ".weight"] = state[p + pelab + ".weight"]
+            out[q + neox + ".bias"] = bias(p + pelab + ".bias", state[p + pelab + ".weight"])
+        out[q + "attention.query_key_value.weight"] = per_head(qkv)
+        out[q + "attention.query_key_value.bias"] = per_head(bias(p + "attn.qkv.bias", qkv))
+    return {k: v.detach().clone().contiguous() for k, v in out.items()}
+
+
+def export_run(checkpoint: str | Path, out: str | Path) -> Path:
+    """Write `out`: a GPT-NeoX `config.json` + `model.safetensors` that `AutoModelForCausalLM.from_pretrained`
+    loads, and `pelab_export.json` (the source checkpoint, its config and the tokenizer's ids)."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    from pelab.harness.checkpoints import load_run_checkpoint, model_state
+    from pelab.harness.run_folder import resolve_ckpt_path
+
+    path = resolve_ckpt_path(str(checkpoint), Path.cwd())
+    ckpt = load_run_checkpoint(path, key="checkpoint")
+    cfg, vocab_size = ckpt["hyper_parameters"]["cfg"], int(ckpt["hyper_parameters"]["vocab_size"])
+    eot_id = _eot_id(cfg)
+    config = GPTNeoXConfig(**neox_config(cfg, vocab_size, eot_id))
+    model = GPTNeoXForCausalLM(config)
+    model.load_state_dict(neox_state_dict(model_state(ckpt), config.num_hidden_layers,
+                                          config.num_attention_heads), strict=True)
+    out = Path(out)
+    model.save_pretrained(out)
+    (out / "pelab_export.json").write_text(json.dumps(
+        {"checkpoint": str(Path(path).resolve()), "eot_id": eot_id, "tokenizer": cfg["tokenizer"],
+         "config": cfg}, indent=1, default=str))
+    return out
+
+
+def _eot_id(cfg: dict) -> int:
+    """The end-of-document id of the run's tokenizer (byte: 256; a BPE's from its token cache)."""
+    from omegaconf import OmegaConf
+
+    from pelab.data.disk import resolve_cache_root
+    from pelab.harness.build import build_datamodule
+
+    if cfg["tokenizer"]["kind"] == "byte":
+        return 256
+    c = OmegaConf.create(cfg)
+    c.paths.cache_dir = str(resolve_cache_root())
+    datamodule = build_datamodule(c, 1)
+    datamodule.setup("validate")
+    return int(datamodule.tokenizer.eot_id)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pelab-export", description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint", help="a run folder (its newest checkpoint) or a .ckpt file")
+    parser.add_argument("out", help="the folder to write (transformers' save_pretrained layout)")
+    args = parser.parse_args(argv)
+    try:
+        out = export_run(args.checkpoint, args.out)
+    except ConfigError as err:
+        print(f"Error: {err}", file=sys.stderr)
+        return 2
+    print(f"exported {args.checkpoint} -> {out} (GPT-NeoX; AutoModelForCausalLM.from_pretrained('{out}'))")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
