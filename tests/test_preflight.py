@@ -79,3 +79,50 @@ def test_pelab_composes_no_config_of_its_own_before_hydra(tmp_path):
                          env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False)
     assert "compositions=2" in out.stderr  # Hydra 1.3: get_mode + run; the old preflight made 3, out.stderr[-2000:]
     assert "Error: model.n_heads" in out.stderr
+
+
+# -- Hydra's own errors as one line (pelab.tasks.hydra_errors; issue 58) ------------------------------------------
+def test_an_override_hydra_cannot_apply_is_one_line_with_the_near_key():
+    from hydra.errors import ConfigCompositionException
+
+    from helpers.runs import compose
+    from pelab.tasks.hydra_errors import hydra_error_line, one_edit_away
+
+    def line_for(override: str) -> str:
+        with pytest.raises(ConfigCompositionException) as err:
+            compose([override])
+        return hydra_error_line(err.value, ["debug=fast", override])
+
+    assert line_for("trainer.max_step=5") == (
+        "trainer.max_step=5: no config has the key trainer.max_step (did you mean trainer.max_steps?); to add a key "
+        "the configs do not have, write +trainer.max_step=5 (quote values with spaces: \"key=a value\").")
+    assert "(did you mean" not in line_for("trainer.accumulate_grad_batches=0")  # a Lightning keyword: needs +
+    assert "did you mean eval.lengths?" in line_for("eval.lenghts=[1]")  # neighbours swapped: one edit
+    assert one_edit_away("seeed", ["name", "seed"]) == "seed" and one_edit_away("sd", ["seed"]) is None
+
+
+def test_an_override_hydra_cannot_parse_is_one_line_with_the_quoting_hint():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    from pelab.tasks.hydra_errors import hydra_error_line
+
+    for argv, line in ((["hydra.run.dir=/tmp/my", "run"], "'run' is not an override (key=value): the shell split a "
+                        "value at a space; quote values with spaces as one argument: \"hydra.run.dir=/tmp/my run\"."),
+                       (["x=[1,2"], "the override 'x=[1,2' cannot be parsed (no viable alternative at input '[1,2'); "
+                        "quote values with spaces or special characters")):
+        with pytest.raises(OverrideParseException) as err:
+            OverridesParser.create().parse_overrides(argv)
+        assert hydra_error_line(err.value, argv).startswith(line)
+    assert hydra_error_line(ValueError("a bug"), []) is None  # Hydra's own report (with its traceback)
+
+
+@pytest.mark.slow
+def test_hydras_errors_end_on_one_line_through_both_entry_points(tmp_path):
+    """The wiring: Hydra's report replaced for train.py and eval.py (a typo; a value split at a space)."""
+    for script, args, text in (("train.py", ["trainer.max_step=5"], "did you mean trainer.max_steps?"),
+                               ("eval.py", ["ckpt_path=x.ckpt", f"hydra.run.dir={tmp_path}/my", "run"],
+                                "quote values with spaces")):
+        out = run_cli([*args], cwd=tmp_path, timeout=120, script=script)
+        assert out.returncode == 1 and out.stderr.strip().splitlines()[-1].startswith("Error: "), out.stderr[-2000:]
+        assert text in out.stderr and "HYDRA_FULL_ERROR" not in out.stderr and "Traceback" not in out.stderr

@@ -268,8 +268,17 @@ def log_scaling_table(run: Any | None, rows: list[dict]) -> None:
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="eval")
-def main(cfg: DictConfig) -> None:
+def hydra_main(cfg: DictConfig) -> None:
     cli_main(evaluate, cfg)
+
+
+def main() -> None:
+    """`python eval.py` / `pelab-eval`: Hydra's job, its own failures (an override it cannot apply, a folder it
+    cannot write) as one line."""
+    from pelab.tasks.hydra_errors import one_line_hydra_errors
+
+    with one_line_hydra_errors():
+        hydra_main()
 
 
 if __name__ == "__main__":

@@ -103,10 +103,12 @@ def hydra_main(cfg: DictConfig) -> float:
 def main() -> None:
     """`python train.py` / `pelab-train`: the checks that need no config job (environment, group choices,
     writable folders), then Hydra's job."""
+    from pelab.tasks.hydra_errors import one_line_hydra_errors
     from pelab.tasks.preflight import preflight
 
     preflight(CONF_DIR)
-    hydra_main()
+    with one_line_hydra_errors():  # an override Hydra cannot apply, a folder it cannot write: one line
+        hydra_main()
 
 
 def objective(summary: dict, metric: str) -> float:
