@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from helpers.runs import FAST, compose
 from pelab.errors import ConfigError
-from pelab.export import export_run, main, neox_config, neox_state_dict
+from pelab.export import hf_tokenizer, main, neox_config, neox_state_dict
 from pelab.model import build_model
 
 transformers = pytest.importorskip("transformers")
@@ -66,6 +66,20 @@ def test_a_run_exports_and_loads_with_from_pretrained(reference, tmp_path, capsy
     x = torch.randint(0, neox.config.vocab_size, (1, 64))
     with torch.no_grad():
         torch.testing.assert_close(neox(x).logits, model.eval()(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["byte", "bpe"])
+def test_the_exported_tokenizer_gives_pelabs_ids(kind, byte_tok, bpe_tok, tmp_path):
+    """AutoTokenizer of the export = PELab's encode, a literal end-of-document or reserved-key string included (text
+    in both), and decode back; the reserved ids are named <kN> / <vN> at PELab's ids."""
+    tok = byte_tok if kind == "byte" else bpe_tok
+    hf_tokenizer(tok).save_pretrained(tmp_path)
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    for text in ["def f(x):\n\treturn 'héllo wörld' + x  # ∑\n", "a <|endoftext|> b <k0> c"]:
+        assert hf(text, add_special_tokens=False).input_ids == list(tok.encode(text))
+        assert hf.decode(tok.encode(text)) == text
+    assert hf.convert_tokens_to_ids(["<k0>", "<v0>"]) == [tok.reserved_key_ids.start, tok.reserved_value_ids.start]
+    assert hf.eos_token_id == tok.eot_id and len(hf) == tok.vocab_size
 
 
 @pytest.mark.parametrize("overrides,key", [(["pe=alibi"], "pe=alibi"), (["model.d_ff=0"], "model.d_ff"),

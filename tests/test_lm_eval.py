@@ -69,10 +69,9 @@ def test_loglikelihood_and_greedy_generation_agree(lm):
     assert cut == generated.split(stop)[0]
 
 
-@pytest.mark.slow
-def test_the_cli_scores_a_local_task_with_pelabs_numbers(lm, reference, tmp_path, monkeypatch):
-    """`python -m pelab.lm_eval run --model pelab ...` (lm-eval's own CLI, the model registered by the import) on a
-    task YAML reading local documents (no download): each document's logged log-likelihood is PELab's."""
+@pytest.fixture
+def local_task(tmp_path, monkeypatch) -> Path:
+    """A folder with the task `pelab_text`: rolling log-likelihood of TEXTS, read from a local JSON file."""
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
     (tmp_path / "tasks").mkdir()
@@ -83,10 +82,11 @@ def test_the_cli_scores_a_local_task_with_pelabs_numbers(lm, reference, tmp_path
         "metric_list:\n  - metric: word_perplexity\n  - metric: bits_per_byte\n")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
-    out = tmp_path / "out"
-    main(["run", "--model", "pelab", "--model_args", f"checkpoint={reference}", "--device", "cpu",
-          "--tasks", "pelab_text", "--include_path", str(tmp_path / "tasks"), "--output_path", str(out),
-          "--log_samples"])
+    return tmp_path / "tasks"
+
+
+def assert_pelabs_numbers(lm: PELabLM, out: Path) -> None:
+    """Each document's log-likelihood that lm-eval logged under `out` is minus PELab's summed NLL."""
     (samples,) = out.rglob("samples_pelab_text_*.jsonl")
     logged = [json.loads(line) for line in samples.read_text().splitlines()]
     assert len(logged) == len(TEXTS)
@@ -94,6 +94,29 @@ def test_the_cli_scores_a_local_task_with_pelabs_numbers(lm, reference, tmp_path
         assert float(row["resps"][0][0]) == pytest.approx(-pelabs_own_nll(lm, row["doc"]["text"]), rel=1e-5)
     (results,) = out.rglob("results_*.json")
     assert "bits_per_byte,none" in json.loads(results.read_text())["results"]["pelab_text"]
+
+
+@pytest.mark.slow
+def test_the_cli_scores_a_local_task_with_pelabs_numbers(lm, reference, local_task, tmp_path):
+    """`python -m pelab.lm_eval run --model pelab ...` (lm-eval's own CLI, the model registered by the import) on a
+    task YAML reading local documents (no download): each document's logged log-likelihood is PELab's."""
+    main(["run", "--model", "pelab", "--model_args", f"checkpoint={reference}", "--device", "cpu",
+          "--tasks", "pelab_text", "--include_path", str(local_task), "--output_path", str(tmp_path / "out"),
+          "--log_samples"])
+    assert_pelabs_numbers(lm, tmp_path / "out")
+
+
+@pytest.mark.slow
+def test_the_exported_run_scores_the_same_through_lm_evals_hf_model(lm, reference, local_task, tmp_path):
+    """pelab-export, then lm-eval's stock `hf` model (transformers' AutoModelForCausalLM and AutoTokenizer of the
+    export): the same log-likelihoods as PELab's own evaluation."""
+    from pelab.export import main as export
+
+    assert export([str(reference), str(tmp_path / "hf_model")]) == 0
+    main(["run", "--model", "hf", "--model_args", f"pretrained={tmp_path / 'hf_model'}", "--device", "cpu",
+          "--tasks", "pelab_text", "--include_path", str(local_task), "--output_path", str(tmp_path / "out"),
+          "--log_samples"])
+    assert_pelabs_numbers(lm, tmp_path / "out")
 
 
 def test_a_bad_model_arg_is_one_line_naming_it(reference):

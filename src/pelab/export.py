@@ -91,7 +91,8 @@ def neox_state_dict(state: dict[str, torch.Tensor], n_layers: int, n_heads: int)
 
 def export_run(checkpoint: str | Path, out: str | Path) -> Path:
     """Write `out`: a GPT-NeoX `config.json` + `model.safetensors` that `AutoModelForCausalLM.from_pretrained`
-    loads, and `pelab_export.json` (the source checkpoint, its config and the tokenizer's ids)."""
+    loads, the run's tokenizer for `AutoTokenizer` (``hf_tokenizer``), and `pelab_export.json` (the source
+    checkpoint, its config and the end-of-document id)."""
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     from pelab.harness.checkpoints import load_run_checkpoint, model_state
@@ -100,33 +101,65 @@ def export_run(checkpoint: str | Path, out: str | Path) -> Path:
     path = resolve_ckpt_path(str(checkpoint), Path.cwd())
     ckpt = load_run_checkpoint(path, key="checkpoint")
     cfg, vocab_size = ckpt["hyper_parameters"]["cfg"], int(ckpt["hyper_parameters"]["vocab_size"])
-    eot_id = _eot_id(cfg)
+    tokenizer = run_tokenizer(cfg)
+    eot_id = int(tokenizer.eot_id)
     config = GPTNeoXConfig(**neox_config(cfg, vocab_size, eot_id))
     model = GPTNeoXForCausalLM(config)
     model.load_state_dict(neox_state_dict(model_state(ckpt), config.num_hidden_layers,
                                           config.num_attention_heads), strict=True)
     out = Path(out)
     model.save_pretrained(out)
+    hf_tokenizer(tokenizer).save_pretrained(out)
     (out / "pelab_export.json").write_text(json.dumps(
         {"checkpoint": str(Path(path).resolve()), "eot_id": eot_id, "tokenizer": cfg["tokenizer"],
          "config": cfg}, indent=1, default=str))
     return out
 
 
-def _eot_id(cfg: dict) -> int:
-    """The end-of-document id of the run's tokenizer (byte: 256; a BPE's from its token cache)."""
+def run_tokenizer(cfg: dict) -> Any:
+    """The run's PELab tokenizer: byte-level rebuilt from its settings, a BPE / hub one from the token cache."""
     from omegaconf import OmegaConf
 
     from pelab.data.disk import resolve_cache_root
+    from pelab.data.tokenizer import make_tokenizer
     from pelab.harness.build import build_datamodule
 
     if cfg["tokenizer"]["kind"] == "byte":
-        return 256
+        return make_tokenizer(cfg["tokenizer"])
     c = OmegaConf.create(cfg)
     c.paths.cache_dir = str(resolve_cache_root())
     datamodule = build_datamodule(c, 1)
     datamodule.setup("validate")
-    return int(datamodule.tokenizer.eot_id)
+    return datamodule.tokenizer
+
+
+def hf_tokenizer(tok: Any) -> Any:
+    """`tok` (a PELab tokenizer) as a `PreTrainedTokenizerFast` giving the same ids: byte-level as a BPE of the
+    256 bytes without merges (GPT-2's byte-to-character map), a BPE / hub tokenizer as itself; then the
+    reserved key / value ids as added tokens <k0>... <v0>... at PELab's ids. `split_special_tokens`: a text that
+    spells "<|endoftext|>" or "<k0>" is text, as PELab encodes it (`encode_special_tokens`)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    from pelab.data.tokenizer import EOT
+
+    if tok.kind == "byte":
+        chars = bytes_to_unicode()
+        tk = Tokenizer(models.BPE(vocab={chars[b]: b for b in range(256)}, merges=[]))
+        tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tk.decoder = decoders.ByteLevel()
+        tk.add_special_tokens([EOT])
+        eot = EOT
+    else:
+        tk, eot = Tokenizer.from_str(tok.tk.to_str()), tok.eot_token
+    if tk.get_vocab_size(with_added_tokens=True) != tok.base_vocab_size:
+        raise ConfigError(f"tokenizer.kind={tok.kind}: its ids have holes, so the reserved ids cannot be added at "
+                          "PELab's positions; export with the weights only.")
+    tk.add_special_tokens([f"<k{i}>" for i in range(len(tok.reserved_key_ids))]
+                          + [f"<v{i}>" for i in range(len(tok.reserved_value_ids))])
+    assert tk.get_vocab_size(with_added_tokens=True) == tok.vocab_size and tk.token_to_id(eot) == tok.eot_id
+    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token=eot, bos_token=eot, split_special_tokens=True)
 
 
 def main(argv: list[str] | None = None) -> int:
