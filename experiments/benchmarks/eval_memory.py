@@ -29,7 +29,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMES = ("nope", "rope", "alibi", "t5_bias", "learned", "sinusoidal")  # the default set
-ALL_SCHEMES = (*SCHEMES, "xpos", "kerple", "sandwich", "fire", "cope")
+# data-dependent positions (issue 54): FoX, FoX + RoPE, stick-breaking attention (pe=nope, model.attention=stickbreaking)
+DATA_DEPENDENT = {"fox": ({"name": "fox"}, {}), "fox_rope": ({"name": "fox", "rope": True}, {}),
+                  "stickbreaking": ({"name": "nope"}, {"attention": "stickbreaking"})}
+ALL_SCHEMES = (*SCHEMES, "xpos", "kerple", "sandwich", "fire", "cope", *DATA_DEPENDENT)
 GIB = 2**30
 
 
@@ -62,10 +65,10 @@ def run_case(a: argparse.Namespace) -> dict:
     if a.threads:
         torch.set_num_threads(a.threads)
     scheme, length = a.case[0], int(a.case[1])
-    pe = {"name": scheme}
+    pe, model_keys = DATA_DEPENDENT.get(scheme, ({"name": scheme}, {}))
     if scheme == "learned":
         pe["max_position"] = length
-    model_cfg = {"n_layers": a.layers, "n_heads": a.heads, "d_model": a.d, "attn_chunk_size": a.chunk}
+    model_cfg = {"n_layers": a.layers, "n_heads": a.heads, "d_model": a.d, "attn_chunk_size": a.chunk, **model_keys}
     if a.layout:  # a conf/layout preset: its keys (model.layout, temperature constants) into the model's
         from omegaconf import OmegaConf
 

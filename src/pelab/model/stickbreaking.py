@@ -33,16 +33,18 @@ from pelab.ops import BiasFn
 def stickbreaking_weights(z: Tensor, q0: int, attend_current: bool = False) -> Tensor:
     """Logits z (..., C, K) of queries q0..q0+C-1, -inf on keys a query cannot see -> weights A (..., C, K).
 
-    A masked key (-inf) takes nothing (logsigmoid = -inf) and leaves the stick whole (logsigmoid(+inf) = 0)."""
+    A masked key (-inf) takes nothing (logsigmoid = -inf) and leaves the stick whole (logsigmoid(+inf) = 0).
+    In place where autograd allows (no backward reads the overwritten tensors): at 16 x L the chunk's (B, H, C, K)
+    copies are the evaluation's memory."""
     if not attend_current:  # the query's own key takes no share: it receives the remainder instead
         C, K = z.shape[-2:]
         own = torch.arange(K, device=z.device)[None, :] == torch.arange(q0, q0 + C, device=z.device)[:, None]
         z = z.masked_fill(own, float("-inf"))
-    log_take = F.logsigmoid(z)  # log beta_ij
     log_leave = F.logsigmoid(-z)  # log (1 - beta_ij)
     # sum over the keys nearer than j, k > j: a reverse cumsum without j's own term
-    log_left = log_leave.flip(-1).cumsum(-1).flip(-1) - log_leave
-    return (log_take + log_left).exp()
+    log_weights = log_leave.flip(-1).cumsum(-1).flip(-1).sub_(log_leave)
+    del log_leave
+    return log_weights.add_(F.logsigmoid(z)).exp_()  # + log beta_ij
 
 
 def stickbreaking_attention(
