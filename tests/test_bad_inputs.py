@@ -336,3 +336,38 @@ def test_a_full_disk_anywhere_in_the_chain_is_one_line_naming_the_path():
         line = os_error_line(err)
     assert line.startswith("No space left on device writing /runs/x/checkpoints/last.ckpt")
     assert "hydra.run.dir" in line and os_error_line(RuntimeError("other")) is None
+
+
+def test_a_read_only_place_is_not_writable_and_a_full_disk_names_the_file(tmp_path, monkeypatch):
+    """A read-only folder has no space to free; a write that fills the disk (an OSError without a file name) names
+    the file it was writing: a checkpoint, summary.json."""
+    import errno
+
+    import torch
+
+    from pelab.harness.checkpoints import AtomicCheckpointIO
+    from pelab.summary import write_summary
+    from pelab.tasks.preflight import os_error_line
+
+    line = os_error_line(OSError(errno.EROFS, "Read-only file system", "/runs/x/summary.json"))
+    assert line.startswith("Read-only file system writing /runs/x/summary.json: not writable; point hydra.run.dir")
+    assert "free space" not in line
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")  # as a write into an open file raises it
+
+    def full_zip(*args, **kwargs):  # torch.save: the zip writer's RuntimeError, the OSError its context
+        try:
+            full()
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 163840 vs 163732") from None
+
+    monkeypatch.setattr(torch, "save", full_zip)
+    with pytest.raises(OSError) as err:
+        AtomicCheckpointIO().save_checkpoint({}, tmp_path / "checkpoints" / "last.ckpt")
+    assert os_error_line(err.value).startswith(f"No space left on device writing {tmp_path}/checkpoints/last.ckpt;")
+    assert list((tmp_path / "checkpoints").iterdir()) == []  # no temporary file left
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(OSError) as err:
+        write_summary(tmp_path, {"status": "running"})
+    assert os_error_line(err.value).startswith(f"No space left on device writing {tmp_path}/summary.json;")

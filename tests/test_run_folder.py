@@ -196,10 +196,10 @@ def test_newest_checkpoint_is_the_newest_of_last_ckpt_and_the_requeue_checkpoint
     assert newest_checkpoint(tmp_path / "no-such-run") is None
     (tmp_path / "checkpoints").mkdir()
     assert newest_checkpoint(tmp_path) is None
-    (tmp_path / "checkpoints" / "best.ckpt").write_bytes(b"x")  # never resumed from by `auto`
     (tmp_path / "checkpoints" / "last.ckpt").mkdir()  # not a file
     assert newest_checkpoint(tmp_path) is None
     (tmp_path / "checkpoints" / "last.ckpt").rmdir()
+    (tmp_path / "checkpoints" / "best.ckpt").write_bytes(b"x")  # resumed from only without last.ckpt (below)
     last, old, new = tmp_path / "checkpoints" / "last.ckpt", tmp_path / "hpc_ckpt_1.ckpt", tmp_path / "hpc_ckpt_2.ckpt"
     for path, mtime in ((last, 2_000_000), (old, 1_000_000), (new, 3_000_000)):
         path.write_bytes(b"x")
@@ -285,3 +285,24 @@ def test_ckpt_path_auto_continues_only_the_checkpoints_own_settings(config, tmp_
     with pytest.raises(CheckpointError, match=r"ckpt_path=auto: .*last\.ckpt was trained with other settings: "
                                               r"seed=0 before but 1 now\. Relaunch with the checkpoint's settings"):
         check_resume_checkpoint(str(last), other_seed, same_run=True)
+
+
+def test_a_run_that_stopped_before_its_first_last_ckpt_continues_from_its_newest_readable_one(tmp_path, caplog):
+    """A full disk at the first last.ckpt write: best.ckpt of the same validation is the resume point, said in a
+    warning; a checkpoint cut short is passed over; none at all: a fresh start (resume_point says so)."""
+    import torch
+
+    from pelab.harness.run_folder import newest_checkpoint
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    best, cut = folder / "best.ckpt", folder / "step-60.ckpt"
+    torch.save({"global_step": 50}, best)
+    cut.write_bytes(best.read_bytes()[:100])  # newer, but cut short
+    os.utime(best, (1_000_000, 1_000_000))
+    with caplog.at_level("WARNING"):
+        assert newest_checkpoint(tmp_path) == best
+    assert "has no last.ckpt (the run stopped before writing it): continuing from best.ckpt" in caplog.text
+    assert "step-60.ckpt is not readable" in caplog.text
+    best.unlink()
+    assert newest_checkpoint(tmp_path) is None

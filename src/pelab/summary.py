@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pelab.disk import naming
+
 SUMMARY_FILE = "summary.json"
 
 NUMBER = (int, float)
@@ -136,9 +138,14 @@ def write_summary(output_dir: Path, summary: dict) -> Path:
     output_dir.mkdir(parents=True, exist_ok=True)
     path = output_dir / SUMMARY_FILE
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(json_safe(summary), indent=2, sort_keys=False))
+    try:
+        tmp.write_text(json.dumps(json_safe(summary), indent=2, sort_keys=False))
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise naming(err, path) from err  # a full disk mid-write names no file
     os.replace(tmp, path)
     return path
+
 
 
 def read_summary(path: Path) -> dict:

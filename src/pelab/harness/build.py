@@ -105,6 +105,9 @@ def resume_point(ckpt_setting: str | None, output_dir: Path, summary: dict) -> t
 
     ckpt_path = resolve_ckpt_path(ckpt_setting, output_dir)
     if not ckpt_path:
+        if ckpt_setting == "auto" and summary.get("earlier_status") is not None:  # a relaunch: say it plainly
+            log.warning("ckpt_path=auto: %s holds no checkpoint (the run stopped before its first one); this run "
+                        "starts over from step 0", output_dir)
         return None, None
     step, vocab_size = check_resume_checkpoint(ckpt_path, summary["config"], same_run=ckpt_setting == "auto")
     summary["resumed_from"] = {"ckpt_path": ckpt_path, "step": step}

@@ -18,6 +18,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from pelab.errors import CheckpointError
 from pelab.model import GPTConfig
+from pelab.disk import disk_error, naming
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -35,6 +36,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
+        except Exception as err:
+            found = disk_error(err)  # torch.save reports a full disk as a RuntimeError (its context: the OSError)
+            if found is None:
+                raise
+            raise naming(found, path) from err
         finally:
             tmp.unlink(missing_ok=True)
 

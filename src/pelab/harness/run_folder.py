@@ -162,10 +162,30 @@ def relaunch_decision(folder: Path, config: dict, earlier: dict[str, Any], ckpt_
 # -- checkpoints in a run folder -----------------------------------------------------------------------
 def newest_checkpoint(output_dir: Path) -> Path | None:
     """`ckpt_path=auto`: the newest of checkpoints/last.ckpt and Lightning's SLURM requeue checkpoints
-    (hpc_ckpt_*.ckpt in the run folder)."""
+    (hpc_ckpt_*.ckpt in the run folder); without any, the newest readable other checkpoint (`earlier_checkpoint`)."""
     candidates = [output_dir / "checkpoints" / "last.ckpt", *output_dir.glob("hpc_ckpt_*.ckpt")]
     existing = [p for p in candidates if p.is_file()]
-    return max(existing, key=lambda p: p.stat().st_mtime) if existing else None
+    if existing:
+        return max(existing, key=lambda p: p.stat().st_mtime)
+    return earlier_checkpoint(output_dir)
+
+
+def earlier_checkpoint(output_dir: Path) -> Path | None:
+    """A run that stopped before its first last.ckpt (a full disk at that write, a kill) may have written
+    best.ckpt at the same validation: the newest readable checkpoints/*.ckpt, named in a warning -- the run
+    continues from there rather than silently from step 0. Each holds the whole training state."""
+    others = sorted((p for p in (output_dir / "checkpoints").glob("*.ckpt") if p.is_file()),
+                    key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in others:
+        try:
+            check_checkpoint_file(path)
+        except CheckpointError as err:
+            log.warning("%s is not readable, not resumed from: %s", path, err)
+            continue
+        log.warning("%s has no last.ckpt (the run stopped before writing it): continuing from %s, its newest "
+                    "readable checkpoint", output_dir, path.name)
+        return path
+    return None
 
 
 def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> str | None:

@@ -23,12 +23,23 @@ def hydra_error_line(err: BaseException, argv: list[str]) -> str | None:
     arguments, to show an override as it was typed."""
     from hydra.errors import ConfigCompositionException, OverrideParseException
 
-    from pelab.tasks.preflight import os_error_line
-
     if isinstance(err, OverrideParseException):
         return parse_error_line(err.override, err.message, argv)
     if isinstance(err, ConfigCompositionException):
         return composition_error_line(err, argv)
+    return hydra_disk_error_line(err)
+
+
+def hydra_disk_error_line(err: BaseException) -> str | None:
+    """A full disk or a read-only place while Hydra makes the run folder or writes `.hydra/` and its log (before
+    the job starts): Hydra's writes into an open file name no file, and its config is reset by then, so the
+    line names what was being written."""
+    from pelab.disk import disk_error, naming
+    from pelab.tasks.preflight import os_error_line
+
+    found = disk_error(err)
+    if found is not None and not found.filename:
+        return os_error_line(naming(found, "Hydra's run folder (.hydra/, its log)"))
     return os_error_line(err)
 
 

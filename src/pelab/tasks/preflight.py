@@ -25,6 +25,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from pelab.disk import disk_error
 from pelab.errors import ConfigError, DirtyTreeError
 from pelab.harness.run_folder import LOCK
 
@@ -205,15 +206,14 @@ def check_clean_tree(config: DictConfig) -> None:
 
 def os_error_line(err: BaseException) -> str | None:
     """One line for a full disk / a read-only or forbidden place anywhere in `err`'s chain, else None."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT):
-            where = f" writing {err.filename}" if err.filename else ""
-            what = "cache" if err.filename and "cache" in str(err.filename) else "output"
-            return f"{os.strerror(err.errno)}{where}; free space there, or point {WHERE[what]} elsewhere."
-        err = err.__cause__ or err.__context__
-    return None
+    found = disk_error(err)
+    if found is None:
+        return None
+    where = f" writing {found.filename}" if found.filename else ""
+    what = "cache" if found.filename and "cache" in str(found.filename) else "output"
+    if found.errno in (errno.EROFS, errno.EACCES):  # no space to free: the place itself takes no writes
+        return f"{os.strerror(found.errno)}{where}: not writable; point {WHERE[what]} to a writable folder."
+    return f"{os.strerror(found.errno)}{where}; free space there, or point {WHERE[what]} elsewhere."
 
 
 def preflight(conf_dir: str) -> None:
