@@ -245,6 +245,7 @@ def test_probe_key_lengths_follow_the_training_mix():
     (["data.seq_len=8192", "eval.lengths=[1]"], "data.seq_len=8192"),  # a training step: 8 x 8192 tokens
     (["data.batch_size=4096"], "data.batch_size=4096"),
     (["eval.lengths=[2048]", "eval.batch_tokens=4000000"], "eval.batch_tokens=4000000"),
+    (["probes.samples=1000000000"], "probes.samples=1000000000"),  # was a numpy allocation traceback after training
 ])
 def test_a_step_that_cannot_fit_in_memory_is_refused_before_training(overrides, key, tmp_path, monkeypatch):
     """The estimate of a training step / the evaluation against the memory available (here 0.5 GB, injected):

@@ -15,6 +15,9 @@ The estimate (bytes; fp32 4, bf16 autocast 2 for activations):
                                                 over the layers that materialise scores replaces T (a local
                                                 layer always takes the additive-mask path)
   logits, log-softmax and their gradient        3 x B x T x V x 4
+And the probes' instances, held in host memory for one length at a time: every (kind, depth) cell's
+probes.samples instances as Python lists, about 8 KB + 24 bytes per token each (measured: 7.8 KB at 128 tokens,
+26 KB at 1024, the peak while they are built).
 It errs high (calibration: experiments/benchmarks/README.md, "Memory estimate"). The
 memory available: PELAB_AVAILABLE_MEMORY (bytes; the tests set it), else the free CUDA memory of the device, else
 Linux's MemAvailable.
@@ -96,6 +99,14 @@ def evaluation(n_params: int, windows: int, length: int, d_model: int, d_ff: int
     })
 
 
+PROBE_SAMPLE_BYTES, PROBE_TOKEN_BYTES = 8192, 24
+
+
+def probe_instances(samples: int, cells: int, length: int) -> Estimate:
+    """The probes' instances alive at once: `cells` (kinds x depths) x `samples` at `length` tokens (module doc)."""
+    return Estimate({"probe instances": float(samples) * cells * (PROBE_SAMPLE_BYTES + PROBE_TOKEN_BYTES * length)})
+
+
 def check(estimate: Estimate, what: str, fix: str, cuda: bool = False) -> None:
     """Refuse `estimate` above the memory available (one line: `what` needs about X, `fix`); warn above 80%."""
     have = available_memory(cuda)
@@ -143,3 +154,20 @@ def check_memory(settings: TrainSettings, model, vocab: int, rows_per_device: in
                          model.score_keys(longest) or longest),
               f"the evaluation at {longest} tokens ({windows} windows per batch, eval.batch_tokens="
               f"{ev.batch_tokens})", "lower the longest eval.lengths or eval.batch_tokens", cuda)
+        check_probe_memory(settings)
+
+
+def check_probe_memory(settings: TrainSettings) -> None:
+    """The probes' instances of the final evaluation, in host memory (a CUDA run builds them on the CPU too)."""
+    from pelab.evaluation.config import resolve_lengths
+
+    p = settings.probes
+    if not (p.enabled and p.kinds):
+        return
+    train_length = settings.data.seq_len
+    offset = (max(p.prefix_multiples, default=0) + 1) * train_length  # an offset kind's window and its prefix
+    longest = max(resolve_lengths(list(p.lengths), train_length) + [offset])
+    cells = len(p.kinds) * len(p.depths)
+    check(probe_instances(p.samples, cells, longest),
+          f"the probes' instances ({p.samples} per cell, probes.samples={p.samples}; {cells} cells of "
+          f"probes.kinds x probes.depths, up to {longest} tokens)", "lower probes.samples")
