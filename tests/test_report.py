@@ -115,6 +115,12 @@ def test_report_of_unchanged_runs_is_the_same_file_dated_by_the_newest_run(sweep
     first = report.build_report([sweep], tmp_path / "a").path.read_text()
     second = report.build_report([sweep], tmp_path / "b").path.read_text()
     assert first == second  # regenerating a study rewrites nothing
+    # --no-figures: the same tables (a section of figures alone drops out), no figure link, no PNG written
+    tables_only = report.build_report([sweep], tmp_path / "c", figures=False).path.read_text()
+    assert [x for x in tables_only.splitlines() if x.startswith("|")] == [
+        x for x in first.splitlines() if x.startswith("|")]
+    assert "![" not in tables_only
+    assert "![" in first and not list((tmp_path / "c").glob("*.png"))
     ends = [launch["ended_at"] for s in summaries(sweep) for launch in s["launches"]]
     assert f"the newest run ended {max(ends)[:16].replace('T', ' ')} UTC" in first.splitlines()[2]
 

@@ -40,6 +40,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--questions", default=None, metavar="FILE",
                    help="the study's declared questions (YAML: pair, metric@L, budgets, estimand, smallest_effect; "
                         "see pelab.report.questions): tested once each, one Holm family")
+    p.add_argument("--no-figures", action="store_true",
+                   help="the tables alone, no PNG figures (a quarter of the time of a large study's report)")
     p.add_argument("--plan", action="store_true",
                    help="with --questions: print the seeds each question needs for 80%% power at alpha/m for its "
                         "smallest effect, from the sd of the runs at hand (the pilot), and exit")
@@ -86,7 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.plan:
             return print_plan(args.folders, args.questions)
         report = build_report(args.folders, out, args.title, baseline=args.baseline, compare=args.compare,
-                              compare_lengths=args.compare_lengths, pairs=args.pairs, questions=args.questions)
+                              compare_lengths=args.compare_lengths, pairs=args.pairs, questions=args.questions,
+                              figures=not args.no_figures)
     except ReportError as err:
         print(f"pelab.report: {err}", file=sys.stderr)
         return 2

@@ -104,8 +104,9 @@ def comparisons_text(comparisons: Sequence) -> str:
 def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "PELab report",
                  baseline: str | None = None, compare: Sequence[str] | None = None,
                  compare_lengths: Sequence[int] | None = None, pairs: Sequence[str] | None = None,
-                 questions: str | Path | None = None) -> Report:
-    """Read the jobs under `folders`, write `<out>/report.md` and the PNG figures; return the pieces.
+                 questions: str | Path | None = None, figures: bool = True) -> Report:
+    """Read the jobs under `folders`, write `<out>/report.md` and the PNG figures (none with `figures=False`:
+    the tables alone); return the pieces.
     `baseline`, `compare`, `compare_lengths`, `pairs`: an exploratory family of paired comparisons
     (`pelab.report.comparisons`); `questions`: the study's declared questions (`pelab.report.questions`), the
     confirmatory family (then the exploratory one is made only where those options ask for it)."""
@@ -152,7 +153,7 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
                    "and not verified by a rerun from their commit (`experiments/provenance/verify.py`): "
                    + ", ".join(f"`{n}`" for n in unverified) + "."]
     tables: list[Table] = []
-    figures = make_figures(rows, out) if rows else {}
+    figures = make_figures(rows, out) if rows and figures else {}
 
     def section(
         heading: str, items: Sequence[Table | None], figure: Sequence[str] = (), text: str = ""
