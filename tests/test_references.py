@@ -5,7 +5,7 @@ transformers' ``T5Attention._relative_position_bucket``. ALiBi slopes: x-transfo
 NoPE/RoPE head mixing (``+rotate_heads:<n>``): x-transformers' ``Attention(rotate_num_heads=n)``. FoX's forget-gate
 bias: x-transformers' ``DataDependentAlibi``; a FoX layer: the naive path of the FoX repository's kernel test.
 Stick-breaking attention: the reference repository's naive formula (``sb_ref.py``) and a loop over the paper's
-definition. Layouts
+definition. FoPE: the formula of the reference's ``FourierEmbedding`` (TsinghuaC3I/Fourier-Position-Embedding). Layouts
 (model.layout): a RoPE-chunked layer (with and without q/k norm) and a NoPE layer with temperature tuning against
 transformers' ``Llama4TextAttention``, as installed, its masks from transformers' ``masking_utils`` (here, beside
 the Llama imports: the Llama 4 modules add ~0.03 s to them, ~3 s in a file of their own).
@@ -379,3 +379,39 @@ def test_model_attention_stickbreaking_is_the_reference_in_a_layer():
     torch.testing.assert_close(layer(x, model.pe, state, q_start=9), want[:, 9:], rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match=r"model.attention=sparse is unknown; choose one of \['softmax', 'stickbreaking'\]"):
         GPTConfig(vocab_size=16, n_layers=1, n_heads=H, d_model=D, attention="sparse").validate()
+
+
+# ---- FoPE ---------------------------------------------------------------------------------------------------
+def fope_reference(t, sin_coef, cos_coef, head_dim, max_sequence_length, theta=10000.0):
+    """TsinghuaC3I/Fourier-Position-Embedding ``olmo/model.py``: ``RotaryEmbedding.get_inv_freq`` with
+    rope_clamp_floor_freq + rope_clamp_floor_to_zero (floor 2 pi / max_sequence_length), ``fourier_ignore_zero``,
+    ``get_rotary_embedding`` (suffix "fourier") and ``FourierEmbedding.apply_rotary_pos_emb`` (separate basis, per
+    head, prefix "attn"), for t (B, H, T, Dh) at positions 0..T-1."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    inv_freq[inv_freq < 2 * torch.pi / max_sequence_length] = 0.0
+    inv_freq = inv_freq[inv_freq != 0.0][None, :]  # (1, M)
+    freqs = torch.einsum("t, hd -> htd", torch.arange(t.shape[-2], dtype=torch.float), inv_freq).unsqueeze(0)
+    pos_sin, pos_cos = freqs.sin(), freqs.cos()
+    fourier_sin = torch.einsum("bhtD, hDd -> bhtd", pos_sin, sin_coef)
+    fourier_cos = torch.einsum("bhtD, hDd -> bhtd", pos_cos, cos_coef)
+    fourier_sin = F.pad(input=fourier_sin, pad=(0, head_dim // 2 - fourier_sin.size(-1)), mode="constant", value=1)
+    fourier_cos = F.pad(input=fourier_cos, pad=(0, head_dim // 2 - fourier_cos.size(-1)), mode="constant", value=1)
+    fourier_sin = torch.cat((fourier_sin, fourier_sin), dim=-1)
+    fourier_cos = torch.cat((fourier_cos, fourier_cos), dim=-1)
+    x1, x2 = t.view(*t.shape[:-1], 2, head_dim // 2).unbind(dim=-2)  # rotate_half
+    return (t * fourier_cos) + (torch.cat((-x2, x1), dim=-1) * fourier_sin)
+
+
+def test_fope_matches_the_reference_fourier_embedding():
+    """pe=fope's rotation of q and k = the reference's FourierEmbedding with the same coefficients; its clipping
+    keeps the frequencies with a full period in L (Dh 16, L 64: 1, 0.316, 0.1 of 8), its series pairs are
+    min(M, Dh / 4) = 3, and its coefficients start at the step eye plus noise, frozen by default."""
+    B, H, T, Dh = 2, 2, 40, 16
+    torch.manual_seed(0)
+    pe = build_encoding("fope", H * Dh, H, 64)
+    assert pe.freq.numel() == 3 and pe.cos_coef.shape == (H, 3, 3) and not pe.cos_coef.requires_grad
+    assert (pe.cos_coef.diagonal(dim1=-2, dim2=-1) - 1).abs().max() < 1.0  # the eye under gain-0.3 noise
+    q, k = torch.randn(B, H, T, Dh), torch.randn(B, H, T, Dh)
+    got_q, got_k = pe.rotate(q, k, pe.prepare(torch.arange(T)))
+    torch.testing.assert_close(got_q, fope_reference(q, pe.sin_coef, pe.cos_coef, Dh, 64), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_k, fope_reference(k, pe.sin_coef, pe.cos_coef, Dh, 64), rtol=1e-5, atol=1e-5)

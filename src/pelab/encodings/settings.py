@@ -307,6 +307,28 @@ class FoXConfig(RoPEConfig):
              "scales RoPE's frequencies, and pe=fox rotates nothing; add pe.rope=true or drop the scaling")
 
 
+@dataclass
+class FoPEConfig(PEConfig):
+    """Fourier Position Embedding (pelab.encodings.fourier): RoPE's frequencies clipped below 2 pi / L, each pair a
+    Fourier series over the rest."""
+
+    base: float = 10000.0
+    init_gain: float = 0.3  # xavier-normal gain of the series' off-diagonal coefficients (the reference: 0.3-0.6)
+    learnable: bool = False  # the coefficients are trained (the reference's default: frozen)
+
+    def validate(self, d_model: int, n_heads: int) -> None:
+        super().validate(d_model, n_heads)
+        need(self.base > 1, "pe.base", self.base, "must be > 1")
+        need(self.init_gain >= 0, "pe.init_gain", self.init_gain, "must be >= 0")
+        need(self.train_length is not None, "pe.train_length", self.train_length,
+             "is needed: FoPE clips the frequencies below 2 pi / L; set it or let the harness fill it from data.seq_len")
+        need((d_model // n_heads) >= 4, "model.d_model", d_model,
+             f"/ model.n_heads gives head_dim={d_model // n_heads}; FoPE needs >= 4 (Dh / 4 series pairs)")
+        # the highest frequency is 1 (a period of 2 pi tokens): it must fit in L, or every frequency is clipped
+        need(self.train_length is None or self.train_length >= 2 * math.pi, "pe.train_length", self.train_length,
+             "leaves no RoPE frequency a full period (2 pi / L > 1): FoPE needs L >= 7")
+
+
 # The schema of each built-in encoding by the `_target_` its YAML names (tests/test_encodings.py checks that
 # each entry is its class's `Config` and that every built-in YAML has an entry).
 SCHEMAS: dict[str, type[PEConfig]] = {
@@ -320,6 +342,7 @@ SCHEMAS: dict[str, type[PEConfig]] = {
     "pelab.encodings.bias.FIRE": FIREConfig,
     "pelab.encodings.contextual.CoPE": CoPEConfig,
     "pelab.encodings.forgetting.FoX": FoXConfig,
+    "pelab.encodings.fourier.FoPE": FoPEConfig,
     "pelab.encodings.rotary.RoPE": RoPEConfig,
     "pelab.encodings.rotary.XPos": XPosConfig,
 }
