@@ -32,7 +32,7 @@ SCHEMES = ("nope", "rope", "alibi", "t5_bias", "learned", "sinusoidal")  # the d
 # data-dependent positions (issue 54): FoX, FoX + RoPE, stick-breaking attention (pe=nope, model.attention=stickbreaking)
 DATA_DEPENDENT = {"fox": ({"name": "fox"}, {}), "fox_rope": ({"name": "fox", "rope": True}, {}),
                   "stickbreaking": ({"name": "nope"}, {"attention": "stickbreaking"})}
-ALL_SCHEMES = (*SCHEMES, "xpos", "kerple", "sandwich", "fire", "cope", *DATA_DEPENDENT)
+ALL_SCHEMES = (*SCHEMES, "xpos", "kerple", "sandwich", "fire", "cope", "fope", *DATA_DEPENDENT)
 GIB = 2**30
 
 

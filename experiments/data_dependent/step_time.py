@@ -1,4 +1,4 @@
-"""Training step time of the data-dependent schemes relative to RoPE, on CPU, one thread, in a plain loop.
+"""Training step time of the data-dependent schemes (and FoPE) relative to RoPE, on CPU, one thread, in a plain loop.
 
     OMP_NUM_THREADS=1 python experiments/data_dependent/step_time.py --json experiments/data_dependent/measurements/step_time-cpu.json
 
@@ -29,6 +29,7 @@ CASES = {
     "fox": ({"name": "fox"}, {}),
     "fox_rope": ({"name": "fox", "rope": True}, {}),
     "stickbreaking": ({"name": "nope"}, {"attention": "stickbreaking"}),
+    "fope": ({"name": "fope"}, {}),
 }
 RECALL = {"n_layers": 2, "n_heads": 2, "d_model": 128, "init": "kaiming", "tie_embeddings": False}
 
