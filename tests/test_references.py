@@ -313,8 +313,8 @@ def test_fox_layer_matches_the_reference_naive_path(rope):
 
 # ---- Stick-breaking attention -------------------------------------------------------------------------------
 def stickbreaking_reference(q, k, v, attend_current):
-    """shawntan/stickbreaking-attention: ``stickbreaking_attention/sb_ref.py::stickbreaking`` as ``tests/test_attn.py``'s
-    ``ref_fwd`` calls it (cm = ones.tril(-1), mask = ones.triu(1 if attend_current else 0), o + rem * v)."""
+    """shawntan/stickbreaking-attention: ``stickbreaking_attention/sb_ref.py::stickbreaking`` as its
+    ``tests/test_attn.py::ref_fwd`` calls it (cm = ones.tril(-1), mask = ones.triu(1 if attend_current else 0), o + rem * v)."""
     T = q.shape[-2]
     mask = torch.ones(T, T).triu(1 if attend_current else 0).bool()
     cum_weight = torch.ones(T, T).tril(-1)
@@ -377,7 +377,8 @@ def test_model_attention_stickbreaking_is_the_reference_in_a_layer():
     state = model.pe.prepare(torch.arange(T))
     torch.testing.assert_close(layer(x, model.pe, state), want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(layer(x, model.pe, state, q_start=9), want[:, 9:], rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match=r"model.attention=sparse is unknown; choose one of \['softmax', 'stickbreaking'\]"):
+    unknown = r"model.attention=sparse is unknown; choose one of \['softmax', 'stickbreaking'\]"
+    with pytest.raises(ValueError, match=unknown):
         GPTConfig(vocab_size=16, n_layers=1, n_heads=H, d_model=D, attention="sparse").validate()
 
 

@@ -26,7 +26,6 @@ non-embedding parameters (D * H + H per layer), not in the encoding's.
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 

@@ -321,7 +321,8 @@ class FoPEConfig(PEConfig):
         need(self.base > 1, "pe.base", self.base, "must be > 1")
         need(self.init_gain >= 0, "pe.init_gain", self.init_gain, "must be >= 0")
         need(self.train_length is not None, "pe.train_length", self.train_length,
-             "is needed: FoPE clips the frequencies below 2 pi / L; set it or let the harness fill it from data.seq_len")
+             "is needed: FoPE clips the frequencies below 2 pi / L; set it or let the harness fill it from "
+             "data.seq_len")
         need((d_model // n_heads) >= 4, "model.d_model", d_model,
              f"/ model.n_heads gives head_dim={d_model // n_heads}; FoPE needs >= 4 (Dh / 4 series pairs)")
         # the highest frequency is 1 (a period of 2 pi tokens): it must fit in L, or every frequency is clipped

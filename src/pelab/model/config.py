@@ -123,8 +123,8 @@ class GPTConfig:
             (self.attention in ATTENTIONS,
              f"model.attention={self.attention} is unknown; choose one of {list(ATTENTIONS)}"),
             (self.attention == "softmax" or self.attn_logit_scale == "none",
-             f"model.attn_logit_scale={self.attn_logit_scale} scales softmax logits; model.attention="
-             f"{self.attention} has no softmax: drop one of the two"),
+             (f"model.attn_logit_scale={self.attn_logit_scale} scales softmax logits; model.attention="
+              f"{self.attention} has no softmax: drop one of the two")),
             (self.attn_backend in ATTN_BACKENDS,
              f"model.attn_backend={self.attn_backend} is unknown; choose one of {list(ATTN_BACKENDS)}"),
             (self.attn_logit_scale in LOGIT_SCALES,

@@ -1,8 +1,9 @@
 """A small decoder-only GPT (nanoGPT-style) whose positions come only from a PositionEncoding.
 
 The model calls the encoding's hooks by their flags (has_embed / has_rotate / has_content_bias /
-has_layer_input_bias) and never asks which encoding it holds. Per forward, ``pe.prepare(pos)`` does the position-dependent work once
-(rotary tables, score bias) and its ``PositionState`` is passed to every layer explicitly.
+has_layer_input_bias) and never asks which encoding it holds. Per forward, ``pe.prepare(pos)`` does the
+position-dependent work once (rotary tables, score bias) and its ``PositionState`` is passed to every layer
+explicitly; a layer-input bias (FoX's forget gate) is a module of each layer, built by the encoding.
 
 A layout (``model.layout``, ``pelab.model.layout``) gives each layer its own encoding, attention span and
 temperature: each distinct encoding is one module (shared by its layers) prepared once per forward.
@@ -211,7 +212,8 @@ class GPT(nn.Module):
             raise ValueError(f"model.layout: pe {name} adds position vectors to the input (embed), which is not "
                              f"per layer; use it as the run's encoding (pe={name})")
         if pe.has_bias + pe.has_content_bias + pe.has_layer_input_bias > 1:
-            raise NotImplementedError(f"pe={name} sets more than one of has_bias, has_content_bias, has_layer_input_bias")
+            raise NotImplementedError(f"pe={name} sets more than one of has_bias, has_content_bias, "
+                                      "has_layer_input_bias")
         return pe
 
     def encodings(self) -> dict[str, PositionEncoding]:
@@ -237,7 +239,8 @@ class GPT(nn.Module):
     def score_keys(self, length: int) -> int:
         """The memory estimate's key columns at `length` tokens: the most that one query chunk of a layer whose
         path materialises its scores reads (a local layer: chunk + span - 1; a global layer with a score, content or
-        layer-input bias, or stick-breaking attention: `length`); 0 when no layer materialises them (SDPA without a mask: flash / fused kernels)."""
+        layer-input bias, or stick-breaking attention: `length`); 0 when no layer materialises them (SDPA without a
+        mask: flash / fused kernels)."""
         encodings = self.encodings()
         keys = [length if b.attn.span is None else b.attn.span.keys(self.config.attn_chunk_size, length)
                 for b, spec in zip(self.blocks, self.layer_specs, strict=True)
