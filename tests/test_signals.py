@@ -148,3 +148,53 @@ def test_slurm_batch_job_is_lightnings_slurm_detection(env, monkeypatch):
     assert slurm_batch_job() == SLURMEnvironment.detect()
     assert (signal.SIGUSR1 in preemption_signals()) != SLURMEnvironment.detect()
 
+
+
+# -- a signal during one long evaluation forward (issue 58) ---------------------------------------------------------
+def test_a_signal_during_a_long_forward_is_honoured_at_once_and_the_numbers_are_the_same(monkeypatch):
+    """A window of LONG_WINDOW_TOKENS or more runs its forward in a worker thread: a signal handler that raises
+    (Preempted, as JobSignals's) runs within WAIT_SECONDS, not when the torch call returns (a 1 M-token window of
+    the micro model: minutes); the worker is then recorded as left running (the job exits with os._exit). Below
+    the threshold, and in the worker, the result is the call's own."""
+    import threading
+
+    import torch
+
+    from pelab.evaluation import common
+    from pelab.harness.signals import Preempted
+
+    monkeypatch.setattr(common, "_abandoned", [])
+    linear = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 5, 4)
+    with torch.no_grad():
+        inline = linear(x)
+        monkeypatch.setattr(common, "LONG_WINDOW_TOKENS", 4)
+        worker = common.stoppable_forward(linear, x)  # the last dimension (a window's length) at the threshold
+    assert torch.equal(worker, inline) and not worker.requires_grad  # the caller's no_grad held in the worker
+
+    q = torch.randn(1, 2, 45_000, 16)  # about 2 s of one uninterruptible torch call on one thread
+
+    def long_call(_idx):
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    def stop(signum, frame):
+        raise Preempted(signum)
+
+    previous = signal.signal(signal.SIGUSR1, stop)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        threading.Timer(0.2, lambda: signal.raise_signal(signal.SIGUSR1)).start()
+        t0 = time.monotonic()
+        with pytest.raises(Preempted):
+            common.stoppable_forward(long_call, torch.zeros(1, 4, dtype=torch.long))
+        honoured = time.monotonic() - t0
+        assert common.abandoned_forwards()
+        (left,) = common._abandoned
+        left.wait(60)  # the test process goes on: let the worker finish
+        finished = time.monotonic() - t0
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        torch.set_num_threads(threads)
+    assert honoured < 1.0 < finished, (honoured, finished)
+    assert not common.abandoned_forwards()

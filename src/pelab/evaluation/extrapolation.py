@@ -41,7 +41,14 @@ from torch import nn
 from pelab.errors import PositionOutOfRange
 from pelab.evaluation import stats
 from pelab.evaluation.blocks import slots_by_document, uniform_slots
-from pelab.evaluation.common import evaluating, model_device, not_applicable_note, safe_exp, windows_per_batch
+from pelab.evaluation.common import (
+    evaluating,
+    model_device,
+    not_applicable_note,
+    safe_exp,
+    stoppable_forward,
+    windows_per_batch,
+)
 from pelab.evaluation.config import PROTOCOLS
 from pelab.metric_keys import metric_key
 from pelab.summary import json_safe
@@ -391,7 +398,7 @@ def score_windows(
         T, n_s = batch[0][1].length, batch[0][1].n_scored
         idx = torch.stack([blocks[k, w.start : w.end] for k, w in batch])  # (B, T)
         tgt = torch.stack([blocks[k, w.start + 1 : w.end + 1] for k, w in batch])  # (B, T)
-        logits = model(idx)  # (B, T, V), positions 0..T-1
+        logits = stoppable_forward(model, idx)  # (B, T, V), positions 0..T-1
         for b, (k, _) in enumerate(batch):  # one window at a time: the log-softmax temporary stays (T, V)
             if position_sums is not None:
                 nll = F.cross_entropy(logits[b].float(), tgt[b], reduction="none")  # (T,)

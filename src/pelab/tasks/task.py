@@ -225,10 +225,24 @@ def cli_main(task_fn: Callable[[DictConfig], dict], cfg: DictConfig) -> dict:
         report_user_error(err)
         raise
     if summary["status"] != "ok":
-        sys.exit(EXIT_CODES.get(summary["status"], 1))
+        code = EXIT_CODES.get(summary["status"], 1)
+        exit_now_if_a_forward_was_left(code)
+        sys.exit(code)
     if launcher_rank() == 0:
         print(result_table(summary), flush=True)
     return summary
+
+
+def exit_now_if_a_forward_was_left(code: int) -> None:
+    """A stop during a long evaluation forward left it running in its worker thread
+    (`pelab.evaluation.common.stoppable_forward`); the interpreter's normal end would abort under it (exit 134).
+    The record is written and W&B finished by now: end the process with the job's code at once."""
+    common = sys.modules.get("pelab.evaluation.common")  # loaded by any evaluation; not imported for a refusal
+    if common is not None and common.abandoned_forwards():
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 # Third-party messages that ask nothing of the user: each silenced by its own text only.
