@@ -107,10 +107,11 @@ def test_an_override_hydra_cannot_parse_is_one_line_with_the_quoting_hint():
 
     from pelab.tasks.hydra_errors import hydra_error_line
 
-    for argv, line in ((["hydra.run.dir=/tmp/my", "run"], "'run' is not an override (key=value): the shell split a "
-                        "value at a space; quote values with spaces as one argument: \"hydra.run.dir=/tmp/my run\"."),
-                       (["x=[1,2"], "the override 'x=[1,2' cannot be parsed (no viable alternative at input '[1,2'); "
-                        "quote values with spaces or special characters")):
+    split = ("'run' is not an override (key=value): the shell split a value at a space; quote values with spaces "
+             "as one argument: \"hydra.run.dir=/tmp/my run\".")
+    broken = ("the override 'x=[1,2' cannot be parsed (no viable alternative at input '[1,2'); quote values with "
+              "spaces or special characters")
+    for argv, line in ((["hydra.run.dir=/tmp/my", "run"], split), (["x=[1,2"], broken)):
         with pytest.raises(OverrideParseException) as err:
             OverridesParser.create().parse_overrides(argv)
         assert hydra_error_line(err.value, argv).startswith(line)

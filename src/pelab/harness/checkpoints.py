@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from pelab.disk import disk_error, naming
 from pelab.errors import CheckpointError
 from pelab.model import GPTConfig
-from pelab.disk import disk_error, naming
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

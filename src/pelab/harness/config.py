@@ -114,6 +114,9 @@ def _flag(v: Any) -> bool:
     return v is None or isinstance(v, bool)  # null: Lightning's default (benchmark, enable_model_summary)
 
 
+LIMIT_RULE = "must be a share in [0.0, 1.0] or a whole number of batches >= 0 (or null)"
+FLAGS = ("benchmark", "inference_mode", "use_distributed_sampler", "enable_model_summary", "barebones",
+         "sync_batchnorm", "detect_anomaly")
 # Lightning Trainer keywords given with `+trainer.<key>=` (pelab reads them not, Lightning takes them as they
 # are): Lightning accepts a wrong value at construction and fails in the middle of fit (accumulate_grad_batches=0:
 # a ZeroDivisionError after the data is built), so the numeric and flag ones are checked here, before any cost.
@@ -129,15 +132,12 @@ PASSTHROUGH_RULES: dict[str, tuple[Any, str]] = {
     "check_val_every_n_epoch": _optional(_count(1)),
     "num_sanity_val_steps": _optional(_count(-1)),
     "reload_dataloaders_every_n_epochs": _count(0),
-    **{f"limit_{split}_batches": (_fraction_or_count, "must be a share in [0.0, 1.0] or a whole number of batches "
-                                  ">= 0 (or null)") for split in ("train", "val", "test", "predict")},
+    **{f"limit_{split}_batches": (_fraction_or_count, LIMIT_RULE) for split in ("train", "val", "test", "predict")},
     "overfit_batches": ((lambda v: _fraction_or_count(v) and v is not None),
                         "must be a share in [0.0, 1.0] or a whole number of batches >= 0"),
-    **{key: (_flag, "must be true or false (or null)") for key in ("benchmark", "inference_mode", "use_distributed_sampler",
-                                                       "enable_model_summary", "barebones", "sync_batchnorm",
-                                                       "detect_anomaly")},
-    "deterministic": ((lambda v: v is None or isinstance(v, bool) or v == "warn"), "must be true, false or warn (or "
-                      "null)"),
+    **{key: (_flag, "must be true or false (or null)") for key in FLAGS},
+    "deterministic": ((lambda v: v is None or isinstance(v, bool) or v == "warn"),
+                      "must be true, false or warn (or null)"),
 }
 
 

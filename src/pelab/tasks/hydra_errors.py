@@ -105,7 +105,8 @@ def one_line_hydra_errors() -> Iterator[None]:
         except Exception as err:  # noqa: BLE001 - handed to Hydra's own report unless it is ours to word
             line = hydra_error_line(err, sys.argv[1:])
             if line is None:
-                return original(lambda: _raise(err))
+                failure = err  # `err` is unbound after the except clause; the lambda may outlive it
+                return original(lambda: _raise(failure))
             print(f"Error: {line}", file=sys.stderr, flush=True)
             sys.exit(1)
 
