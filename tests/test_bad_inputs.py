@@ -372,3 +372,38 @@ def test_a_read_only_place_is_not_writable_and_a_full_disk_names_the_file(tmp_pa
     with pytest.raises(OSError) as err:
         write_summary(tmp_path, {"status": "running"})
     assert os_error_line(err.value).startswith(f"No space left on device writing {tmp_path}/summary.json;")
+
+
+# -- the evaluation's cost, known before training (issue 58) --------------------------------------------------------
+def test_the_evaluations_cost_is_estimated_before_training_and_warned_above_the_trainings(caplog):
+    from types import SimpleNamespace
+
+    from pelab.harness.eval_cost import (
+        EvalCost,
+        estimate_eval_cost,
+        extrapolation_flops,
+        forward_flops_per_token,
+        report_eval_cost,
+    )
+
+    assert forward_flops_per_token(1000, 2, 32, 128) == 2 * 1000 + 4 * 2 * 32 * 128
+    once = extrapolation_flops(1000, 2, 32, [512], 4096, 128, sliding=False)
+    assert extrapolation_flops(1000, 2, 32, [512], 4096, 128, sliding=True) == 5 * once  # + 512 / 128 re-reads
+    # a micro model stand-in: what the estimate reads of the GPT
+    model = SimpleNamespace(matmul_params=lambda: 30_000, config=SimpleNamespace(n_layers=2, d_model=32))
+
+    def cost(*overrides: str) -> EvalCost:
+        settings = validate_config(compose([*FAST, *overrides]))
+        per_token = 6.0 * 30_000 + 12 * 2 * 32 * settings.data.seq_len
+        return estimate_eval_cost(settings, model, 1_000_000, per_token)
+
+    small, long = cost(), cost("data.seq_len=4096", "eval.lengths=[1,2,4,8]", "eval.tokens=null")
+    assert small.ratio < 1 < long.ratio and small.probes > 0 and cost("probes.enabled=false").probes == 0
+    with caplog.at_level("INFO", logger="pelab.harness.eval_cost"):
+        report_eval_cost(small)
+        report_eval_cost(long)
+        report_eval_cost(EvalCost(extrapolation=2e9, probes=0.0, training=1e9))  # a smoke run's: no warning
+    info, warning, smoke = caplog.records[-3:]
+    assert smoke.levelname == "INFO"
+    assert info.levelname == "INFO" and info.getMessage().startswith("evaluation after training: about ")
+    assert warning.levelname == "WARNING" and "the evaluation costs more than the training" in warning.getMessage()

@@ -49,7 +49,7 @@ def run_training(cfg: DictConfig, settings: TrainSettings, job: JobRecord, signa
                               summary, ckpt_path or (parent or {}).get("path"), ckpt_vocab)
     module = build_module(summary, datamodule.vocab_size)
     # The checks that need the data (split sizes, vocabulary), before the first step
-    check_before_training(settings, module, datamodule, world, precision)
+    check_before_training(settings, module, datamodule, world, precision, summary)
     if parent and not ckpt_path:
         load_parent_weights(module, parent["path"])
     job.save()
@@ -81,9 +81,11 @@ def run_training(cfg: DictConfig, settings: TrainSettings, job: JobRecord, signa
                             "metrics": {k: v for k, v in final.items() if k.startswith("extrap/")}})
 
 
-def check_before_training(settings: TrainSettings, module: Any, datamodule: Any, world: int, precision: str) -> None:
+def check_before_training(settings: TrainSettings, module: Any, datamodule: Any, world: int, precision: str,
+                          summary: dict) -> None:
     """What needs the data to be checked, before the first step: the evaluation text against its split (the
-    final evaluation and eval.at), the probes' filler, and memory (a training step, the evaluation)."""
+    final evaluation and eval.at), the probes' filler, and memory (a training step, the evaluation); and the final
+    evaluation's compute against the training's, printed and recorded (summary.json `eval_cost`)."""
     from pelab.evaluation.config import resolve_lengths
     from pelab.evaluation.suite import check_eval_budget
     from pelab.harness.build import on_cuda
@@ -98,6 +100,12 @@ def check_before_training(settings: TrainSettings, module: Any, datamodule: Any,
             check_eval_budget(ev.split, ev.at_tokens, longest, available, key="eval.at_tokens")
     check_memory(settings, module.model, datamodule.vocab_size, settings.data.batch_size // world, precision,
               on_cuda(settings.trainer))
+    if settings.run.evaluate_after_fit:
+        from pelab.harness.eval_cost import estimate_eval_cost, report_eval_cost
+
+        cost = estimate_eval_cost(settings, module.model, datamodule.n_tokens(ev.split), module.flops_per_token)
+        report_eval_cost(cost)
+        summary["eval_cost"] = cost.record()
 
 
 
