@@ -34,6 +34,7 @@ def _no_heavy_imports(tmp_path: Path) -> dict[str, str]:
     (["pe=rope", "pe.frequency_fraction=2"], "pe.frequency_fraction"),  # an encoding's own check
     (["probes.depths=[1.5]"], "probes.depths"),  # the evaluation's schema
     (["trainer.max_steps=abc"], "trainer.max_steps"),  # a type
+    (["+trainer.accumulate_grad_batches=0"], "trainer.accumulate_grad_batches"),  # a Trainer keyword's own rule
 ])
 def test_a_bad_setting_is_refused_before_torch_lightning_or_wandb_is_imported(args, key, tmp_path):
     run = tmp_path / "run"

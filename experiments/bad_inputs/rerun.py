@@ -44,6 +44,15 @@ CASES = [
     ("a truncated checkpoint", ["ckpt_path={broken}"], "not a readable checkpoint", True),
     ("WANDB_MODE empty", ["logger=wandb"], "WANDB_MODE", True),
     ("the run folder not writable", ["hydra.run.dir={file}/run"], "hydra.run.dir", True),
+    # issue 58: the run folder, Hydra's own errors, a Trainer pass-through, the probes' memory
+    ("hydra.run.dir empty", ["hydra.run.dir="], "is empty", True),
+    ("a folder of other files", ["hydra.run.dir={docs}"], "already holds files but no PELab run", True),
+    ("an unreadable summary.json", ["hydra.run.dir={cut}"], "cannot be read", True),
+    ("a key typo without +", ["trainer.max_step=5"], "did you mean trainer.max_steps?", True),
+    ("a value split at a space", ["hydra.run.dir={folder}/my", "run"], "quote values with spaces", True),
+    ("a Trainer keyword out of range", ["+trainer.accumulate_grad_batches=0"], "trainer.accumulate_grad_batches",
+     True),
+    ("probes.samples too many", ["probes.samples=1000000000"], "probes.samples", False),
 ]
 
 
@@ -51,7 +60,12 @@ def run_case(what: str, args: list[str], expect: str, before_cost: bool, tmp: Pa
     folder = Path(tempfile.mkdtemp(dir=tmp))
     (folder / "a_file").write_text("not a folder")
     (folder / "broken.ckpt").write_bytes(b"PK\x03\x04 truncated")
-    args = [a.format(broken=folder / "broken.ckpt", file=folder / "a_file") for a in args]
+    (folder / "docs").mkdir()
+    (folder / "docs" / "doc1.txt").write_text("a user's file")
+    (folder / "cut").mkdir()
+    (folder / "cut" / "summary.json").write_text('{"status": "ok", "global_st')  # a write cut short
+    args = [a.format(broken=folder / "broken.ckpt", file=folder / "a_file", docs=folder / "docs", cut=folder / "cut",
+                     folder=folder) for a in args]
     cache, out = folder / "cache", folder / "out"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PELAB_CACHE_DIR": str(cache), "WANDB_MODE": "offline"}
     if what == "WANDB_MODE empty":

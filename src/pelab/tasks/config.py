@@ -26,6 +26,7 @@ from pelab.encodings import pe_settings
 from pelab.errors import ConfigError
 from pelab.evaluation.config import EvalConfig, ProbesConfig, check_eval, check_probes
 from pelab.harness.config import (
+    PASSTHROUGH_RULES,
     OptimConfig,
     RunConfig,
     TrainerConfig,
@@ -119,6 +120,8 @@ def check_additions(cfg: DictConfig, overrides: list[str]) -> None:
         if (Path(CONF_DIR) / Path(*parts)).is_dir():  # a config group choice, e.g. +experiment=recall
             continue
         if parts[0] == "trainer" and len(parts) > 1:
+            if parts[1] in PASSTHROUGH_RULES:  # a Trainer keyword checked by its rule: no Lightning import (seconds)
+                continue
             import lightning.pytorch as L
 
             known = set(inspect.signature(L.Trainer.__init__).parameters) - {"self"}
