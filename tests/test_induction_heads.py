@@ -241,7 +241,8 @@ def test_the_agreement_rule():
     assert compare.verdict(58.6, seeds)[0] == "agrees" and compare.verdict(83.6, seeds)[0] == "disagrees"
     assert compare.verdict(7.8, [0.07, 0.09, 0.06])[0] == "both at chance"
     assert compare.verdict(100.0, [1.0, 1.0])[0] == "both at 100 %"
-    assert compare.verdict(99.6, [1.0, 1.0, 1.0])[0] == "agrees"  # x̄ = 1: Agresti-Coull keeps a width
+    assert compare.verdict(99.6, [1.0] * 5)[0] == "agrees"  # x̄ = 1: Agresti-Coull keeps a width
+    assert compare.verdict(58.6, seeds[:3])[0] == "3 seeds < 5: no verdict"  # the rule's n >= 5
 
 
 def test_the_plateau_criterion(tmp_path):

@@ -34,6 +34,7 @@ PAPER = {
     "xpos": ("MHA-xPos", [100.0, 100.0, 100.0, 99.6, 67.6, 25.4, 7.0, 9.0, 7.8]),
 }
 PAPER_STEPS = {"sinusoidal": 204_800, "rope": 409_600, "xpos": 409_600}
+MIN_SEEDS = 5  # the rule's n >= 5 (README): fewer seeds show their interval, and no verdict
 CHECK_EVERY, CURVE_EVERY, LAST_CHECKS, CURVE_BACK, CURVE_MOVE = 500, 2500, 5, 5000, 0.05
 
 
@@ -94,7 +95,8 @@ def prediction_interval(accs: list[float]) -> tuple[float, float, float]:
 
 
 def verdict(paper: float, accs: list[float]) -> tuple[str, tuple[float, float, float]]:
-    """'both at chance' / 'both at 100 %' (not counted), else 'agrees' / 'disagrees' by the rule."""
+    """'both at chance' / 'both at 100 %' (not counted), else 'agrees' / 'disagrees' by the rule, which needs
+    MIN_SEEDS seeds (fewer: the interval is shown, no verdict)."""
     mean, lo, hi = prediction_interval(accs)
     if paper / 100 <= CHANCE_CEILING and mean <= CHANCE_CEILING:
         return "both at chance", (mean, lo, hi)
@@ -102,6 +104,8 @@ def verdict(paper: float, accs: list[float]) -> tuple[str, tuple[float, float, f
         return "both at 100 %", (mean, lo, hi)
     if len(accs) < 2:
         return "one seed: no interval", (mean, lo, hi)
+    if len(accs) < MIN_SEEDS:
+        return f"{len(accs)} seeds < {MIN_SEEDS}: no verdict", (mean, lo, hi)
     return ("agrees" if lo <= paper / 100 <= hi else "disagrees"), (mean, lo, hi)
 
 
