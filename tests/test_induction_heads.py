@@ -245,6 +245,19 @@ def test_the_agreement_rule():
     assert compare.verdict(58.6, seeds[:3])[0] == "3 seeds < 5: no verdict"  # the rule's n >= 5
 
 
+def test_the_committed_comparison_is_compare_py_on_the_committed_runs():
+    """experiments/induction_heads/comparison.md is what compare.py makes of runs/ now (no stale or typed table)."""
+    import importlib.util
+
+    from helpers.runs import ROOT
+
+    here = ROOT / "experiments/induction_heads"
+    spec = importlib.util.spec_from_file_location("ih_compare", here / "compare.py")
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    assert compare.table(*compare.run_accuracies(here / "runs")) + "\n" == (here / "comparison.md").read_text()
+
+
 def test_the_plateau_criterion(tmp_path):
     """compare.py's plateau: in-window 1.000 at the last five checks, 2^9-2^11 within 0.05 over the last 5,000 steps
     (read from csv/metrics.csv, whose rows name the step before and repeat a value between two points)."""
