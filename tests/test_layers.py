@@ -12,7 +12,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "pelab"
 ORDER = ["errors", "ops", "encodings", "model", "data", "evaluation", "harness", "tasks", "report"]
 # Top-level modules outside the layer packages, and where they sit.
-PLACED = {"pelab": "errors", "pelab.checks": "errors", "pelab.conf_values": "errors", "pelab.summary": "errors", "pelab.metric_keys": "errors", "pelab.result_table": "errors", "pelab.provenance": "errors", "pelab.dashboard": "report", "pelab.lm_eval": "tasks", "pelab.export": "tasks"}
+PLACED = {"pelab": "errors", "pelab.checks": "errors", "pelab.conf_values": "errors", "pelab.summary": "errors", "pelab.disk": "errors", "pelab.metric_keys": "errors", "pelab.result_table": "errors", "pelab.provenance": "errors", "pelab.dashboard": "report", "pelab.lm_eval": "tasks", "pelab.export": "tasks"}
 
 
 def modules(root: Path = SRC) -> dict[str, Path]:
