@@ -109,14 +109,22 @@ def test_the_cli_scores_a_local_task_with_pelabs_numbers(lm, reference, local_ta
 @pytest.mark.slow
 def test_the_exported_run_scores_the_same_through_lm_evals_hf_model(lm, reference, local_task, tmp_path):
     """pelab-export, then lm-eval's stock `hf` model (transformers' AutoModelForCausalLM and AutoTokenizer of the
-    export): the same log-likelihoods as PELab's own evaluation."""
+    export) through `simple_evaluate`, the Python route (a task manager of the local task alone: lm-eval's CLI
+    indexes its thousands of tasks first, seconds the CLI test above already spends): the same log-likelihoods as
+    PELab's own evaluation."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
     from pelab.export import main as export
 
     assert export([str(reference), str(tmp_path / "hf_model")]) == 0
-    main(["run", "--model", "hf", "--model_args", f"pretrained={tmp_path / 'hf_model'}", "--device", "cpu",
-          "--tasks", "pelab_text", "--include_path", str(local_task), "--output_path", str(tmp_path / "out"),
-          "--log_samples"])
-    assert_pelabs_numbers(lm, tmp_path / "out")
+    results = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={tmp_path / 'hf_model'}", device="cpu",
+                                      tasks=["pelab_text"], log_samples=True,
+                                      task_manager=TaskManager(include_path=str(local_task), include_defaults=False))
+    logged = results["samples"]["pelab_text"]
+    assert len(logged) == len(TEXTS)
+    for row in logged:
+        assert float(row["resps"][0][0]) == pytest.approx(-pelabs_own_nll(lm, row["doc"]["text"]), rel=1e-5)
 
 
 def test_a_bad_model_arg_is_one_line_naming_it(reference):
