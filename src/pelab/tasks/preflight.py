@@ -133,11 +133,17 @@ def check_run_folder_is_ours(config: DictConfig, out_key: str) -> None:
     """The run folder (`check_pelab_or_empty`), unless `paths.allow_nonempty`."""
     if OmegaConf.select(config, "paths.allow_nonempty", default=False) is True:
         return
+    if (out := _run_folder(config, out_key)) is not None:
+        check_pelab_or_empty(out, out_key)
+
+
+def _run_folder(config: DictConfig, out_key: str) -> Path | None:
+    """The folder `out_key` names, or None where it is an interpolation only Hydra's own run resolves (its error
+    is clear there)."""
     try:
-        out = Path(OmegaConf.select(config, out_key))
-    except Exception:  # noqa: BLE001 - an interpolation only Hydra's own run resolves: its error is clear
-        return
-    check_pelab_or_empty(out, out_key)
+        return Path(OmegaConf.select(config, out_key))
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def check_pelab_or_empty(folder: Path, key: str) -> None:
@@ -157,11 +163,8 @@ def check_eval_folder(config: DictConfig, out_key: str) -> None:
     """eval.py's run folder, before Hydra writes its .hydra/ there (`check_not_a_training_run`)."""
     if config.get("task") != "eval":
         return
-    try:
-        out = Path(OmegaConf.select(config, out_key))
-    except Exception:  # noqa: BLE001 - an interpolation only Hydra's own run resolves: its error is clear
-        return
-    check_not_a_training_run(out, out_key)
+    if (out := _run_folder(config, out_key)) is not None:
+        check_not_a_training_run(out, out_key)
 
 
 def check_not_a_training_run(folder: Path, key: str) -> None:
