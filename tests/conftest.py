@@ -94,6 +94,24 @@ def reference(tmp_path_factory, cache_dir) -> Path:
     return build_once(tmp_path_factory, "reference", build) / "run"
 
 
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory, cache_dir):
+    """One short RoPE run with W&B offline, evaluated at 1x, 2x, 4x the training length: trained once per session
+    (the first xdist worker that asks; the tests only read it: one that writes copies it first)."""
+    def build(root):
+        from pelab.tasks.train import train
+
+        with isolated_env(cache_dir):
+            cfg = compose([*FAST, "pe=rope", "logger=wandb", "logger.wandb.mode=offline", "trainer.max_steps=30",
+                           "eval.lengths=[1,2,4]", "eval.tokens=512", "probes.lengths=[1,2]"], root / "rope-run")
+            assert train(cfg)["status"] == "ok"
+
+    from pelab.summary import SUMMARY_FILE, read_summary
+
+    out = build_once(tmp_path_factory, "rope-run", build) / "rope-run"
+    return out, read_summary(out / SUMMARY_FILE)
+
+
 # ----------------------------------------------------------------------------- data: generated text corpora
 
 @pytest.fixture(scope="module")

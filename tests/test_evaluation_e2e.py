@@ -7,9 +7,8 @@ import math
 
 import pytest
 
-from helpers.runs import FAST, compose, isolated_env, offline_runs, run_cli, wandb_records, wandb_summary
-from helpers.shared import build_once
-from pelab.summary import SUMMARY_FILE, as_float, read_summary
+from helpers.runs import FAST, compose, offline_runs, run_cli, wandb_records, wandb_summary
+from pelab.summary import as_float
 from pelab.tasks.evaluate import evaluate
 from pelab.tasks.train import train
 
@@ -17,20 +16,6 @@ from pelab.tasks.train import train
 # shrinks to the same whole windows, so the extrapolation span at the training length is exactly the
 # validation set.
 SAME_TOKENS = ["data.max_bytes=1", "data.val_windows=null", "eval.tokens=null", "eval.split=val"]
-
-
-@pytest.fixture(scope="session")
-def trained_run(tmp_path_factory, cache_dir):
-    """One short RoPE run with W&B offline, evaluated at 1x, 2x, 4x the training length: trained once per session
-    (the first xdist worker that asks; the tests only read it)."""
-    def build(root):
-        with isolated_env(cache_dir):
-            cfg = compose([*FAST, "pe=rope", "logger=wandb", "logger.wandb.mode=offline", "trainer.max_steps=30",
-                           "eval.lengths=[1,2,4]", "eval.tokens=512", "probes.lengths=[1,2]"], root / "rope-run")
-            assert train(cfg)["status"] == "ok"
-
-    out = build_once(tmp_path_factory, "rope-run", build) / "rope-run"
-    return out, read_summary(out / SUMMARY_FILE)
 
 
 @pytest.mark.slow

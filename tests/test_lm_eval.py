@@ -107,18 +107,21 @@ def test_the_cli_scores_a_local_task_with_pelabs_numbers(lm, reference, local_ta
 
 
 @pytest.mark.slow
-def test_the_exported_run_scores_the_same_through_lm_evals_hf_model(lm, reference, local_task, tmp_path):
-    """pelab-export, then lm-eval's stock `hf` model (transformers' AutoModelForCausalLM and AutoTokenizer of the
-    export) through `simple_evaluate`, the Python route (a task manager of the local task alone: lm-eval's CLI
-    indexes its thousands of tasks first, seconds the CLI test above already spends): the same log-likelihoods as
-    PELab's own evaluation."""
+@pytest.mark.parametrize("how", ["gpt_neox", "remote_code"])
+def test_the_exported_run_scores_the_same_through_lm_evals_hf_model(how, lm, reference, local_task, tmp_path):
+    """pelab-export (GPT-NeoX, or PELab's remote code), then lm-eval's stock `hf` model (transformers'
+    AutoModelForCausalLM and AutoTokenizer of the export) through `simple_evaluate`, the Python route (a task
+    manager of the local task alone: lm-eval's CLI indexes its thousands of tasks first, seconds the CLI test above
+    already spends): the same log-likelihoods as PELab's own evaluation."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
     from pelab.export import main as export
 
-    assert export([str(reference), str(tmp_path / "hf_model")]) == 0
-    results = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={tmp_path / 'hf_model'}", device="cpu",
+    folder = tmp_path / f"hf_{how}"  # transformers names a remote module by its folder: one per export
+    assert export([str(reference), str(folder), *(["--remote-code"] if how == "remote_code" else [])]) == 0
+    model_args = f"pretrained={folder}" + (",trust_remote_code=True" if how == "remote_code" else "")
+    results = lm_eval.simple_evaluate(model="hf", model_args=model_args, device="cpu",
                                       tasks=["pelab_text"], log_samples=True,
                                       task_manager=TaskManager(include_path=str(local_task), include_defaults=False))
     logged = results["samples"]["pelab_text"]

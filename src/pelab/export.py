@@ -10,7 +10,10 @@ none). Checked by tests/test_export.py: the exported model's logits equal PELab'
     pelab-export <run folder or .ckpt> <out folder>
     AutoModelForCausalLM.from_pretrained(<out folder>)
 
-Other encodings (ALiBi, T5, FIRE, ...) have no native architecture in `transformers`; they are refused here.
+Every other model (ALiBi, T5, FIRE, ..., a layout, stick-breaking attention) has no native architecture in
+`transformers`: it is exported with remote code (``pelab.remote_code``: PELab's own forward, copied, no `import
+pelab`) and loads with ``trust_remote_code=True``; ``--remote-code`` exports a RoPE model that way too. When the run
+logged to W&B, the export is logged as a ``model`` artifact of that run (``--no-wandb``: not).
 """
 
 from __future__ import annotations
@@ -89,31 +92,73 @@ def neox_state_dict(state: dict[str, torch.Tensor], n_layers: int, n_heads: int)
     return {k: v.detach().clone().contiguous() for k, v in out.items()}
 
 
-def export_run(checkpoint: str | Path, out: str | Path) -> Path:
-    """Write `out`: a GPT-NeoX `config.json` + `model.safetensors` that `AutoModelForCausalLM.from_pretrained`
-    loads, the run's tokenizer for `AutoTokenizer` (``hf_tokenizer``), and `pelab_export.json` (the source
-    checkpoint, its config and the end-of-document id)."""
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
-
+def export_run(checkpoint: str | Path, out: str | Path, *, remote_code: bool = False,
+               wandb: bool = True) -> tuple[Path, str]:
+    """Write `out`: the model for `AutoModelForCausalLM.from_pretrained` (GPT-NeoX when it maps exactly and
+    `remote_code` is off; else PELab's remote code, ``pelab.remote_code``), the run's tokenizer for `AutoTokenizer`
+    (``hf_tokenizer``) and `pelab_export.json` (the source checkpoint, its config, the end-of-document id, the
+    architecture). With `wandb`, a run that logged to W&B gets the folder as a `model` artifact
+    (``log_export_artifact``). Returns the folder and the architecture ("gpt_neox" or "remote_code")."""
     from pelab.harness.checkpoints import load_run_checkpoint, model_state
     from pelab.harness.run_folder import resolve_ckpt_path
 
-    path = resolve_ckpt_path(str(checkpoint), Path.cwd())
+    path = Path(resolve_ckpt_path(str(checkpoint), Path.cwd()))
     ckpt = load_run_checkpoint(path, key="checkpoint")
     cfg, vocab_size = ckpt["hyper_parameters"]["cfg"], int(ckpt["hyper_parameters"]["vocab_size"])
     tokenizer = run_tokenizer(cfg)
     eot_id = int(tokenizer.eot_id)
-    config = GPTNeoXConfig(**neox_config(cfg, vocab_size, eot_id))
-    model = GPTNeoXForCausalLM(config)
-    model.load_state_dict(neox_state_dict(model_state(ckpt), config.num_hidden_layers,
-                                          config.num_attention_heads), strict=True)
     out = Path(out)
-    model.save_pretrained(out)
+    try:
+        native = None if remote_code else neox_config(cfg, vocab_size, eot_id)
+    except ConfigError:  # no transformers architecture matches: PELab's own code
+        native = None
+    if native is not None:
+        from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+        config = GPTNeoXConfig(**native)
+        model = GPTNeoXForCausalLM(config)
+        model.load_state_dict(neox_state_dict(model_state(ckpt), config.num_hidden_layers,
+                                              config.num_attention_heads), strict=True)
+        model.save_pretrained(out)
+    else:
+        from pelab.remote_code import write_remote
+
+        write_remote(out, cfg, model_state(ckpt), vocab_size, eot_id)
+    arch = "gpt_neox" if native is not None else "remote_code"
     hf_tokenizer(tokenizer).save_pretrained(out)
     (out / "pelab_export.json").write_text(json.dumps(
-        {"checkpoint": str(Path(path).resolve()), "eot_id": eot_id, "tokenizer": cfg["tokenizer"],
+        {"checkpoint": str(path.resolve()), "architecture": arch, "eot_id": eot_id, "tokenizer": cfg["tokenizer"],
          "config": cfg}, indent=1, default=str))
-    return out
+    if wandb:
+        log_export_artifact(path.parent.parent, cfg, out, arch)
+    return out, arch
+
+
+def log_export_artifact(run_folder: Path, cfg: dict, out: Path, arch: str) -> str | None:
+    """The exported folder as a `model` artifact (``hf-<run id>``) of the W&B run that trained it: that run's id,
+    resumed (``pelab.harness.loggers.init_wandb``), so online the artifact joins the run and offline ``wandb sync``
+    uploads it into the run. None when the run logged no W&B run (no `wandb_run_id.txt`, or `logger.wandb` off)."""
+    from pelab.harness.loggers import RUN_ID_FILE, finish_wandb, init_wandb
+
+    wcfg = (cfg.get("logger") or {}).get("wandb")
+    if not wcfg or not (run_folder / RUN_ID_FILE).is_file():
+        return None
+    import wandb
+
+    name = json.loads((run_folder / "summary.json").read_text()).get("name", run_folder.name) \
+        if (run_folder / "summary.json").is_file() else run_folder.name
+    run = init_wandb(wcfg, name=name, output_dir=run_folder, config={}, group=None, tags=cfg.get("tags"))
+    if run is None:
+        return None
+    try:
+        artifact = wandb.Artifact(f"hf-{run.id}", type="model",
+                                  metadata={"architecture": arch, "format": "transformers"})
+        artifact.add_dir(str(out))
+        run.log_artifact(artifact)
+    finally:
+        finish_wandb(run, exit_code=0)
+    print(f"W&B: {out} logged as artifact hf-{run.id} (type model) of run {run.id} ({run.settings.mode})")
+    return f"hf-{run.id}"
 
 
 def run_tokenizer(cfg: dict) -> Any:
@@ -166,13 +211,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pelab-export", description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", help="a run folder (its newest checkpoint) or a .ckpt file")
     parser.add_argument("out", help="the folder to write (transformers' save_pretrained layout)")
+    parser.add_argument("--remote-code", action="store_true",
+                        help="PELab's own code (trust_remote_code) even where GPT-NeoX maps the model exactly")
+    parser.add_argument("--no-wandb", action="store_true", help="do not log the export as a W&B artifact of the run")
     args = parser.parse_args(argv)
     try:
-        out = export_run(args.checkpoint, args.out)
+        out, arch = export_run(args.checkpoint, args.out, remote_code=args.remote_code, wandb=not args.no_wandb)
     except ConfigError as err:
         print(f"Error: {err}", file=sys.stderr)
         return 2
-    print(f"exported {args.checkpoint} -> {out} (GPT-NeoX; AutoModelForCausalLM.from_pretrained('{out}'))")
+    how = ("GPT-NeoX; AutoModelForCausalLM.from_pretrained('{}')" if arch == "gpt_neox" else
+           "PELab remote code; AutoModelForCausalLM.from_pretrained('{}', trust_remote_code=True)").format(out)
+    print(f"exported {args.checkpoint} -> {out} ({how})")
     return 0
 
 

@@ -35,7 +35,9 @@ from pelab.encodings.settings import FoPEConfig
 def fope_frequencies(head_dim: int, base: float, train_length: int) -> Tensor:
     """(M,) fp32: RoPE's frequencies base^(-2m/Dh) (computed as the reference, fp32) that complete a period within
     train_length (omega >= 2 pi / L); the clipped ones are dropped."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    # on the CPU even under a meta-device context (transformers' from_pretrained of an export): how many
+    # frequencies survive the clipping is a data-dependent shape
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float, device="cpu") / head_dim))
     return inv_freq[inv_freq >= 2 * math.pi / train_length]
 
 
