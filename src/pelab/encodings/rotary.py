@@ -12,6 +12,8 @@ pure functions so the tests can check them against the published formulas:
   ntk          base' = base * s^(d/(d-2))                    (NTK-aware)
   dynamic_ntk  base' = base * (s*l/L - (s-1))^(d/(d-2)) at current length l > L; unchanged for l <= L
   yarn         NTK-by-parts ramp between theta_i and theta_i/s, and cos/sin times 0.1*ln(s) + 1 (Peng et al.)
+  rerope, leaky_rerope, self_extend, string: theta_i, with a second position map for the pairs past a window,
+               merged per pair through the content-bias hook (pelab.encodings.piecewise)
 
 The inverse frequencies are a non-persistent buffer: they are not in the state_dict, so scaling can be
 switched at evaluation time (building the model with another ``pe.scaling``) on a checkpoint trained
@@ -28,7 +30,8 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from pelab.encodings.base import PositionEncoding, PositionState, positions_as_float
-from pelab.encodings.settings import SCALING_TYPES, RoPEConfig, XPosConfig, rotary_dim
+from pelab.encodings.piecewise import far_correction, far_offsets
+from pelab.encodings.settings import PIECEWISE_TYPES, SCALING_TYPES, RoPEConfig, XPosConfig, rotary_dim
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +93,9 @@ def rope_inv_freq(
     seq_len: int | None = None,
 ) -> Tensor:
     """Inverse frequencies (dim/2,) float64 for a scaling type; ``seq_len`` is used by dynamic_ntk only.
-    The settings are checked once, by ``RoPEConfig.validate``."""
-    if scaling == "none":
+    The settings are checked once, by ``RoPEConfig.validate``; the piecewise types keep theta_i (their positions
+    move instead)."""
+    if scaling == "none" or scaling in PIECEWISE_TYPES:
         return base_inv_freq(dim, base)
     if scaling == "linear":
         return base_inv_freq(dim, base) / factor
@@ -173,7 +177,8 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class RoPE(PositionEncoding):
-    """Rotary embedding on q and k, optionally on the first ``rotary_fraction`` of each head's channels."""
+    """Rotary embedding on q and k, optionally on the first ``rotary_fraction`` of each head's channels; under a
+    piecewise scaling (``PIECEWISE_TYPES``) also a content bias: the far pairs' second score (``content_bias``)."""
 
     Config = RoPEConfig
     has_rotate = True
@@ -197,6 +202,9 @@ class RoPE(PositionEncoding):
         self.scaling = dict(scaling)
         self.attention_factor = rope_attention_factor(self.scaling["type"], self.scaling["factor"])
         self.register_buffer("inv_freq", self._scaled_inv_freq(), persistent=False)
+        # ReRoPE, Self-Extend, STRING: the far pairs' scores come through the content-bias path (per instance: the
+        # same class serves every scaling type, switchable at evaluation)
+        self.has_content_bias = self.scaling["type"] in PIECEWISE_TYPES
 
     def _scaled_inv_freq(self) -> Tensor:
         """(d/2,) fp32 inverse frequencies under the scaling (dynamic_ntk: its l <= L value), p-RoPE applied."""
@@ -247,6 +255,18 @@ class RoPE(PositionEncoding):
     def rotate(self, q: Tensor, k: Tensor, state: PositionState) -> tuple[Tensor, Tensor]:
         q_tables, k_tables = state.tables
         return apply_rotary(q, *q_tables), apply_rotary(k, *k_tables)
+
+    def content_bias(self, q: Tensor, k: Tensor, q0: int, state: PositionState) -> Tensor:
+        """Piecewise scalings: q (B, H, C, Dh) of queries q0..q0+C-1 and k (B, H, K, Dh), already rotated to their
+        exact positions -> (B, H, C, K) far score minus RoPE score on the pairs past the window, 0 elsewhere
+        (pelab.encodings.piecewise)."""
+        s = self.scaling
+        q_pos, k_pos = state.pos[..., q0 : q0 + q.shape[-2]], state.pos[..., : k.shape[-2]]
+        dq, dk = far_offsets(s["type"], q_pos, k_pos, window=s["window"], factor=s["factor"], group=s["group"],
+                             local=s["local"])
+        # turning the exact q, k on by the offset is the rotation to the far position (attention factor 1 here)
+        q_far, k_far = apply_rotary(q, *self.cos_sin(dq)), apply_rotary(k, *self.cos_sin(dk))
+        return far_correction(q, k, q_far, k_far, q_pos, k_pos, s["window"])
 
     def extra_repr(self) -> str:
         return (

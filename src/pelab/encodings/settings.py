@@ -23,7 +23,11 @@ from pelab.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-SCALING_TYPES = ("none", "linear", "ntk", "dynamic_ntk", "yarn")  # pe.scaling.type (RoPE, xPos)
+# pe.scaling.type (RoPE; xPos and FoX: the frequency scalings only). The piecewise ones keep RoPE's frequencies and
+# give the pairs past a window a second position map, merged per (query, key) pair (pelab.encodings.piecewise)
+PIECEWISE_TYPES = ("rerope", "leaky_rerope", "self_extend", "string")
+SCALING_TYPES = ("none", "linear", "ntk", "dynamic_ntk", "yarn", *PIECEWISE_TYPES)
+FACTOR_FREE_TYPES = ("none", "rerope", "string")  # the types that do not read pe.scaling.factor
 KERPLE_VARIANTS = ("log", "power")  # pe.variant of KERPLE
 
 
@@ -81,13 +85,41 @@ class PEConfig:
 
 @dataclass
 class ScalingConfig:
-    """Context-extension scaling of the rotary frequencies (see the module docstring); switchable at
-    evaluation time on a checkpoint trained without it."""
+    """Context extension of RoPE (pelab.encodings.rotary, pelab.encodings.piecewise); switchable at evaluation time
+    on a checkpoint trained without it."""
 
-    type: str = "none"  # none | linear | ntk | dynamic_ntk | yarn
-    factor: float = 1.0  # s
+    type: str = "none"  # none | linear | ntk | dynamic_ntk | yarn | rerope | leaky_rerope | self_extend | string
+    # s: the target length is s * L (leaky_rerope: its k, the slope 1/k past the window; self_extend: the length its
+    # default group size covers); unused by none, rerope and string
+    factor: float = 1.0
     beta_fast: float = 32.0  # yarn ramp: pairs with >= beta_fast rotations within L keep their frequency
     beta_slow: float = 1.0  # yarn ramp: pairs with < beta_slow rotations within L are fully interpolated
+    # The piecewise types: pairs closer than `window` keep their exact RoPE positions -- ReRoPE's w, Self-Extend's
+    # neighbour window, STRING's shifted offset S; null = the reference's ratio to L (`piecewise_defaults`)
+    window: int | None = None
+    group: int | None = None  # self_extend: the group size G; null = the smallest that covers factor * L
+    local: int | None = None  # string: W, the distance the shifted pairs start at; null = L / 16
+
+
+def piecewise_defaults(kind: str, train_length: int, factor: float) -> dict[str, int]:
+    """The piecewise settings left null, as each reference sets them relative to its training length L:
+      rerope, leaky_rerope  window = L / 8      (bojone/rerope: window 512 for LLaMA-2's 4,096)
+      self_extend           window = L / 4      (datamllab/LongLM README: neighbour window 1,024 for Llama-2's 4,096)
+                            group = the smallest G with (L - window) * G + window >= factor * L (the README's rule
+                                    for the maximum extended length)
+      string                window = 0.33 L   (HKUNLP/STRING: shifted_offset = int(0.33 * L))
+                            local = L / 16    (its default local value 128, which is L / 16 of the 2,048-token
+                                    TinyLlama the paper pretrains)
+    Each at least 1."""
+    if kind in ("rerope", "leaky_rerope"):
+        return {"window": max(1, train_length // 8)}
+    if kind == "self_extend":
+        window = max(1, train_length // 4)
+        span = max(1, train_length - window)
+        return {"window": window, "group": max(1, math.ceil((factor * train_length - window) / span))}
+    if kind == "string":
+        return {"window": max(1, int(0.33 * train_length)), "local": max(1, train_length // 16)}
+    return {}
 
 
 @dataclass
@@ -101,18 +133,29 @@ class RoPEConfig(PEConfig):
 
     supports_scaling: ClassVar[bool] = True
     runtime_keys: ClassVar[tuple[str, ...]] = ("scaling",)  # frequencies are not in the state dict
+    # The piecewise types merge two scores through the content-bias hook: not for an encoding that rotates q and k
+    # otherwise (xPos's decay) or already has a bias hook (FoX's forget gate)
+    piecewise_scaling: ClassVar[bool] = True
 
     @property
     def extends_context(self) -> bool:
         return self.scaling.type != "none"
 
     def variant(self, name: str) -> RoPEConfig:
-        """The same settings under scaling type ``name`` (none, linear, ntk, dynamic_ntk, yarn)."""
+        """The same settings under scaling type ``name`` (one of SCALING_TYPES)."""
         need(name in SCALING_TYPES, "pe.scaling.type", name,
              f"is unknown; choose one of {list(SCALING_TYPES)}")
-        if self.scaling.factor == 1.0 and name != "none":
-            log.warning("pe.scaling.factor=1: every scaling type equals no scaling; pass pe.scaling.factor=4, say.")
+        if self.scaling.factor == 1.0 and name not in FACTOR_FREE_TYPES:
+            log.warning("pe.scaling.factor=1: scaling type %s equals no scaling; pass pe.scaling.factor=4, say.", name)
         return replace(self, scaling=replace(self.scaling, type=name))
+
+    def resolve(self, train_length: int | None) -> None:
+        super().resolve(train_length)
+        s = self.scaling
+        if s.type in PIECEWISE_TYPES and self.train_length is not None:
+            for key, value in piecewise_defaults(s.type, self.train_length, s.factor).items():
+                if getattr(s, key) is None:
+                    setattr(s, key, value)
 
     def validate(self, d_model: int, n_heads: int) -> None:
         super().validate(d_model, n_heads)
@@ -134,6 +177,28 @@ class RoPEConfig(PEConfig):
         need(s.type not in ("dynamic_ntk", "yarn") or self.train_length is not None, "pe.scaling.type",
              s.type, "needs pe.train_length (the training length); it is null -- set it, or let the harness "
              "fill it from data.seq_len")
+        if s.type in PIECEWISE_TYPES:
+            self._validate_piecewise()
+
+    def _validate_piecewise(self) -> None:
+        s, L = self.scaling, self.train_length
+        need(self.piecewise_scaling, "pe.scaling.type", s.type,
+             f"merges two attention scores, which pe={self.name} cannot (its rotation or bias hook is its own); "
+             f"choose one of {[t for t in SCALING_TYPES if t not in PIECEWISE_TYPES]}")
+        need(L is not None, "pe.scaling.type", s.type, "needs pe.train_length (the training length); it is null -- "
+             "set it, or let the harness fill it from data.seq_len")
+        need(s.window is not None and 1 <= s.window < L, "pe.scaling.window", s.window,
+             f"must be in [1, {L}) (pe.train_length): the pairs closer than it keep their trained positions")
+        if s.type == "leaky_rerope":
+            need(s.factor >= 1, "pe.scaling.factor", s.factor,
+                 "(Leaky ReRoPE's k) must be >= 1: past the window positions grow by 1/k per token")
+        if s.type == "self_extend":
+            need(s.group is not None and s.group >= 1, "pe.scaling.group", s.group,
+                 "(Self-Extend's group size) must be >= 1 (or null: the smallest covering pe.scaling.factor x L)")
+        if s.type == "string":
+            need(s.local is not None and 0 <= s.local < s.window, "pe.scaling.local", s.local,
+                 f"(STRING's W) must be in [0, pe.scaling.window={s.window}): the pairs past the window move down "
+                 "to distance W onwards")
 
 
 def rotary_dim(head_dim: int, rotary_fraction: float) -> int:
@@ -283,6 +348,8 @@ class CoPEConfig(PEConfig):
 class XPosConfig(RoPEConfig):
     scale_base: float = 512.0
 
+    piecewise_scaling: ClassVar[bool] = False  # the decay scales q and k: a second rotation of them would not
+
     def validate(self, d_model: int, n_heads: int) -> None:
         super().validate(d_model, n_heads)
         need(self.scale_base > 0, "pe.scale_base", self.scale_base, "must be > 0")
@@ -296,6 +363,8 @@ class FoXConfig(RoPEConfig):
     # The gate's initial bias b: f = sigmoid(b) at the start. 0 = the reference's "full" gate (f = 1/2: a strong
     # decay to unlearn); x-transformers' DataDependentAlibi starts at 5 (f = 0.993: almost no decay)
     gate_bias_init: float = 0.0
+
+    piecewise_scaling: ClassVar[bool] = False  # the forget gate is its bias hook already
 
     @property
     def extends_context(self) -> bool:
