@@ -1,10 +1,11 @@
 """Context-extension methods beside PI / NTK / YaRN (docs/context_extension.md): ReRoPE, Leaky ReRoPE, Self-Extend and
-STRING at evaluation (pelab.encodings.piecewise, through RoPE's content-bias hook), each against a transcription of
-its reference code (float64 here):
+STRING at evaluation (pelab.encodings.piecewise, through RoPE's content-bias hook) and PoSE's fine-tuning positions
+(pelab.encodings.pose, extend.pose_length), each against a transcription of its reference code (float64 here):
 
   bojone/rerope            rerope_patch.py, leaky_rerope_patch.py (forward_with_rerope / _leaky_rerope, prompt branch)
   datamllab/LongLM         self_extend_patch/Llama_4_40.py (self_extend_forward, q_len == kv_seq_len branch)
   HKUNLP/STRING            string_for_llama.py (forward + string_flash_forward; the decoding branch)
+  dwzhu-pku/PoSE           src/train_pose.py (train_preprocess_function_pose)
 
 The HF pieces they call (rotate_half, apply_rotary_pos_emb, the rotary caches of transformers 4.31-4.43) are
 transcribed too. The PELab side is a real attention layer of a built model: its own dispatch (the chunked content-bias
@@ -14,11 +15,12 @@ path, explicit logits for log-n), not the functions under test called by hand.
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
 
-from helpers.runs import compose, summaries
+from helpers.runs import FAST, compose, summaries
 from pelab.encodings import build_encoding
 from pelab.errors import ConfigError
 from pelab.model import build_model
@@ -354,11 +356,83 @@ def test_defaults_follow_each_reference_and_bad_settings_name_their_key():
                 build_encoding({"name": "fox", "rope": True, "scaling": {"type": "rerope"}}, D, H, 128)
 
 
-# ---- the evaluation's sweep ---------------------------------------------------------------------------------------
+# ---- PoSE -----------------------------------------------------------------------------------------------------------
+def pose_reference_positions(len_chunk, scaled_max_position_embeddings, rng):
+    """The position ids of train_preprocess_function_pose (dwzhu-pku/PoSE src/train_pose.py) for a document of
+    exactly len_chunk tokens, and its two draws (rt1, rt)."""
+    lt1 = 0
+    rt1 = rng.randint(1, (len_chunk + 1) // 2)
+    pos_ids = torch.arange(len_chunk, dtype=torch.long)
+    lt = 0
+    rt = rng.randint(lt, scaled_max_position_embeddings - len_chunk)
+    pos_ids[: rt1 - lt1] += lt
+    pos_ids[rt1 - lt1 :] += rt
+    return pos_ids, rt1, rt
+
+
+def test_pose_positions_are_the_references_and_cover_the_target_window():
+    from pelab.encodings.pose import pose_positions, pose_positions_of
+
+    rng = random.Random(0)
+    draws = [pose_reference_positions(128, 512, rng) for _ in range(50)]
+    first, skip = torch.tensor([d[1] for d in draws]), torch.tensor([d[2] for d in draws])
+    assert torch.equal(pose_positions_of(first, skip, 128), torch.stack([d[0] for d in draws]))
+    torch.manual_seed(0)
+    pos = pose_positions(4000, 16, 64, torch.device("cpu"))
+    first = (pos.diff(dim=-1) > 1).float().argmax(-1) + 1  # where the second chunk starts (rows that skip)
+    jumps = pos.diff(dim=-1) - 1
+    assert pos.min() == 0 and pos.max() == 63 and jumps.min() == 0  # positions rise, the last one reaches L_t - 1
+    assert set(jumps.sum(-1).tolist()) == set(range(64 - 16 + 1))  # u_1 ~ U{0..L_t - L_c}
+    assert set(first[jumps.sum(-1) > 0].tolist()) == set(range(1, 8 + 1))  # l_0 ~ U{1..ceil(L_c / 2)}
+    assert (pos[:, 0] == 0).all()  # u_0 = 0
+
+
+def test_the_pose_preset_matches_the_full_length_child_in_steps_and_tokens_per_step():
+    """experiment=context_extension_pose against experiment=context_extension_child: the same optimizer steps,
+    schedule and tokens per step, rows of the parent's length whose positions reach the child's."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from pelab import CONF_DIR
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        pose, full, parent = (hydra_compose(config_name="train", overrides=[f"experiment={e}"],
+                                            return_hydra_config=True)
+                              for e in ("context_extension_pose", "context_extension_child", "context_extension"))
+    assert pose.data.seq_len == parent.data.seq_len and pose.extend.pose_length == full.data.seq_len
+    assert pose.data.seq_len * pose.data.batch_size == full.data.seq_len * full.data.batch_size
+    assert pose.trainer.max_steps == full.trainer.max_steps and pose.optim == full.optim
+    assert pose.pe.scaling.factor * pose.data.seq_len == pose.extend.pose_length
+    assert pose.hydra.sweeper.params["pe.scaling.type"] == "linear,yarn"
+
+
 def parent(sweep, pe):
     """The shared sweep's seed-0 run of encoding `pe` (trained at L = 32, 10 steps)."""
     (summary,) = [s for s in summaries(sweep) if s["config"]["pe"]["name"] == pe and s["config"]["seed"] == 0]
     return summary
+
+
+def test_pose_fine_tuning_trains_on_the_skipped_positions(sweep, tmp_path):
+    """extend.pose_length: the same child (seed, batches, parent weights) with PoSE positions sees other distances,
+    so its first loss differs (the ALiBi parent: its bias grows with distance, and it uses positions more than the
+    sweep's 10-step RoPE). A RoPE child scales relative to its parent's length, and a target at or below the row
+    length is refused in one line."""
+    from pelab.harness.extension import extension_parent
+    from pelab.tasks.train import train
+
+    args = [*FAST, "pe=alibi", "logger=csv", f"extend.from={parent(sweep, 'alibi')['output_dir']}",
+            "evaluate_after_fit=false", "trainer.max_steps=1", "trainer.val_check_interval=1"]
+    plain = train(compose(args, tmp_path / "full"))
+    pose = train(compose([*args, "extend.pose_length=256"], tmp_path / "pose"))
+    assert plain["status"] == pose["status"] == "ok" and pose["config"]["extend"]["pose_length"] == 256
+    # CPU fp32 training is deterministic (a rerun is bit-identical): any difference is the positions'
+    assert abs(pose["metrics"]["train/loss"] - plain["metrics"]["train/loss"]) > 1e-5
+    with pytest.raises(ConfigError, match="extend.pose_length") as err:
+        train(compose([*args, "extend.pose_length=32"], tmp_path / "bad"))
+    assert "\n" not in str(err.value)
+    cfg = compose([*FAST, "pe=rope", f"extend.from={parent(sweep, 'rope')['output_dir']}", "extend.pose_length=128",
+                   "pe.scaling.type=yarn", "pe.scaling.factor=4"], tmp_path / "rope")
+    assert extension_parent(cfg)["train_length"] == 32 and cfg.pe.train_length == 32
 
 
 def test_the_scaling_sweep_runs_every_method_on_the_same_tokens(sweep, tmp_path):

@@ -3,6 +3,12 @@
 The protocol of position interpolation (Chen et al. 2023) and YaRN (Peng et al. 2023): train at L, fine-tune
 briefly at L' > L. The child takes the parent's weights only (no optimizer state, step 0); the parent must have
 the same model shape, encoding and tokenizer, which is checked before any data is built.
+
+PoSE (Zhu et al. 2024, `extend.pose_length=L'`): fine-tune at the parent's L itself with position ids that skip to
+cover L' (`pelab.encodings.pose`, drawn by the training step), with PI or YaRN as the paper (pe.scaling, factor
+L' / L). Against full-length fine-tuning at equal compute: the same optimizer steps and tokens per step (data.
+batch_size x L' / L rows of L), fewer FLOPs (the attention term scales with the row length). `pose_check`: the
+positions it draws fit the encoding, before any data is built.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ def extension_parent(cfg: DictConfig) -> dict | None:
     extends_context`, e.g. a RoPE scaling) and leaves `pe.train_length` null gets the PARENT's training length
     there (set in `cfg.pe`): PI and YaRN scale relative to the length the weights were trained at, not to the
     child's data.seq_len."""
+    pose_check(cfg)
     source = OmegaConf.select(cfg, "extend.from")  # extend: null (or no extend group) is no parent either
     if source in (None, ""):
         return None
@@ -62,6 +69,27 @@ def extension_parent(cfg: DictConfig) -> dict | None:
               "vocab_size": hp.get("vocab_size")}
     log.info("extending %s (step %d, trained at L=%d)", path, parent["step"], parent["train_length"])
     return parent
+
+
+def pose_check(cfg: DictConfig) -> None:
+    """`extend.pose_length` (typed and above data.seq_len by `pelab.tasks.config.check_extend`): every position it
+    draws, up to pose_length - 1, must be one the run's encodings can represent (a learned table ends at its size),
+    before any data is built."""
+    from pelab.errors import PositionOutOfRange
+
+    pose = OmegaConf.select(cfg, "extend.pose_length")
+    if pose is None:
+        return
+    model = build_model(cfg.model, cfg.pe, 2, int(cfg.data.seq_len))  # the encodings' range; no data needed
+    try:
+        for pe in model.encodings().values():
+            pe.check_positions(largest=int(pose) - 1)
+    except PositionOutOfRange as err:
+        raise ConfigError(f"extend.pose_length={pose} reaches position {int(pose) - 1}, past this run's encoding: "
+                          f"{err}") from None
+    if not pe_extends_context(cfg):
+        log.info("PoSE to %d positions without interpolation (pe.scaling.type=none): the paper pairs it with "
+                 "linear or yarn, factor extend.pose_length / L", pose)
 
 
 def pe_extends_context(cfg: DictConfig) -> bool:

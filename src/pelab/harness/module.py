@@ -32,6 +32,7 @@ from torchmetrics import CatMetric, SumMetric
 
 from pelab.checks import typed
 from pelab.data.batch import IGNORE_INDEX, inputs_and_targets
+from pelab.encodings.pose import pose_positions
 from pelab.errors import NonFiniteError
 from pelab.evaluation import stats
 from pelab.harness.config import OptimConfig
@@ -142,7 +143,7 @@ class LMModule(L.LightningModule):
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         # (B, T) each; targets that are IGNORE_INDEX are not scored, `answers` marks recall answers (data.recall_loss)
         x, y, answers = inputs_and_targets(batch, answers=True)
-        logits = self(x)
+        logits = self(x, pos=self.training_positions(x))
         if self.cfg["data"]["recall_loss"] == "two_means":
             text_loss, answer_loss = two_means(logits, y, answers)
             loss = text_loss + answer_loss
@@ -158,6 +159,12 @@ class LMModule(L.LightningModule):
         self.log("train/tokens", torch.tensor(float((self.global_step + 1) * tokens)))
         self.log("train/lr", torch.tensor(float(self.optimizers().param_groups[0]["lr"])))
         return loss
+
+    def training_positions(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The positions of a training batch x (B, T): PoSE's skip-wise positions when `extend.pose_length` is set
+        (`pelab.encodings.pose`; drawn from the step's seeded RNG), else None (the model's 0..T-1)."""
+        target = (self.cfg.get("extend") or {}).get("pose_length")  # absent from configs older than the key
+        return None if target is None else pose_positions(x.shape[0], x.shape[1], int(target), x.device)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # Stop "early" at max_steps: Lightning then runs a last validation, so val/* and last.ckpt

@@ -48,7 +48,7 @@ OPEN_GROUPS = ("data", "trainer", "tokenizer")
 SCHEMAS = {"data": LoaderConfig, "tokenizer": TokenizerConfig, "optim": OptimConfig, "trainer": TrainerConfig,
            "eval": EvalConfig, "probes": ProbesConfig}
 MATMUL_PRECISIONS = ("highest", "high", "medium")
-EXTEND_KEYS = ("from", "eval_before", "parent")  # `from` is a Python keyword: no dataclass field
+EXTEND_KEYS = ("from", "eval_before", "pose_length", "parent")  # `from` is a Python keyword: no dataclass field
 
 
 def check_run(r: DictConfig, batch_size: int) -> None:
@@ -79,7 +79,8 @@ def check_ckpt_path(cfg: DictConfig) -> None:
 
 
 def check_extend(cfg: DictConfig) -> None:
-    """`extend` (conf/train.yaml): null, or {from: a path or null, eval_before: bool, parent: filled by train.py}."""
+    """`extend` (conf/train.yaml): null, or {from: a path or null, eval_before: bool, pose_length: a number of tokens
+    above data.seq_len or null, parent: filled by train.py}."""
     e = resolved_value(cfg, "extend") if "extend" in cfg else None
     if e in (None, "???"):
         return
@@ -92,6 +93,13 @@ def check_extend(cfg: DictConfig) -> None:
              "must be a .ckpt file or a run folder (or null).")
     if "eval_before" in e:
         need(isinstance(e["eval_before"], bool), "extend.eval_before", e["eval_before"], "must be true or false.")
+    if e.get("pose_length") is not None:  # PoSE (pelab.encodings.pose): positions of a longer window
+        seq_len, pose = resolved_value(cfg, "data").get("seq_len"), e["pose_length"]
+        need(is_int(pose) and (not is_int(seq_len) or pose > seq_len), "extend.pose_length", pose,
+             f"(PoSE's target length) must be a number of tokens above data.seq_len={seq_len}, or null (off).")
+        randomized = OmegaConf.select(cfg, "pe.randomized.max_position")
+        need(randomized is None, "extend.pose_length", pose, f"and pe.randomized.max_position={randomized} both "
+             "choose the training positions; set one of them.")
 
 
 # Where a `+key=value` may add a key no config has: Hydra's own, and a namespace for the user's own keys.
