@@ -111,8 +111,8 @@ def test_the_rewrite_keeps_names_aliases_and_indentation():
 
 @pytest.mark.slow
 def test_a_trained_runs_export_is_logged_as_an_artifact_of_its_wandb_run(trained_run, tmp_path, capsys):
-    """pelab-export --remote-code on a run that logged to W&B offline: the export gives the checkpoint's logits,
-    and the run's W&B id gains an offline run that logs the folder as artifact hf-<id> (type model), for
+    """pelab-export --remote-code on a run that logged to W&B offline: the export gives the checkpoint's logits and
+    greedy continuations, and the run's W&B id gains an offline run that logs the folder as artifact hf-<id> (type model), for
     `wandb sync` to upload into that run."""
     from pelab.export import main
     from pelab.harness.checkpoints import load_run_checkpoint, model_state
@@ -132,6 +132,10 @@ def test_a_trained_runs_export_is_logged_as_an_artifact_of_its_wandb_run(trained
     x = torch.randint(0, model.config.vocab_size, (1, 64))
     with torch.no_grad():
         torch.testing.assert_close(model(x).logits, pelab.eval()(x), atol=1e-5, rtol=1e-5)
+        greedy = x[:, :8]  # transformers' generate (no cache) = PELab's own argmax, token by token
+        for _ in range(4):
+            greedy = torch.cat([greedy, pelab(greedy)[:, -1].argmax(-1, keepdim=True)], dim=1)
+        assert torch.equal(model.generate(x[:, :8], max_new_tokens=4, do_sample=False), greedy)
     new = sorted(set(offline_runs(run)) - before)
     assert len(new) == 1 and new[0].name.endswith(run_id)
     logged = json.dumps(wandb_records(new[0]))

@@ -79,6 +79,11 @@ class PelabForCausalLM(PreTrainedModel, GenerationMixin):
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
         return CausalLMOutput(loss=loss, logits=logits)
 
+    @classmethod
+    def _supports_default_dynamic_cache(cls):
+        """No key/value cache: `generate` reads the whole sequence at each step."""
+        return False
+
     def prepare_inputs_for_generation(self, input_ids, **kwargs):
         return {"input_ids": input_ids}
 
