@@ -14,17 +14,13 @@ import pytest
 from helpers.shared import build_once
 
 ROOT = Path(__file__).resolve().parents[1]
-BLOCK = re.compile(r"<!-- generated: python -m pelab\.report (?P<args>[^>]*?) -->\n(?P<body>.*?)<!-- end generated -->",
-                   re.DOTALL)
 
 
 def generated_blocks() -> list[tuple[str, str, str]]:
     """(page, report arguments, block text) of every generated block under experiments/."""
-    out = []
-    for page in sorted((ROOT / "experiments").rglob("*.md")):
-        for m in BLOCK.finditer(page.read_text()):
-            out.append((str(page.relative_to(ROOT)), m["args"], m["body"]))
-    return out
+    from pelab.report.generated import generated_blocks as blocks
+
+    return [(str(page.relative_to(ROOT)), args, body) for page, args, body in blocks([ROOT / "experiments"])]
 
 
 def tables(text: str) -> list[str]:

@@ -5,7 +5,7 @@
 # (<root>/COMMIT; ../pinned.sh). Relaunch the same command to go on: finished jobs are skipped, an interrupted one
 # resumes from its last checkpoint.
 #   setsid nohup bash experiments/corpora/run.sh [root] > /dev/null 2>&1 &    (root: /work/studies/corpora)
-#   bash experiments/collect.sh <root>/sweep experiments/corpora/runs
+#   python -m pelab.report collect <root>/sweep experiments/corpora/runs
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../pinned.sh"

@@ -6,7 +6,7 @@ that the paper's 1/256 grid keeps a width). Cells where both are at chance (≤ 
 100 and every seed at 100 %) are reported as such and not counted; the informative cells are 2^9-2^11, counted over
 the rows whose every seed reached the plateau criterion (README "Budget and plateau criterion": the in-window check
 at 1.000 at its last five checks, and 2^9-2^11 within 0.05 of their value 5,000 steps earlier on the run's curve).
-numpy / scipy only; reads the summary.json and csv/metrics.csv of each run folder (experiments/collect.sh).
+numpy / scipy only; reads the summary.json and csv/metrics.csv of each run folder (python -m pelab.report collect).
     python experiments/induction_heads/compare.py <runs folder> [--out table.md]
 """
 

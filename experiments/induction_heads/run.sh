@@ -8,7 +8,7 @@
 # folder's lock) is refused to this one, which goes on to the next. Relaunch the same command to go on: finished jobs
 # are skipped (status ok), an interrupted one resumes from its last checkpoint (written every 1,000 steps).
 #   setsid nohup bash experiments/induction_heads/run.sh [root] > /dev/null 2>&1 &   (root: /work/studies/induction_heads/study)
-#   bash experiments/collect.sh <root>/sweep experiments/induction_heads/runs      (the finished run folders)
+#   python -m pelab.report collect <root>/sweep experiments/induction_heads/runs      (the finished run folders)
 # SEEDS (default "0 1 2 3 4") and ROWS (default "abs rotary": MHA-Abs, then MHA-RoPE and MHA-xPos) narrow the list,
 # e.g. to finish one row first, or to go on when <root>/sweep was lost but some runs are already collected.
 set -u

@@ -19,8 +19,12 @@ the model and any other swept key only when they vary); jobs that differ only in
 aggregated into one row. Rows follow the order the jobs ran in (the order of the folders, then of
 the job folders in each).
 
+Two subcommands hold the steps between a study's sweep and its findings page (pelab.report.generated):
+`python -m pelab.report collect <sweep> <dest>` copies the small files of its finished run folders into the
+repository, `python -m pelab.report refill [pages]` rebuilds the generated tables of the pages from their reports.
+
 The steps, one module each: discovery (the jobs and their status), aggregation (rows and mean ± std
-over seeds), tables, figures and document (rendering), upload (W&B), cli.
+over seeds), tables, figures and document (rendering), upload (W&B), generated (collect, refill), cli.
 """
 
 from pelab.report.aggregation import Row, aggregate, group_rows, pe_defaults

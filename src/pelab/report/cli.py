@@ -76,8 +76,40 @@ def print_plan(folders: Sequence[str], questions: str | None) -> int:
     return 0
 
 
+SUBCOMMANDS = ("collect", "refill")  # the first word; anything else is a report's folders
+
+
+def step_main(argv: Sequence[str]) -> int:
+    """`collect` and `refill` (pelab.report.generated): the steps between a study's sweep and its findings page."""
+    from pelab.report.generated import collect, refill
+
+    p = argparse.ArgumentParser(prog="python -m pelab.report")
+    sub = p.add_subparsers(dest="step", required=True)
+    c = sub.add_parser("collect", help="copy the small files of a sweep's finished run folders into the repository")
+    c.add_argument("sweep", type=Path, help="the sweep folder (hydra.sweep.dir)")
+    c.add_argument("dest", type=Path, help="the destination, e.g. experiments/<study>/runs")
+    r = sub.add_parser("refill", help="rebuild the generated blocks of findings pages from their reports")
+    r.add_argument("pages", type=Path, nargs="*", default=[Path("experiments")],
+                   help="markdown files or folders (default: experiments/), run from the repository root")
+    args = p.parse_args(argv)
+    try:
+        if args.step == "collect":
+            jobs = collect(args.sweep, args.dest)
+            print(f"collected {len(jobs)} finished jobs of {args.sweep} into {args.dest}")
+        else:
+            for page in refill(args.pages, main):
+                print(f"refilled {page}")
+    except ReportError as err:
+        print(f"pelab.report {args.step}: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        return step_main(argv)
     args = parse_args(argv)
     out = (
         Path(args.out)

@@ -1,0 +1,92 @@
+"""The two steps between a study's sweep and its findings page: `collect` (the small files of its finished run
+folders into the repository) and `refill` (each generated block of a markdown page rebuilt from the report of the
+runs it names). Both are subcommands of `python -m pelab.report`:
+
+    python -m pelab.report collect <sweep folder> <destination>
+    python -m pelab.report refill [pages or folders ...]       (default: experiments/)
+
+A generated block is the text between ``<!-- generated: python -m pelab.report ARGS -->`` and
+``<!-- end generated -->``; each table in it sits under a ``**title**`` line and is replaced by the report's table
+of that title (ARGS relative to the repository root, where `refill` runs). tests/test_findings.py checks every
+page's blocks against the reports.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from pelab.errors import ReportError
+from pelab.summary import SUMMARY_FILE
+
+BLOCK = re.compile(r"(<!-- generated: python -m pelab\.report (?P<args>[^>]*?) -->\n)(?P<body>.*?)(<!-- end generated -->)",
+                   re.DOTALL)
+# a table under its bold title, with the report's caption paragraph between them or not; or a list under its bold
+# title (the generated claim sentences); a title starts its line (a bold word inside a paragraph is no title)
+TITLED = re.compile(r"(?m)^(\*\*(?P<title>[^*\n]+)\*\*[^\n]*\n\n)(?:[^|\n-][^\n]*\n\n)?((?:\|[^\n]*\n)+|(?:- [^\n]*\n)+)")
+# what `collect` copies from a finished run folder: what the reports and the findings are made from
+COLLECTED = (SUMMARY_FILE, "csv/metrics.csv", ".hydra/overrides.yaml")
+
+
+def collect(sweep: Path, dest: Path) -> list[str]:
+    """Copy the small files of every finished job (status ok) of `sweep` into `dest/<job>/`: summary.json, the CSV
+    log, the overrides and the diff of a launch from a dirty tree (provenance-<launch>.diff). Unfinished jobs are
+    left out (a relaunch of the sweep finishes them; collect again). Returns the jobs copied."""
+    if not sweep.is_dir():
+        raise ReportError(f"collect: {sweep} is not a folder; give the sweep folder (hydra.sweep.dir)")
+    copied = []
+    for job in sorted(p for p in sweep.iterdir() if (p / SUMMARY_FILE).is_file()):
+        try:
+            status = json.loads((job / SUMMARY_FILE).read_text()).get("status")
+        except json.JSONDecodeError:
+            status = None  # unreadable: not a finished job
+        if status != "ok":
+            continue
+        for rel in [*COLLECTED, *(p.name for p in job.glob("provenance-*.diff"))]:
+            if (job / rel).is_file():
+                (dest / job.name / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(job / rel, dest / job.name / rel)
+        copied.append(job.name)
+    return copied
+
+
+def generated_blocks(pages: Sequence[Path]) -> list[tuple[Path, str, str]]:
+    """(page, report arguments, block text) of every generated block of the markdown files under `pages`."""
+    files = sorted({f for p in pages for f in ([p] if p.is_file() else p.rglob("*.md"))})
+    return [(f, m["args"], m["body"]) for f in files for m in BLOCK.finditer(f.read_text())]
+
+
+def report_tables(markdown: str) -> dict[str, str]:
+    """title -> table (its lines, newline-terminated) of a report."""
+    return {m["title"]: m.group(3) for m in TITLED.finditer(markdown)}
+
+
+def refill_block(body: str, tables: dict[str, str], page: Path) -> str:
+    """`body` with each titled table replaced by the report's table of that title."""
+    def one(m: re.Match) -> str:
+        if m["title"] not in tables:
+            raise ReportError(f"{page}: the report has no table titled {m['title']!r}; titles: {sorted(tables)}")
+        return m.group(1) + tables[m["title"]]
+
+    return TITLED.sub(one, body)
+
+
+def refill(pages: Sequence[Path], report: Callable[[list[str]], int]) -> list[Path]:
+    """Rebuild every generated block of `pages` (files or folders of markdown) from `report(ARGS)` (the report
+    command: it writes ARGS' --out, or <first folder>/report). Returns the pages rewritten."""
+    done = []
+    for page in sorted({f for f, _, _ in generated_blocks(pages)}):
+        def fill(m: re.Match, page: Path = page) -> str:
+            argv = shlex.split(m["args"])
+            if report(argv) != 0:
+                raise ReportError(f"{page}: python -m pelab.report {m['args']} failed")
+            out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else Path(argv[0]) / "report"
+            return m.group(1) + refill_block(m["body"], report_tables((out / "report.md").read_text()), page) + m.group(4)
+
+        page.write_text(BLOCK.sub(fill, page.read_text()))
+        done.append(page)
+    return done

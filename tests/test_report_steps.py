@@ -1,0 +1,126 @@
+"""`python -m pelab.report collect` and `refill`: the steps between a study's sweep and its findings page."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pelab.report.cli import main
+
+PAGE = """# A study
+
+Prose the refill keeps.
+
+<!-- generated: python -m pelab.report runs --out {out} -->
+**Perplexity by length**
+
+| row | ppl |
+|---|---|
+| rope | 9.99 |
+
+**Claims**
+
+- an old claim
+<!-- end generated -->
+
+After the block.
+"""
+
+REPORT = """# PELab report
+
+**Perplexity by length** (mean over seeds)
+
+A caption paragraph the page leaves out.
+
+| row | ppl |
+|---|---|
+| rope | 3.94 |
+| nope | 6.40 |
+
+**Claims**
+
+- rope below nope at 128 (resolved)
+"""
+
+
+def job(sweep: Path, name: str, status: str | None, extra: dict[str, str] | None = None) -> Path:
+    folder = sweep / name
+    files = {"csv/metrics.csv": "step,loss\n1,2\n", ".hydra/overrides.yaml": "- seed=0\n",
+             "checkpoints/last.ckpt": "weights", **(extra or {})}
+    files["summary.json"] = json.dumps({"status": status}) if status else "{truncated"
+    for rel, text in files.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(text)
+    return folder
+
+
+def test_collect_copies_the_small_files_of_finished_jobs_only(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    job(sweep, "0_rope-s0", "ok", {"provenance-2026-12-06T01-43-21.diff": "diff"})
+    job(sweep, "1_rope-s1", "running")
+    job(sweep, "2_rope-s2", None)  # an unreadable summary.json: not a finished job
+    (sweep / "multirun.yaml").write_text("hydra: {}")
+    assert main(["collect", str(sweep), str(tmp_path / "runs")]) == 0
+    assert "collected 1 finished jobs" in capsys.readouterr().out
+    got = sorted(p.relative_to(tmp_path / "runs").as_posix() for p in (tmp_path / "runs").rglob("*") if p.is_file())
+    assert got == ["0_rope-s0/.hydra/overrides.yaml", "0_rope-s0/csv/metrics.csv",
+                   "0_rope-s0/provenance-2026-12-06T01-43-21.diff", "0_rope-s0/summary.json"]
+
+
+def test_collect_of_a_missing_sweep_is_one_line(tmp_path, capsys):
+    assert main(["collect", str(tmp_path / "nowhere"), str(tmp_path / "runs")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
+
+
+def test_refill_replaces_each_titled_table_and_claim_list_and_keeps_the_rest(tmp_path, monkeypatch):
+    from pelab.report.generated import refill
+
+    out = tmp_path / "report"
+    page = tmp_path / "pages" / "study.md"
+    page.parent.mkdir()
+    page.write_text(PAGE.format(out=out))
+    (tmp_path / "pages" / "other.md").write_text("no block here\n")
+    calls = []
+
+    def report(argv: list[str]) -> int:  # the report command's contract: it writes <--out>/report.md
+        calls.append(argv)
+        out.mkdir(exist_ok=True)
+        (out / "report.md").write_text(REPORT)
+        return 0
+
+    assert refill([tmp_path / "pages"], report) == [page]
+    assert calls == [["runs", "--out", str(out)]]
+    text = page.read_text()
+    assert "| rope | 3.94 |\n| nope | 6.40 |\n" in text and "9.99" not in text
+    assert "- rope below nope at 128 (resolved)\n" in text and "an old claim" not in text
+    assert "A caption paragraph" not in text  # the page keeps its own words between title and table
+    assert text.startswith("# A study\n\nProse the refill keeps.") and text.endswith("After the block.\n")
+
+
+def test_refill_names_a_title_the_report_lacks(tmp_path):
+    import pytest
+
+    from pelab.errors import ReportError
+    from pelab.report.generated import refill
+
+    out = tmp_path / "report"
+    page = tmp_path / "study.md"
+    page.write_text(PAGE.format(out=out).replace("**Perplexity by length**", "**Renamed table**"))
+
+    def report(argv: list[str]) -> int:
+        out.mkdir(exist_ok=True)
+        (out / "report.md").write_text(REPORT)
+        return 0
+
+    with pytest.raises(ReportError, match="study.md: the report has no table titled 'Renamed table'"):
+        refill([page], report)
+    assert "Renamed table" in page.read_text()  # the page is left as it was
+
+
+def test_refill_of_a_failing_report_is_one_line_naming_the_page(tmp_path, capsys, monkeypatch):
+    page = tmp_path / "study.md"
+    page.write_text(PAGE.format(out=tmp_path / "report"))
+    (tmp_path / "runs").mkdir()  # no runs in it: the report command fails
+    monkeypatch.chdir(tmp_path)
+    assert main(["refill", str(page)]) == 2
+    assert "study.md: python -m pelab.report runs --out" in capsys.readouterr().err
