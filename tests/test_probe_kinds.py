@@ -44,11 +44,12 @@ def plugin(tmp_path, monkeypatch):
 
 
 def test_the_built_in_table():
+    ruler = ("niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "vt", "cwe")  # docs/ruler.md
     assert kind_names() == ("kv", "passkey", "mqar", "kv_single", "passkey_single", "mqar_offset",
-                            "induction_heads")
-    assert kind_names(trainable=True) == kind_names()[:-2]  # mqar_offset and induction_heads are probe-only
+                            "induction_heads", *ruler)
+    assert kind_names(trainable=True) == kind_names()[:5] + ruler  # mqar_offset and induction_heads are probe-only
     assert [k for k, e in PROBE_KINDS.items() if e.single_token] == ["mqar", "kv_single", "passkey_single",
-                                                                     "mqar_offset", "induction_heads"]
+                                                                     "mqar_offset", "induction_heads", *ruler]
     assert [k for k, e in PROBE_KINDS.items() if e.layout == OFFSET] == ["mqar_offset"]
     assert probe_kind("mqar").vocabulary(8) == {"reserved_keys": 8, "reserved_values": 8}
     assert probe_kind("passkey_single").vocabulary(8) == {"reserved_values": 1}

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from pelab.checks import is_int, need, show, typed_group
 from pelab.conf_values import group_yaml
 from pelab.data.recall import PROBE_KINDS, kind_names, probe_kind
+from pelab.data.recall.ruler_options import RulerOptions, as_ruler, check_ruler
 from pelab.data.tokenizer import TOKENIZER_KINDS
 
 # How the data loader scores synthetic recall rows (see pelab.data.datamodule).
@@ -43,6 +44,7 @@ class LoaderConfig:
     recall_loss: str
     recall_pairs: int
     recall_curriculum: Any  # null or [[step, span], ...] (checked below: OmegaConf names nested errors poorly)
+    recall_ruler: RulerOptions  # the RULER-style kinds' difficulty (pelab.data.recall.ruler_options)
     num_workers: int
 
 
@@ -108,6 +110,7 @@ def check_loader(d: DictConfig) -> None:
                if k.row_min_length(d.recall_pairs) == least]
         need(all(e[1] >= least for e in cur), "data.recall_curriculum", cur,
              f"spans must be >= {least} tokens" + (why[0] if why else "") + ".")
+    check_ruler(d.recall_ruler, "data.recall_ruler")
     need(d.num_workers >= 0, "data.num_workers", d.num_workers, "must be >= 0.")
 
 
@@ -122,17 +125,23 @@ def check_tokenizer(t: DictConfig) -> None:
 def check_reserved(tok: Any, d: DictConfig, probes: DictConfig | None) -> None:
     """The single-token recall kinds in use (training mix, probes) against the reserved ids: mqar needs N
     distinct keys and values, kv_single / passkey_single at least one. `tok`: the tokenizer config."""
-    uses = []  # (setting naming the kinds, kinds, pairs setting, pairs)
+    uses = []  # (setting naming the kinds, kinds, pairs setting, pairs, RULER setting, RULER options)
     if d.recall_mix > 0:
-        uses.append(("data.recall_kinds", d.recall_kinds, "data.recall_pairs", d.recall_pairs))
+        uses.append(("data.recall_kinds", d.recall_kinds, "data.recall_pairs", d.recall_pairs, "data.recall_ruler",
+                     d.recall_ruler))
     if probes is not None and probes.enabled:
-        uses.append(("probes.kinds", probes.kinds, "probes.pairs", probes.pairs))
-    for where, kinds, pairs_key, pairs in uses:
+        uses.append(("probes.kinds", probes.kinds, "probes.pairs", probes.pairs, "probes.ruler", probes.get("ruler")))
+    for where, kinds, pairs_key, pairs, ruler_key, ruler in uses:
         for kind in dict.fromkeys(k for k in kinds if k in PROBE_KINDS):
-            for k, n in PROBE_KINDS[kind].vocabulary(pairs).items():
+            e = PROBE_KINDS[kind]
+            if e.ruler_vocabulary is None:
+                setting, needs = f"{pairs_key}={pairs}", e.vocabulary(pairs)
+            else:
+                setting, needs = ruler_key, e.ruler_vocabulary(as_ruler(ruler))
+            for k, n in needs.items():
                 have = int(tok[k])
                 need(have >= n, f"tokenizer.{k}", have, f"is too small for {kind} in {where}: "
-                     + (f"it needs {n} distinct ids ({pairs_key}={pairs}); raise it or lower {pairs_key}."
+                     + (f"it needs {n} distinct ids ({setting}); raise it or lower {setting.split('=')[0]}."
                         if n > 1 else "it needs at least one id; raise it."))
 
 

@@ -21,6 +21,7 @@ from pelab.data.cache import TokenCache, open_cache
 from pelab.data.config import LOADER_KEYS, check_reserved, loader_settings
 from pelab.data.corpora import SPLITS, to_plain
 from pelab.data.mixer import RecallMixer
+from pelab.data.recall.ruler_options import as_ruler
 from pelab.data.sources import build_corpus
 from pelab.data.tokenizer import tokenizer_fingerprint
 from pelab.data.windows import FixedWindows, Mixer, TrainWindows, fixed_windows
@@ -78,6 +79,7 @@ class LMDataModule(L.LightningDataModule):
         self.recall_loss = settings.recall_loss
         self.recall_pairs = settings.recall_pairs
         self.recall_curriculum = to_plain(settings.recall_curriculum)
+        self.recall_ruler = as_ruler(to_plain(settings.recall_ruler))
         self.source_cfg, self.tokenizer_cfg = source, to_plain(tokenizer)
         self.seq_len, self.batch_size, self.seed = settings.seq_len, settings.batch_size, int(seed)
         self.cache_dir, self.val_windows = cache_dir, settings.val_windows
@@ -109,8 +111,9 @@ class LMDataModule(L.LightningDataModule):
             self.mixer = RecallMixer(
                 self.tokenizer, self.recall_kinds, self.recall_key_len, self.recall_value_len,
                 answers=self.recall_loss in ("answers", "two_means"), pairs=self.recall_pairs,
-                curriculum=self.recall_curriculum,
+                curriculum=self.recall_curriculum, ruler=self.recall_ruler,
             )
+            self.mixer.check(self.seq_len + 1)  # a kind too long for a span: one line, before the first step
         self.vocab_size: int = int(cache.meta["vocab_size"])
         self.eot_id: int = int(cache.meta["eot_id"])
         self.reserved: dict[str, list[int]] = dict(cache.meta["reserved"])  # {"keys": [a, b], "values": [b, c]}

@@ -14,7 +14,9 @@ from omegaconf import DictConfig, OmegaConf
 from pelab.checks import need, resolved_value, show, typed_group
 from pelab.data.corpora import SPLITS
 from pelab.data.recall import OFFSET, import_plugins, kind_names, probe_kind
+from pelab.data.recall.ruler_options import RulerOptions, check_ruler
 from pelab.errors import ConfigError
+from pelab.evaluation.effective_length import EffectiveLengthRule
 
 PROTOCOLS = ("nonoverlap", "sliding")
 
@@ -89,6 +91,8 @@ class ProbesConfig:
     filler: str
     pairs: int
     prefix_multiples: list[int]
+    ruler: RulerOptions  # the RULER-style kinds' difficulty: data.recall_ruler's
+    effective_length: EffectiveLengthRule  # floor and fraction of the effective length (evaluation.effective_length)
     # modules that register probe kinds / evaluations defined outside the package (pelab.data.recall.kinds);
     # not in conf/probes/default.yaml, so a run without plugins keeps its config: +probes.plugins=[module]
     plugins: list[str] = field(default_factory=list)
@@ -136,6 +140,11 @@ def check_probes(p: DictConfig, train_length: int) -> None:
     need(len(p.prefix_multiples) > 0 and all(m >= 0 for m in p.prefix_multiples), "probes.prefix_multiples",
          p.prefix_multiples, "must be a non-empty list of whole numbers >= 0 (filler before the window, in "
          "multiples of data.seq_len).")
+    check_ruler(p.ruler, "probes.ruler")
+    r = p.effective_length
+    need(0.0 <= r.floor <= 1.0, "probes.effective_length.floor", r.floor, "must be an accuracy in [0, 1].")
+    need(0.0 < r.fraction <= 1.0, "probes.effective_length.fraction", r.fraction,
+         "must be in (0, 1]: the share of the in-window accuracy every length up to the effective length keeps.")
     # kinds whose probes need a number of tokens set by probes.pairs (mqar: N pairs, the query, the answer),
     # probed at probes.lengths (depth layout) or at the training length (offset layout)
     sized = [probe_kind(k) for k in dict.fromkeys(p.kinds) if probe_kind(k).min_length]

@@ -40,7 +40,8 @@ class RetrievalCriterion(Callback):
             s
             for i in range(self.depths)
             for s in make_probe_samples(self.kind, dm.tokenizer, length, i / max(1, self.depths - 1), per_depth,
-                                        self.seed, filler_ids=filler, pairs=dm.recall_pairs)  # the rows' N
+                                        self.seed, filler_ids=filler, pairs=dm.recall_pairs,  # the rows' N
+                                        ruler=dm.recall_ruler)
         ]
 
     def accuracy(self, model: Any) -> float:

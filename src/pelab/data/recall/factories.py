@@ -5,13 +5,15 @@ batches (`make_recall_sequence`, `make_recall_batch`); each asks its kind's entr
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from pelab.data.recall.kinds import KV, PASSKEY, RecallOptions, kind_names, probe_kind
 from pelab.data.recall.pieces import Pieces, as_id_list, pieces_of
+from pelab.data.recall.ruler_options import RulerOptions, as_ruler
 from pelab.data.recall.sample import RecallSample, Tokenizer
 from pelab.data.recall.spaces import PROBE_SPACE, TRAIN_SPACE
 from pelab.errors import RecallLengthError
@@ -37,6 +39,7 @@ def make_probe_samples(
     value_len: int = 3,
     pairs: int = 8,
     prefix_multiple: int = 0,
+    ruler: RulerOptions | Mapping[str, Any] | None = None,
 ) -> list[RecallSample]:
     """``n`` probe samples of exactly ``length`` tokens (prompt + answer) with the gold item at ``depth``.
 
@@ -45,12 +48,13 @@ def make_probe_samples(
     depth (only the gold position moves). ``filler_ids``: passkey / mqar filler (real text token ids);
     None = the fixed repeated sentence. ``key_len`` / ``value_len``: hex characters of kv keys / values.
     ``pairs``: N of mqar. mqar_offset: ``length`` is the window (the training length), the samples are
-    ``(1 + prefix_multiple) * length`` tokens long and ``depth`` is not used (see README.md).
+    ``(1 + prefix_multiple) * length`` tokens long and ``depth`` is not used (see README.md). ``ruler``: the
+    RULER-style kinds' difficulty (`RulerOptions` or a mapping of its keys; None: its defaults).
     """
     entry = probe_kind(kind)
     depth = _check_depth(depth)
     opts = RecallOptions(space=space, filler_ids=filler_ids, key_len=key_len, value_len=value_len, pairs=pairs,
-                         prefix_multiple=prefix_multiple)
+                         prefix_multiple=prefix_multiple, ruler=as_ruler(ruler))
     return entry.probe(pieces_of(tokenizer), kind, int(length), depth, n, seed, opts)
 
 
@@ -65,18 +69,19 @@ def make_recall_sequence(
     value_len: int = 3,
     max_extra_queries: int = 3,
     pairs: int = 8,
+    ruler: RulerOptions | Mapping[str, Any] | None = None,
 ) -> tuple[list[int], list[bool]]:
     """One training-mix sequence of exactly ``length`` tokens and its answer mask (True on answer tokens).
 
     kv sequences also ask ``0..max_extra_queries`` extra questions (``Key: "k" Value: "v"``) about
     distractor pairs before the final one: more retrieval signal per sequence. Depth is uniform in [0, 1].
-    mqar asks all its ``pairs`` keys (filler: ``filler_ids`` or the sentence).
+    mqar asks all its ``pairs`` keys (filler: ``filler_ids`` or the sentence). ``ruler``: as in make_probe_samples.
     """
     entry = probe_kind(kind, "recall kind")
     if entry.row is None:
         raise ValueError(f"recall kind {kind!r} is probe-only; the training mix can draw {list(kind_names(True))}")
     opts = RecallOptions(space=space, filler_ids=filler_ids, key_len=key_len, value_len=value_len, pairs=pairs,
-                         max_extra_queries=max_extra_queries)
+                         max_extra_queries=max_extra_queries, ruler=as_ruler(ruler))
     return entry.row(pieces_of(tokenizer), length, rng, opts)
 
 
@@ -94,6 +99,7 @@ def make_recall_batch(
     pairs: int = 8,
     span: int | None = None,
     text: np.ndarray | None = None,
+    ruler: RulerOptions | Mapping[str, Any] | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Training-mix batch: LongTensor (n, seq_len + 1) of synthetic recall sequences from the "train"
     space (kind drawn uniformly from ``kinds`` per row; kinds too long are skipped, and
@@ -108,7 +114,7 @@ def make_recall_batch(
     (Short sequences first, because recall placed after text learned far more slowly: the measurement is in
     experiments/lost_in_the_middle/README.md.) ``text`` (n, seq_len + 1): the real text rows the recall
     rows replace, used as that trailing text and as mqar filler (None: ``filler_ids`` or the sentence at
-    random offsets).
+    random offsets). ``ruler``: the RULER-style kinds' difficulty, as in make_probe_samples.
     """
     if isinstance(rng, int):
         rng = random.Random(rng)
@@ -119,7 +125,7 @@ def make_recall_batch(
     pc = pieces_of(tokenizer)
     kinds = list(kinds)
     opts = RecallOptions(space=TRAIN_SPACE, filler_ids=filler_ids, key_len=key_len, value_len=value_len,
-                         pairs=pairs, max_extra_queries=max_extra_queries)
+                         pairs=pairs, max_extra_queries=max_extra_queries, ruler=as_ruler(ruler))
     for kind in [k for k in kinds if probe_kind(k, "recall kind").rows is not None]:
         entry = probe_kind(kind)
         need = entry.row_min_length(pairs) if entry.row_min_length else 0
@@ -144,7 +150,7 @@ def make_recall_batch(
         try:
             seq, mask = make_recall_sequence(
                 pc, S, rng, kind=kind, space=TRAIN_SPACE, filler_ids=filler_ids, key_len=key_len,
-                value_len=value_len, max_extra_queries=max_extra_queries,
+                value_len=value_len, max_extra_queries=max_extra_queries, ruler=opts.ruler,
             )
         except RecallLengthError as exc:  # this kind does not fit: use the others
             kinds.remove(kind)

@@ -123,6 +123,7 @@ class InductionDataModule(L.LightningDataModule):
         self.val_batch_size = int(settings.val_batch_size or settings.batch_size)
         self.targets, self.eval_rows = targets, eval_rows
         self.recall_pairs = 1  # read by callbacks.retrieval_criterion (its probes ignore it)
+        self.recall_ruler = None  # the same (the RULER kinds' defaults)
         self.tokenizer = InductionVocabulary(None if long_samples is None else int(long_samples), long_from)
         self.vocab_size: int = VOCABULARY.vocab_size
         self.eot_id: int = VOCABULARY.eot_id

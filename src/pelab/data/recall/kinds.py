@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from pelab.data.recall.ruler_options import RulerOptions
 from pelab.errors import ConfigError
 
 # The built-in kind names (registered in builtin.py, in this order).
@@ -30,7 +31,8 @@ DEPTH, OFFSET = "depth", "offset"  # cell layouts: depth x length, or filler pre
 class RecallOptions:
     """The settings a kind's builders read (probes.* for probes, data.recall_* for the training mix).
     ``filler_ids``: real text ids (None: the fixed sentence); ``space``: "train" / "probe" key space;
-    ``prefix_multiple``: offset layout, filler before the window in multiples of it."""
+    ``prefix_multiple``: offset layout, filler before the window in multiples of it; ``ruler``: the RULER-style
+    kinds' difficulty (data.recall_ruler / probes.ruler)."""
 
     space: str = "probe"
     filler_ids: Sequence[int] | None = None
@@ -39,6 +41,7 @@ class RecallOptions:
     pairs: int = 8
     prefix_multiple: int = 0
     max_extra_queries: int = 3
+    ruler: RulerOptions = field(default_factory=RulerOptions)
 
 
 def no_vocabulary(pairs: int) -> dict[str, int]:
@@ -55,7 +58,8 @@ class ProbeKind:
     * ``row(pc, length, rng, opts) -> (ids, answer mask)``: one training-mix sequence; None = probe only.
     * ``rows(pc, text, g, span, opts) -> (rows, mask)``: optional vectorised training rows over real text
       ``text`` (n, T), built for a whole batch at once (numpy generator ``g``); used by make_recall_batch.
-    * ``vocabulary(pairs) -> {tokenizer setting: ids needed}``: the reserved ids it draws from.
+    * ``vocabulary(pairs) -> {tokenizer setting: ids needed}``: the reserved ids it draws from;
+      ``ruler_vocabulary(ruler)``: the same for a kind whose needs follow its `RulerOptions` (used in its place).
     * ``single_token``: answers are one reserved id.
     * ``min_length(pairs)`` / ``row_min_length(pairs)``: tokens a probe / a training row needs, checked with
       the config (None: checked when a sample is built, RecallLengthError); ``min_length_rule`` /
@@ -71,6 +75,7 @@ class ProbeKind:
     row: Callable[..., tuple[list[int], list[bool]]] | None = None
     rows: Callable[..., Any] | None = None
     vocabulary: Callable[[int], dict[str, int]] = no_vocabulary
+    ruler_vocabulary: Callable[[RulerOptions], dict[str, int]] | None = None
     single_token: bool = False
     min_length: Callable[[int], int] | None = None
     row_min_length: Callable[[int], int] | None = None

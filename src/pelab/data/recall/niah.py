@@ -1,0 +1,89 @@
+"""RULER's needle-in-a-haystack family (Hsieh et al. 2024, section 3.1; NVIDIA/RULER
+``scripts/data/synthetic/niah.py``): needles ``" magic <k><v>."`` in real text, then ``"\\nmagic <k1>..<kq>"`` and
+the values of the asked keys.
+
+* **niah_single**: one needle; its value asked (RULER niah_single_2: essay haystack, one key, one value).
+* **niah_multikey**: the asked needle and ``ruler.distractor_keys`` needles with other keys (RULER niah_multikey_1:
+  4 keys in the essay).
+* **niah_multivalue**: ``ruler.values`` needles of one key, every value asked, in context order (RULER
+  niah_multivalue: 4 values).
+* **niah_multiquery**: ``ruler.queries`` needles with distinct keys, all asked at once; the answer is each asked
+  key's value in the order asked (RULER niah_multiquery: 4 keys, 4 queries).
+
+Placement: the N needles at evenly spaced places of the haystack (item j after ``round(j * H / (N - 1))`` haystack
+tokens, as mqar), the first asked needle at place ``round(depth * (N - 1))`` (one needle: after ``round(depth * H)``
+tokens), the others in an order drawn per instance (RULER draws each needle's depth at random from 40 depths).
+
+Deviations from RULER besides those of `pelab.data.recall.ruler` (single-token keys and values, exact match, real-text
+haystack, small lengths): the needle is ``" magic <k><v>."``, the value right after its key (RULER: "One of the
+special magic numbers for {key} is: {value}."); the query lists the asked keys and the answer their values with no
+separators; multi-value answers must come in context order and multi-query answers in the asked order (RULER
+accepts any order); RULER's default minimums are higher (see `pelab.data.recall.ruler_options`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pelab.data.recall.kinds import RecallOptions
+from pelab.data.recall.pieces import Pieces
+from pelab.data.recall.ruler import Instance, draw_ids, keys_values, ruler_key, spread, too_short
+from pelab.data.recall.ruler_options import RulerOptions
+
+NIAH_SINGLE, NIAH_MULTIKEY, NIAH_MULTIVALUE, NIAH_MULTIQUERY = (
+    "niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery")
+NEEDLE_HEAD, NEEDLE_TAIL, QUERY_HEAD = " magic ", ".", "\nmagic "
+
+
+def shape(kind: str, ruler: RulerOptions) -> tuple[int, int, int, str]:
+    """(keys in the context, values per key, keys asked, the setting that sets them) of a niah kind."""
+    return {
+        NIAH_SINGLE: (1, 1, 1, ""),
+        NIAH_MULTIKEY: (1 + ruler.distractor_keys, 1, 1, "distractor_keys"),
+        NIAH_MULTIVALUE: (1, ruler.values, 1, "values"),
+        NIAH_MULTIQUERY: (ruler.queries, 1, ruler.queries, "queries"),
+    }[kind]
+
+
+def niah_vocabulary(kind: str, ruler: RulerOptions) -> dict[str, int]:
+    """Reserved ids a niah kind draws: one key per key in the context, one value per needle (all distinct)."""
+    keys, values, _, _ = shape(kind, ruler)
+    return {"reserved_keys": keys, "reserved_values": keys * values}
+
+
+def build_niah(pc: Pieces, g: np.random.Generator, hay: np.ndarray, length: int, depth: float, opts: RecallOptions,
+               kind: str, train: bool = False) -> Instance:
+    """One niah instance of exactly ``length`` tokens over the haystack tokens ``hay`` (its first H are used).
+    ``train``: a training row, which asks every key of the context, one question each in random order (niah_multikey;
+    the other kinds ask all their keys already), instead of the first one alone."""
+    K, V, Q, what = shape(kind, opts.ruler)
+    setting = f"{ruler_key(opts)}.{what}={getattr(opts.ruler, what)}" if what else kind
+    k_ids, v_ids = keys_values(pc)
+    keys = draw_ids(k_ids, K, g, "keys", setting)  # key 0..Q-1 are asked, in that order
+    values = draw_ids(v_ids, K * V, g, "values", setting).reshape(K, V)
+    others = g.permutation(K * V - 1) + 1  # the needles after the first asked one, in the order they are placed
+    # the questions: groups of key indices, each asked at once
+    questions = [[int(k)] for k in g.permutation(K)] if train and Q == 1 else [list(range(Q))]
+    head, tail, query = pc(NEEDLE_HEAD), pc(NEEDLE_TAIL), pc(QUERY_HEAD)
+    N = K * V  # needles
+    H = length - N * (len(head) + 2 + len(tail)) - sum(len(query) + len(q) + len(q) * V for q in questions)
+    if H < 0:
+        raise too_short(kind + (" (a training row)" if train else ""), length - H, length, setting)
+
+    # needle m = (key m // V, value m % V); needle 0 (the first asked key's first value) at the depth's place
+    at = round(float(depth) * (N - 1))
+    order = [int(m) for m in others]
+    order.insert(at, 0)
+    needles = [head + [int(keys[m // V]), int(values[m // V, m % V])] + tail for m in order]
+    ids, starts = spread(hay[:H], needles, depth)
+    value_at = {m: starts[j] + len(head) + 1 for j, m in enumerate(order)}  # needle -> its value's index
+    spans = []
+    for q in questions:  # each asked key's values in context order, keys in the order asked
+        answer_needles = [m for k in q for m in sorted(range(k * V, k * V + V), key=value_at.get)]
+        ids += query + [int(keys[k]) for k in q]
+        answer = [ids[value_at[m]] for m in answer_needles]
+        spans.append((len(ids), len(ids) + len(answer)))
+        ids += answer
+    del ids[spans[-1][0]:]  # the last answer is the instance's answer, not its prompt
+    first = min(range(questions[-1][0] * V, questions[-1][0] * V + V), key=value_at.get)
+    return Instance(ids, answer, value_at[first], sorted(value_at.values()), len(v_ids) ** len(answer),
+                    spans if train else [])

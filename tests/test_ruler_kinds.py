@@ -1,0 +1,263 @@
+"""The RULER-style kinds (pelab.data.recall: niah_*, vt, cwe), checked as an oracle would: each instance is parsed back
+from its tokens with no help from the generator, its answer recomputed the way RULER's reference defines it (NVIDIA/RULER
+scripts/data/synthetic/niah.py: every value of every asked key; variable_tracking.py: every name of the chain bound
+to the asked value; common_words_extraction.py: the most frequent words) and compared; the difficulty minimums are
+counted in the tokens; the config refuses less in one line naming the key and its minimum."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from helpers.runs import compose
+from pelab.data.recall import make_probe_samples, make_recall_batch
+from pelab.data.recall.ruler_options import MINIMUMS, RulerOptions, check_ruler
+from pelab.data.tokenizer import ByteTokenizer
+from pelab.errors import ConfigError
+
+TOK = ByteTokenizer()
+KEYS, VALUES = TOK.reserved_key_ids, TOK.reserved_value_ids
+FILLER = list(b"def f(x):\n    return x + 1  # the haystack is code\n" * 40)
+NIAH = ("niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery")
+DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def samples(kind, length=256, depth=0.5, n=6, **ruler):
+    return make_probe_samples(kind, TOK, length, depth, n, 7, filler_ids=FILLER, ruler=ruler or None)
+
+
+def rfind(ids, piece):
+    """Index of the last occurrence of the token list `piece` in `ids`."""
+    p = TOK.encode(piece)
+    return max(i for i in range(len(ids) - len(p) + 1) if ids[i:i + len(p)] == p)
+
+
+# ------------------------------------------------------------------------------------------- needles
+def parse_niah(ids, q=None):
+    """(needles [(key, value, value index)], asked keys) read from a niah prompt: a needle is " magic " then a reserved
+    key and a reserved value then "."; the question is the last "\\nmagic " (or the one at `q`) and the keys after
+    it."""
+    q = rfind(ids, "\nmagic ") if q is None else q
+    head, dot = TOK.encode(" magic "), TOK.encode(".")
+    needles = [(ids[i + len(head)], ids[i + len(head) + 1], i + len(head) + 1) for i in range(q)
+               if ids[i:i + len(head)] == head and ids[i + len(head)] in KEYS and ids[i + len(head) + 1] in VALUES
+               and ids[i + len(head) + 2:i + len(head) + 3] == dot]
+    reserved = [t for t in ids[:q] if t in KEYS or t in VALUES]
+    assert len(reserved) == 2 * len(needles), "a reserved id outside a needle"
+    return needles, ids[q + len(TOK.encode("\nmagic ")):]
+
+
+@pytest.mark.parametrize("kind", NIAH)
+def test_a_needles_answer_is_every_value_of_every_asked_key_in_order(kind):
+    for L in (64, 128, 1000):
+        for s in samples(kind, L):
+            assert len(s.input_ids) + len(s.answer_ids) == L
+            needles, asked = parse_niah(s.input_ids)
+            assert asked and all(k in KEYS for k in asked)
+            # RULER: answers = [a for i in indices for a in values[i]]; here each key's values in context order
+            assert s.answer_ids == [v for k in asked for key, v, _ in needles if key == k]
+            assert s.input_ids[s.gold_index] == s.answer_ids[0]
+            assert s.candidates == [v for _, v, _ in needles]
+            # the haystack is the given text, in order, around the needles
+            text = [t for t in s.input_ids[:rfind(s.input_ids, "\nmagic ")] if t < 256]
+            assert "".join(map(chr, text)).replace(" magic .", "") in "".join(map(chr, FILLER)) * 3
+
+
+def test_the_needle_kinds_meet_their_minimum_difficulty():
+    for kind, want in [("niah_single", (1, 1, 1)), ("niah_multikey", (4, 1, 1)), ("niah_multivalue", (1, 2, 1)),
+                       ("niah_multiquery", (2, 1, 2))]:
+        for s in samples(kind):
+            needles, asked = parse_niah(s.input_ids)
+            keys = Counter(k for k, _, _ in needles)
+            assert (len(keys), max(keys.values()), len(asked)) == want, kind
+            assert len({v for _, v, _ in needles}) == len(needles)  # a value names one needle
+    # more distractors, values, queries when asked
+    needles, asked = parse_niah(samples("niah_multikey", distractor_keys=6)[0].input_ids)
+    assert len({k for k, _, _ in needles}) == 7 and len(asked) == 1
+    needles, asked = parse_niah(samples("niah_multivalue", values=4)[0].input_ids)
+    assert [k for k, _, _ in needles] == asked * 4
+    assert len(parse_niah(samples("niah_multiquery", queries=3)[0].input_ids)[1]) == 3
+
+
+def test_a_needle_moves_with_depth_and_nothing_else_does():
+    """The paired design: the same needles and haystack at every depth; the asked needle at place round(d (N - 1))."""
+    first = None
+    for d in DEPTHS:
+        s = samples("niah_multikey", depth=d, n=1)[0]
+        needles, asked = parse_niah(s.input_ids)
+        assert [k for k, _, _ in needles].index(asked[0]) == round(d * 3)
+        pairs = sorted((k, v) for k, v, _ in needles)
+        first = first or pairs
+        assert pairs == first
+    single = [samples("niah_single", depth=d, n=1)[0] for d in DEPTHS]
+    assert [s.gold_index for s in single] == sorted(s.gold_index for s in single)
+    assert single[0].gold_index < 10 and single[-1].gold_distance < 12
+
+
+# ------------------------------------------------------------------------------------------- variable tracking
+def parse_vt(ids):
+    """Statements [(lhs, rhs)] in context order (" VAR " name " = " name-or-value "."), and the asked value."""
+    head, eq = TOK.encode(" VAR "), TOK.encode(" = ")
+    q = rfind(ids, "\nVARS = ")
+    out = []
+    for i in range(q):
+        j = i + len(head)
+        if ids[i:j] == head and ids[j] in KEYS and ids[j + 1:j + 1 + len(eq)] == eq:
+            out.append((ids[j], ids[j + 1 + len(eq)]))
+    return out, ids[-1]
+
+
+def bound_to(statements, value):
+    """Every name bound to `value`, following the assignments (RULER's answer: the chain's variables)."""
+    names, frontier = [], value
+    while (nxt := [lhs for lhs, rhs in statements if rhs == frontier]):
+        assert len(nxt) == 1
+        names.append(nxt[0])
+        frontier = nxt[0]
+    return names
+
+
+def chains(statements):
+    """The chains as lists of names, each from its value."""
+    starts = [(lhs, rhs) for lhs, rhs in statements if rhs in VALUES]
+    return [bound_to(statements, value) for _, value in starts]
+
+
+@pytest.mark.parametrize("ruler", [{}, {"hops": 3, "chains": 3}])
+def test_variable_tracking_answers_every_name_bound_to_the_value(ruler):
+    hops, n_chains = ruler.get("hops", 2), ruler.get("chains", 2)
+    for L in (160, 512):
+        for s in samples("vt", L, **ruler):
+            assert len(s.input_ids) + len(s.answer_ids) == L
+            statements, value = parse_vt(s.input_ids)
+            assert value in VALUES and s.answer_ids == bound_to(statements, value)
+            found = chains(statements)
+            # the minimum: >= 2 hops in every chain, a distractor chain with its own value and names
+            assert len(found) == n_chains and all(len(c) == hops + 1 for c in found)
+            assert len({n for c in found for n in c}) == n_chains * (hops + 1)
+            for c in found:  # each chain in its own order: X_{j+1} = X_j after X_j is assigned
+                order = [next(i for i, (lhs, _) in enumerate(statements) if lhs == n) for n in c]
+                assert order == sorted(order)
+            assert s.input_ids[s.gold_index] == s.answer_ids[0]
+
+
+def test_variable_tracking_places_the_asked_chain_by_depth():
+    firsts = []
+    for d in DEPTHS:
+        s = samples("vt", depth=d, n=1)[0]
+        statements, value = parse_vt(s.input_ids)
+        names = bound_to(statements, value)
+        at = [i for i, (lhs, _) in enumerate(statements) if lhs in names]
+        assert at == list(range(at[0], at[0] + 3)) and at[0] == round(d * (6 - 3))  # consecutive places
+        firsts.append(sorted(statements))
+    assert all(f == firsts[0] for f in firsts)  # the same statements at every depth
+
+
+# ------------------------------------------------------------------------------------------- common words
+@pytest.mark.parametrize("ruler", [{}, {"words": 16, "common": 5}])
+def test_common_words_answers_the_most_frequent_words_most_frequent_first(ruler):
+    words, common = ruler.get("words", 10), ruler.get("common", 3)
+    for L in (128, 300, 1024):
+        for s in samples("cwe", L, **ruler):
+            assert len(s.input_ids) + len(s.answer_ids) == L
+            listed = [t for t in s.input_ids if t in VALUES]
+            counts = Counter(listed).most_common()
+            assert len(counts) == words >= 10  # the minimum: >= 10 distinct words
+            ranked = [w for w, _ in counts]
+            assert s.answer_ids == ranked[:common]
+            # one order only: the asked words' counts all differ and exceed every other word's
+            c = [n for _, n in counts]
+            assert all(a > b for a, b in itertools.pairwise(c[:common + 1]))
+            assert s.input_ids[s.gold_index] == s.answer_ids[0]
+    same = {tuple(samples("cwe", depth=d, n=1)[0].input_ids) for d in DEPTHS}
+    assert len(same) == 1  # no depth: the same instance at every depth
+
+
+# ------------------------------------------------------------------------------------------- training rows
+def find(ids, piece):
+    """Index of the first occurrence of the token list `piece` in `ids`."""
+    p = TOK.encode(piece)
+    return min(i for i in range(len(ids) - len(p) + 1) if ids[i:i + len(p)] == p)
+
+
+@pytest.mark.parametrize("kind, questions", [("niah_single", 1), ("niah_multikey", 4), ("niah_multivalue", 1),
+                                             ("niah_multiquery", 1), ("vt", 2), ("cwe", 1)])
+def test_training_rows_ask_every_question_of_one_instance_over_their_own_text(kind, questions):
+    """A training row: one instance over the row's own text, the kind's training questions (every key of a multi-key
+    context, every chain of a vt context), each answer marked and recomputed from the context alone."""
+    rng = np.random.default_rng(0)
+    text = rng.integers(32, 127, size=(6, 161))
+    x, m = make_recall_batch(TOK, 160, 6, 3, kinds=[kind], return_mask=True, text=text, span=128)
+    x, m = x.numpy(), m.numpy()
+    for row, mask, own in zip(x, m, text):
+        ids = row.tolist()
+        runs = [(a, b) for a, b in zip(*(np.flatnonzero(np.diff(np.r_[0, mask.astype(int), 0]) == e) for e in (1, -1)))]
+        assert len(runs) == questions and runs[-1][1] == 128  # the last answer ends the span
+        asked = set()
+        for a, b in runs:
+            prompt, answer = ids[:a], ids[a:b]
+            if kind == "vt":
+                statements, value = parse_vt(ids[:find(ids, "\nVARS = ")] + prompt[-len(TOK.encode("\nVARS = ")) - 1:])
+                assert answer == bound_to(statements, value)
+                asked.add(value)
+            elif kind == "cwe":
+                assert answer == [w for w, _ in Counter(t for t in prompt if t in VALUES).most_common(3)]
+            else:
+                needles, _ = parse_niah(ids, q=find(ids, "\nmagic "))
+                keys = prompt[rfind(prompt, "\nmagic ") + len(TOK.encode("\nmagic ")):]
+                assert answer == [v for k in keys for key, v, _ in needles if key == k]
+                asked |= set(keys)
+        if kind in ("niah_multikey", "vt"):  # every key / chain of the context asked once
+            assert len(asked) == questions
+        assert (row[128:] == own[128:]).all()  # the row's own text after the span
+        if kind != "cwe":  # the haystack is the row's own text, from its start, in order
+            hay = haystack_of(ids[:runs[0][0]], kind)
+            assert len(hay) > 20 and hay == own[:len(hay)].tolist()
+
+
+def haystack_of(prompt, kind):
+    """The prompt without its needles / statements and its question: the haystack tokens, in order."""
+    if kind == "vt":
+        head, tail, q = TOK.encode(" VAR "), len(TOK.encode(" = ")) + 2 + len(TOK.encode(".")), "\nVARS = "
+    else:
+        head, tail, q = TOK.encode(" magic "), 2 + len(TOK.encode(".")), "\nmagic "
+    ids, out, i = prompt[:rfind(prompt, q)], [], 0
+    while i < len(ids):
+        if ids[i:i + len(head)] == head and ids[i + len(head)] in KEYS:
+            i += len(head) + tail
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
+# ------------------------------------------------------------------------------------------- minimum difficulty
+@pytest.mark.parametrize("key", sorted(MINIMUMS))
+def test_each_difficulty_below_its_minimum_is_refused_in_one_line(key):
+    least = MINIMUMS[key][0]
+    check_ruler(RulerOptions(), "data.recall_ruler")  # the defaults are the minimums (common: above)
+    with pytest.raises(ConfigError) as err:
+        check_ruler({**RulerOptions().__dict__, key: least - 1}, "data.recall_ruler")
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"data.recall_ruler.{key}={least - 1} ") and f"minimum {least}" in msg
+
+
+def test_the_config_refuses_less_than_the_minimum_before_any_data(tmp_path):
+    """Real Hydra composition and the train command's validation: the probes follow the training rows' settings."""
+    from omegaconf import OmegaConf
+
+    from pelab.tasks.config import validate
+
+    overrides = ["data.recall_kinds=[vt]", "probes.kinds=[vt,cwe]"]
+    cfg = compose(overrides, tmp_path)
+    assert cfg.probes.ruler == cfg.data.recall_ruler and cfg.probes.ruler.hops == MINIMUMS["hops"][0]
+    validate(cfg, overrides)
+    bad = compose([*overrides, "data.recall_ruler.hops=1"], tmp_path)
+    with pytest.raises(ConfigError, match=r"^data\.recall_ruler\.hops=1 is below the minimum 2: [^\n]*$"):
+        validate(bad, overrides)
+    OmegaConf.update(cfg, "probes.ruler", {**RulerOptions().__dict__, "words": 9}, merge=False)
+    with pytest.raises(ConfigError, match=r"^probes\.ruler\.words=9 is below the minimum 10: [^\n]*$"):
+        validate(cfg, overrides)
