@@ -105,4 +105,5 @@ def test_over_seeds_the_median_and_range_of_a_grid_statistic():
     med, lo, hi = over_seeds([256, NAN, 512])  # n/a ranks below every length
     assert (med, hi) == (256, 512) and math.isnan(lo)
     assert math.isnan(over_seeds([NAN, NAN, 128])[0])
-    assert describe([256, NAN, 512]) == "256 [n/a, 512] (3 seeds)" and describe([NAN]) == "n/a" and describe([]) == "—"
+    assert describe([256, NAN, 512]) == "256 [n/a, 512] (3 seeds)"
+    assert describe([NAN]) == "n/a" and describe([]) == "—"

@@ -1,6 +1,6 @@
 """The RULER-style kinds (pelab.data.recall: niah_*, vt, cwe), checked as an oracle would: each instance is parsed back
-from its tokens with no help from the generator, its answer recomputed the way RULER's reference defines it (NVIDIA/RULER
-scripts/data/synthetic/niah.py: every value of every asked key; variable_tracking.py: every name of the chain bound
+from its tokens with no help from the generator, its answer recomputed the way RULER's reference defines it
+(NVIDIA/RULER scripts/data/synthetic/niah.py: every value of every asked key; variable_tracking.py: every name of the chain bound
 to the asked value; common_words_extraction.py: the most frequent words) and compared; the difficulty minimums are
 counted in the tokens; the config refuses less in one line naming the key and its minimum."""
 

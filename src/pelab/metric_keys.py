@@ -6,7 +6,9 @@
                                             extended run)
     probe/<kind>/<stat>@<L>                 probe/mqar/acc@1024: a probe kind at total length L (also lim_gap,
                                             logprob, rank, other_in_context, not_in_context)
-    probe/<kind>/<stat>                     probe/mqar/auc: one number per kind (also effective_length)
+    probe/<kind>/<stat>                     probe/mqar/auc: one number per kind (also effective_length, the
+                                            longest length at accuracy >= 0.9; eff_length and eff_threshold,
+                                            pelab.evaluation.effective_length's rule)
     attn/<stat>@<L>                         attn/entropy@512: attention statistic, mean over layers
     attn/<stat>@<L>/layer<l>                attn/entropy@512/layer0: the same, of one layer
     train/<stat>@<L>                        train/induction_acc@512: a curve logged during training at L tokens

@@ -98,7 +98,7 @@ def result_table(summary: dict) -> str:
     # sentences folded to the table's 80 columns
     retrieval = [w for line in _retrieval_lines(summary, m)
                  for w in textwrap.wrap(line.strip(), 80, initial_indent="  ", subsequent_indent="    ")]
-    retrieval += _probe_lines(summary, probes)
+    retrieval += _probe_lines(summary, probes) + _effective_length_lines(summary, m)
     lines += (retrieval + text) if mix > 0 else (text + retrieval)
     lines.append(f"  run folder: {summary.get('output_dir')}")
     w = summary.get("wandb") or {}
@@ -139,10 +139,34 @@ def _probe_lines(summary: dict, probes: dict) -> list[str]:
         return []
     named = any(v for v, _, _ in probes)
     counts = {v: _probe_counts(summary, v) for v, _, _ in probes}
-    lines = ["  " + ("scaling      " if named else "") + "probe        length   acc   interval          n (x depths)"]
+    width = max(12, *(len(kind) for _, kind, _ in probes))  # the RULER kinds' names are longer than 12
+    lines = ["  " + ("scaling      " if named else "")
+             + f"{'probe':<{width}} length   acc   interval          n (x depths)"]
     for (variant, kind, length), s in sorted(probes.items()):
         interval = (f"[{_num(s['acc_lo'])}, {_num(s['acc_hi'])}]" if "acc_lo" in s and "acc_hi" in s else "")
         n = _num(s["n"], ".0f") if "n" in s else counts[variant].get((kind, length), "?")
-        lines.append("  " + (f"{variant or '-':<12} " if named else "") + f"{kind:<12} {length:>6} "
+        lines.append("  " + (f"{variant or '-':<12} " if named else "") + f"{kind:<{width}} {length:>6} "
                      f"{_num(s.get('acc')):>5}   {interval:<16} {n}")
+    return lines
+
+
+def _effective_length_lines(summary: dict, m: dict) -> list[str]:
+    """Per probe kind its effective length (pelab.evaluation.effective_length) and the threshold its lower bounds
+    met; "n/a" where the kind was not acquired in-window. Nothing for a run that recorded none."""
+    found = sorted((k.variant, k.kind, as_float(v)) for key, v in m.items()
+                   if (k := parse_key(key)) is not None and k.family == "probe" and k.length is None
+                   and k.stat_name == "eff_length")
+    if not found:
+        return []
+    rule = ((summary.get("config") or {}).get("probes") or {}).get("effective_length") or {}
+    how = (f"max({_num(rule['floor'])}, {_num(rule['fraction'])} x in-window accuracy)"
+           if {"floor", "fraction"} <= set(rule) else "the threshold")
+    lines = textwrap.wrap(f"effective length: the longest probed length up to which every depth's 95% lower bound "
+                          f"is >= {how}", 80, initial_indent="  ", subsequent_indent="  ")
+    width = max(12, *(len(kind) for _, kind, _ in found))
+    for variant, kind, eff in found:
+        threshold = as_float(m.get("/".join(x for x in ("probe", variant, kind, "eff_threshold") if x)))
+        text = (f"{eff:>6.0f}   (threshold {_num(threshold)})" if math.isfinite(eff)
+                else "   n/a   (not acquired in-window)")
+        lines.append("  " + (f"{variant or '-':<12} " if variant else "") + f"{kind:<{width}} {text}")
     return lines

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from pelab.evaluation.effective_length import describe
 from pelab.evaluation.stats import difference_interval, mcnemar, seeds_accuracy_interval
 from pelab.metric_keys import metric_key
 from pelab.report.aggregation import (
@@ -74,6 +75,33 @@ def probe_summary_table(rows: Sequence[Row], kind: str) -> Table:
             *(aggregate([j.metrics[key[x]] for j in r.jobs if key[x] in j.metrics])
               for x in ("other_in_context", "not_in_context", "rank")),
         ])
+    return t
+
+
+def effective_length_table(rows: Sequence[Row], kind: str) -> Table | None:
+    """Per row the kind's effective length (pelab.evaluation.effective_length): one seed's, or the median and range
+    over seeds (a statistic on the grid of probed lengths: no t interval), beside the in-window accuracy with its
+    interval and each seed's threshold. None when no run recorded one (runs made before the rule existed)."""
+    metric = f"probe/{kind}/eff_length"
+    rows = [r for r in rows if any(metric in j.metrics for j in r.jobs)]
+    if not rows:
+        return None
+    rule = {(x.get("floor"), x.get("fraction")) for r in rows for j in r.jobs
+            if isinstance(x := j.setting("probes.effective_length"), dict)}
+    how = ", ".join(f"max({a}, {b} × in-window accuracy)" for a, b in sorted(rule, key=str)) or "the threshold"
+    t = Table(f"{kind}: effective length", ["encoding", "seeds", "L", "in-window accuracy", "effective length",
+                                            "threshold"], [], caption=(
+        f"effective length = the longest probed length up to which, at every probed length, each depth's 95% "
+        f"Wilson lower bound is ≥ {how} (probes.effective_length); n/a = not acquired in-window (even the shortest "
+        "probed length fails). Several seeds: the median (the lower one with an even count, n/a counted below every "
+        "length) and [smallest, largest]; the lengths form a grid, so no t interval."))
+    for r in rows:
+        L = _in_window(r, kind)
+        acc = interval_cell(r, metric_key(f"probe/{kind}/acc", L)) if L is not None else "—"
+        t.rows.append([r.label, ",".join(map(str, r.seeds)), str(L or "—"), acc,
+                       describe([j.metrics[metric] for j in r.jobs if metric in j.metrics]),
+                       _seed_values(r, f"probe/{kind}/eff_threshold",
+                                    lambda v: f"{v:.2f}" if math.isfinite(v) else "n/a")])
     return t
 
 
@@ -217,10 +245,10 @@ def shape_table(rows: Sequence[Row], kind: str, title: str = "") -> Table | None
 
 
 def probe_tables(rows: Sequence[Row], kind: str) -> list[Table]:
-    """Per kind: a summary at the training length, accuracy (mean over depths) by length, the
+    """Per kind: a summary at the training length, the effective length, accuracy (mean over depths) by length, the
     lost-in-the-middle gap by length, the gold's log-probability, paired comparisons between rows, and
     one depth x length table per row."""
-    out: list[Table | None] = [probe_summary_table(rows, kind)]
+    out: list[Table | None] = [probe_summary_table(rows, kind), effective_length_table(rows, kind)]
     acc = interval_table(rows, f"probe/{kind}/acc", f"{kind}: accuracy (mean over depths)")
     if acc is not None:
         acc.notes += probe_notes(rows, kind)
