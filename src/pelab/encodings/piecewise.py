@@ -22,9 +22,10 @@ existing content-bias path (chunked SDPA with an additive mask, O(H * chunk * T)
 then softmaxes exactly the merged scores of the references, which select per pair with torch.where (ReRoPE,
 Self-Extend) or merge two flash-attention passes by log-sum-exp (STRING: the same softmax over the union of the
 two key sets). The far q and k are the exact ones turned on by f(i) - i and g(j) - j (``far_offsets``), one
-rotation each; pairs inside the window get exactly RoPE's scores. Cost: two score matmuls per chunk besides
-SDPA's own (the references compute two); training-free methods, so evaluation only in practice (with a
-gradient the content-bias path is the explicit one on CPU).
+rotation each; pairs inside the window get exactly RoPE's scores. Cost: the two scores of the references as one
+matmul over 2 Dh channels (q_far . k_far - q . k) besides SDPA's own, and SDPA with a mask, not the fused causal
+kernel; memory one (B, H, chunk, T) tensor more than a score bias. Training-free methods, so evaluation only in
+practice (with a gradient the content-bias path is the explicit one on CPU).
 
 Where each is meant to work (docs/context_extension.md): ReRoPE and Self-Extend extend a model past its training
 length L; Leaky ReRoPE too, up to w + (T - w) / k < L. STRING targets the effective length INSIDE L (the paper
@@ -75,9 +76,10 @@ def far_correction(q: Tensor, k: Tensor, q_far: Tensor, k_far: Tensor, q_pos: Te
     of q, k (B, H, C, Dh), (B, H, K, Dh) into the merged scores. fp32 (B, H, C, K); future keys are masked by the
     attention."""
     scale = 1.0 / math.sqrt(q.shape[-1])
-    far = (q_pos[..., :, None] - k_pos[..., None, :]) >= window  # (C, K) or (B, C, K)
-    if far.dim() == 3:
-        far = far[:, None]  # (B, 1, C, K): the same pairs in every head
-    exact = torch.matmul(q.float(), k.float().transpose(-2, -1))  # (B, H, C, K)
-    moved = torch.matmul(q_far.float(), k_far.float().transpose(-2, -1))
-    return torch.where(far, (moved - exact).mul_(scale), 0.0)
+    near = (q_pos[..., :, None] - k_pos[..., None, :]) < window  # (C, K) or (B, C, K)
+    if near.dim() == 3:
+        near = near[:, None]  # (B, 1, C, K): the same pairs in every head
+    # q_far . k_far - q . k as one matmul over the concatenated channels: one (B, H, C, K) tensor, not three
+    both_q = torch.cat((q_far, -q), dim=-1).float()  # (B, H, C, 2 Dh)
+    both_k = torch.cat((k_far, k), dim=-1).float()  # (B, H, K, 2 Dh)
+    return torch.matmul(both_q, both_k.transpose(-2, -1)).mul_(scale).masked_fill_(near, 0.0)
