@@ -152,10 +152,10 @@ def test_slurm_batch_job_is_lightnings_slurm_detection(env, monkeypatch):
 
 # -- a signal during one long evaluation forward (issue 58) ---------------------------------------------------------
 def test_a_signal_during_a_long_forward_is_honoured_at_once_and_the_numbers_are_the_same(monkeypatch):
-    """A window of LONG_WINDOW_TOKENS or more runs its forward in a worker thread: a signal handler that raises
+    """Every evaluation forward from the main thread runs in a worker thread: a signal handler that raises
     (Preempted, as JobSignals's) runs within WAIT_SECONDS, not when the torch call returns (a 1 M-token window of
-    the micro model: minutes); the worker is then recorded as left running (the job exits with os._exit). Below
-    the threshold, and in the worker, the result is the call's own."""
+    the micro model: minutes); the worker is then recorded as left running (the job exits with os._exit). From
+    another thread (no signal handler runs there) the call runs inline; in either, the result is the call's own."""
     import threading
 
     import torch
@@ -163,14 +163,25 @@ def test_a_signal_during_a_long_forward_is_honoured_at_once_and_the_numbers_are_
     from pelab.evaluation import common
     from pelab.harness.signals import Preempted
 
-    monkeypatch.setattr(common, "_abandoned", [])
+    monkeypatch.setattr(common, "_workers", [])
     linear = torch.nn.Linear(4, 3)
     x = torch.randn(2, 5, 4)
+    ran_in: list[str] = []
+
+    def forward(idx):
+        ran_in.append(threading.current_thread().name)
+        return linear(idx)
+
     with torch.no_grad():
         inline = linear(x)
-        monkeypatch.setattr(common, "LONG_WINDOW_TOKENS", 4)
-        worker = common.stoppable_forward(linear, x)  # the last dimension (a window's length) at the threshold
+        worker = common.stoppable_forward(forward, x)
+    other: list = []
+    caller = threading.Thread(target=lambda: other.append(common.stoppable_forward(forward, x)), name="caller")
+    caller.start()
+    caller.join()
+    assert ran_in == ["pelab-forward", "caller"]
     assert torch.equal(worker, inline) and not worker.requires_grad  # the caller's no_grad held in the worker
+    assert torch.equal(other[0], inline)
 
     q = torch.randn(1, 2, 45_000, 16)  # about 2 s of one uninterruptible torch call on one thread
 
@@ -190,8 +201,8 @@ def test_a_signal_during_a_long_forward_is_honoured_at_once_and_the_numbers_are_
             common.stoppable_forward(long_call, torch.zeros(1, 4, dtype=torch.long))
         honoured = time.monotonic() - t0
         assert common.abandoned_forwards()
-        (left,) = common._abandoned
-        left.wait(60)  # the test process goes on: let the worker finish
+        (left,) = common._workers  # the finished workers before it were let go
+        left.join(60)  # the test process goes on: let the worker finish
         finished = time.monotonic() - t0
     finally:
         signal.signal(signal.SIGUSR1, previous)

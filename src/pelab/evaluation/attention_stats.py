@@ -29,7 +29,8 @@ import torch
 from torch import Tensor, nn
 
 from pelab.errors import PositionOutOfRange
-from pelab.evaluation.common import evaluating, model_device
+from pelab.evaluation import progress
+from pelab.evaluation.common import evaluating, model_device, stoppable_forward
 from pelab.metric_keys import metric_key
 
 STATS = ("entropy", "distance", "mass_past_L", "max_logit")
@@ -106,19 +107,20 @@ def attention_diagnostics(model: nn.Module, tokens: Tensor, lengths: Sequence[in
     device = model_device(model)
     n_heads = model.config.n_heads
     rows: list[dict[str, Any]] = []
-    with evaluating(model):
-        for n in sorted({int(x) for x in lengths}):
-            w = max(1, min(int(windows), (tokens.numel() - 1) // n))
-            if tokens.numel() < n:
-                continue
+    plan = {n: max(1, min(int(windows), (tokens.numel() - 1) // n)) for n in sorted({int(x) for x in lengths})
+            if tokens.numel() >= n}  # windows of each length
+    with evaluating(model), progress.opened("attention diagnostics", "windows", [(w, n) for n, w in plan.items()],
+                                            model):
+        for n, w in plan.items():
             idx = tokens[: w * n].view(w, n).to(device)  # (W, n)
             bounds = buckets(n, train_length)
             recs = [Recorder(n_heads, bounds, train_length) for _ in model.blocks]
             try:
                 with observing(model, recs):
                     for i in range(w):  # one window per forward: (1, H, C, n) logits at a time
-                        model(idx[i : i + 1])
+                        stoppable_forward(model, idx[i : i + 1])
             except PositionOutOfRange:
+                progress.advance(w, n)  # skipped
                 continue
             rows += _rows(n, recs, bounds)
     return {"rows": rows, "seconds": time.perf_counter() - t0, "windows": int(windows), "train_length": train_length}

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pelab.errors import PositionOutOfRange
-from pelab.evaluation import stats
+from pelab.evaluation import progress, stats
 from pelab.evaluation.blocks import slots_by_document, uniform_slots
 from pelab.evaluation.common import (
     evaluating,
@@ -460,7 +460,9 @@ def evaluate_extrapolation(
         blocks=int(blocks.shape[0]),
     )
 
-    with evaluating(model):
+    plans = {(L, p): window_plan(n, L, None if p == "nonoverlap" else min(stride, L)) for L in lens for p in protocols}
+    parts = [(len(plan) * blocks.shape[0], L) for (L, _), plan in plans.items()]  # (windows, length)
+    with evaluating(model), progress.opened("extrapolation", "windows", parts, model):
         for L in lens:
             per_batch = windows_per_batch(L, batch_size, batch_tokens)
             note = ""
@@ -470,18 +472,18 @@ def evaluate_extrapolation(
                 result.cells[(L, p)] = cell
                 if note:  # this length already failed for another protocol
                     cell.note = note
+                    progress.advance(len(plans[(L, p)]) * blocks.shape[0], L)  # skipped
                     continue
                 # the longest length's nonoverlap windows also give the loss by position
                 track = p == "nonoverlap"
                 sums = torch.zeros(L, dtype=torch.float64, device=device) if track else None
                 counts = torch.zeros(L, dtype=torch.float64, device=device) if track else None
                 try:
-                    block_nll, per_block = score_windows(
-                        model, blocks, window_plan(n, L, None if p == "nonoverlap" else s), per_batch, sums, counts
-                    )
+                    block_nll, per_block = score_windows(model, blocks, plans[(L, p)], per_batch, sums, counts)
                 except PositionOutOfRange as exc:
                     note = not_applicable_note(exc)
                     cell.note = note
+                    progress.advance(len(plans[(L, p)]) * blocks.shape[0], L)  # skipped
                     continue
                 cell.block_nll, cell.n_tokens = block_nll, per_block * len(block_nll)
                 cell.nll_sum = math.fsum(block_nll) if len(block_nll) > 1 else block_nll[0]

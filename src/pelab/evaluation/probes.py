@@ -32,6 +32,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -48,8 +49,14 @@ from pelab.data.recall import (
     probe_kind,
 )
 from pelab.errors import PositionOutOfRange, RecallLengthError
-from pelab.evaluation import stats
-from pelab.evaluation.common import evaluating, model_device, not_applicable_note, windows_per_batch
+from pelab.evaluation import progress, stats
+from pelab.evaluation.common import (
+    evaluating,
+    model_device,
+    not_applicable_note,
+    stoppable_forward,
+    windows_per_batch,
+)
 from pelab.metric_keys import metric_key
 from pelab.summary import json_safe
 
@@ -169,7 +176,7 @@ def score_samples(
                 cols = [len(s.input_ids) - 1 + j for s in chunk for j in range(len(s.answer_ids))]
                 gold = torch.tensor([t for s in chunk for t in s.answer_ids], dtype=torch.long)
                 rows_t, cols_t = torch.tensor(rows, device=device), torch.tensor(cols, device=device)
-                logits = answer_logits(model, x.to(device), rows_t, cols_t)  # (N, V)
+                logits = stoppable_forward(partial(answer_logits, model, rows=rows_t, cols=cols_t), x.to(device))  # (N, V)
                 records = _records(chunk, logits, gold.to(logits.device))
                 for i, r in zip(idxs[b0 : b0 + per_batch], records):
                     out[i] = r
@@ -412,28 +419,35 @@ def run_probes(
                                   **sample_options, **extra)
 
     score = {"model": model, "device": device, "batch_size": batch_size, "batch_tokens": batch_tokens}
-    for L in lens:
-        batch: list[tuple[ProbeCell, list[RecallSample]]] = []
-        for kind in grid_kinds:
-            cells = [ProbeCell(kind=kind, depth=d, length=L) for d in depths_f]
-            res.cells.update({(kind, c.depth, L): c for c in cells})
-            try:
-                batch += [(c, make(kind, L, c.depth)) for c in cells]
-            except RecallLengthError as exc:
-                for c in cells:
+    offset_kinds, prefixes = [k for k in kinds if layout[k] == OFFSET], sorted({int(m) for m in prefix_multiples})
+    # the progress bar's plan: (instances, length) of each length, then of each offset probe
+    parts = [(len(grid_kinds) * len(depths_f) * n, L) for L in lens]
+    parts += [(n, (m + 1) * train_length) for _ in offset_kinds for m in prefixes] if train_length else []
+    with progress.opened("probes", "instances", parts, model):
+        for L in lens:
+            batch: list[tuple[ProbeCell, list[RecallSample]]] = []
+            for kind in grid_kinds:
+                cells = [ProbeCell(kind=kind, depth=d, length=L) for d in depths_f]
+                res.cells.update({(kind, c.depth, L): c for c in cells})
+                try:
+                    batch += [(c, make(kind, L, c.depth)) for c in cells]
+                except RecallLengthError as exc:
+                    for c in cells:
+                        c.note = f"n/a — {exc}"
+                    progress.advance(len(cells) * n, L)  # skipped
+            _score_cells(batch, **score)
+        for kind in offset_kinds:
+            if train_length is None:
+                raise ValueError(f"probes.kinds contains {kind}: run_probes needs train_length")
+            for m in prefixes:
+                c = res.offset[(kind, m)] = ProbeCell(kind=kind, depth=NAN, length=(m + 1) * train_length, prefix=m)
+                try:
+                    # a training-length window (the gold pair at a fixed distance from the query) after
+                    # m * train_length filler tokens: (m + 1) * train_length tokens in all
+                    _score_cells([(c, make(kind, train_length, 0.0, prefix_multiple=m))], **score)
+                except RecallLengthError as exc:
                     c.note = f"n/a — {exc}"
-        _score_cells(batch, **score)
-    for kind in [k for k in kinds if layout[k] == OFFSET]:
-        if train_length is None:
-            raise ValueError(f"probes.kinds contains {kind}: run_probes needs train_length")
-        for m in sorted({int(m) for m in prefix_multiples}):
-            c = res.offset[(kind, m)] = ProbeCell(kind=kind, depth=NAN, length=(m + 1) * train_length, prefix=m)
-            try:
-                # a training-length window (the gold pair at a fixed distance from the query) after
-                # m * train_length filler tokens: (m + 1) * train_length tokens in all
-                _score_cells([(c, make(kind, train_length, 0.0, prefix_multiple=m))], **score)
-            except RecallLengthError as exc:
-                c.note = f"n/a — {exc}"
+                    progress.advance(n, c.length)  # skipped
     return res
 
 
@@ -450,6 +464,7 @@ def _score_cells(
     except PositionOutOfRange as exc:
         for c, _ in batch:
             c.note = not_applicable_note(exc)
+        progress.advance(len(flat), batch[0][0].length)  # skipped
         return
     i = 0
     for c, ss in batch:

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pelab.data.recall import import_plugins
 from pelab.errors import ConfigError
+from pelab.evaluation import progress
 from pelab.evaluation.blocks import block_documents
 from pelab.evaluation.config import EvalConfig, ProbesConfig, resolve_lengths, typed_evaluation
 from pelab.evaluation.extrapolation import blocks_for_budget, spread_blocks
@@ -69,13 +70,15 @@ def run_evaluation(
     summary: dict | None = None,
     prefix: str = "",
     typed: tuple[EvalConfig, ProbesConfig] | None = None,
+    progress_bar: bool = False,
 ) -> dict[str, float]:
     """Run every registered evaluation this config enables (pelab.evaluation.registry.EVALUATIONS, in order);
     return flat metrics (also logged to `run` and stored in `summary`).
 
     `typed`: the config's `eval` and `probes` groups as the run's validation typed them (None: typed here,
     `typed_evaluation`). `prefix` namespaces a variant (e.g. a RoPE scaling type in eval.py): metrics become
-    `extrap/{prefix}/ppl@L` style keys and files `plots/{prefix}_*.png`.
+    `extrap/{prefix}/ppl@L` style keys and files `plots/{prefix}_*.png`. `progress_bar`: each evaluation draws a
+    bar of its forwards (pelab.evaluation.progress).
     """
     ev, probes = typed if typed is not None else typed_evaluation(cfg)
     import_plugins(probes.plugins)
@@ -88,7 +91,8 @@ def run_evaluation(
     settings = EvalSettings(cfg, ev, probes, train_length, lengths, text.blocks, next(model.parameters()).device,
                             label, text.docs.tolist(), text.split_documents,
                             int(parent_length) if parent_length else None)
-    results = {name: e.run(model, datamodule, settings) for name, e in EVALUATIONS.items() if e.enabled(settings)}
+    with progress.showing(progress_bar):
+        results = {name: e.run(model, datamodule, settings) for name, e in EVALUATIONS.items() if e.enabled(settings)}
     metrics = {k: v for r in results.values() for k, v in r.metrics.items()}
     if prefix:
         metrics = {with_variant(k, prefix): v for k, v in metrics.items()}

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pelab.evaluation.progress import forward_flops_per_token  # the one formula, shared with the bar
+
 if TYPE_CHECKING:
     from pelab.harness.config import TrainSettings
 
@@ -45,11 +47,6 @@ class EvalCost:
         return (f"evaluation after training: about {total / 1e12:.3g} TFLOP (extrapolation "
                 f"{self.extrapolation / 1e12:.3g}, probes {self.probes / 1e12:.3g}), {self.ratio:.2g} x the "
                 f"training's {self.training / 1e12:.3g} TFLOP")
-
-
-def forward_flops_per_token(matmul_params: int, n_layers: int, d_model: int, length: int) -> float:
-    """A forward's FLOPs per token at window length `length` (module doc)."""
-    return 2.0 * matmul_params + 4.0 * n_layers * d_model * length
 
 
 def extrapolation_flops(matmul_params: int, n_layers: int, d_model: int, lengths: Sequence[int], tokens: int,

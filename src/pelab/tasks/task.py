@@ -226,23 +226,30 @@ def cli_main(task_fn: Callable[[DictConfig], dict], cfg: DictConfig) -> dict:
         raise
     if summary["status"] != "ok":
         code = EXIT_CODES.get(summary["status"], 1)
-        exit_now_if_a_forward_was_left(code)
+        if summary["status"] in ("preempted", "interrupted") or forward_left_running():
+            exit_at_once(code)
         sys.exit(code)
     if launcher_rank() == 0:
         print(result_table(summary), flush=True)
     return summary
 
 
-def exit_now_if_a_forward_was_left(code: int) -> None:
-    """A stop during a long evaluation forward left it running in its worker thread
-    (`pelab.evaluation.common.stoppable_forward`); the interpreter's normal end would abort under it (exit 134).
-    The record is written and W&B finished by now: end the process with the job's code at once."""
+def forward_left_running() -> bool:
+    """A stop during an evaluation forward left it running in its worker thread
+    (`pelab.evaluation.common.stoppable_forward`): the interpreter's normal end would abort under it (exit 134)."""
     common = sys.modules.get("pelab.evaluation.common")  # loaded by any evaluation; not imported for a refusal
-    if common is not None and common.abandoned_forwards():
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    return common is not None and common.abandoned_forwards()
+
+
+def exit_at_once(code: int) -> None:
+    """End a stopped job (its record written, W&B finished) with its code, without the interpreter's teardown:
+    that runs a full garbage collection of every module (2.5-3.5 s measured after a stop in the 1 M-token
+    evaluation, load ~6 on 2 cores), time a preemption's grace period does not have, and aborts under a forward
+    left running."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 # Third-party messages that ask nothing of the user: each silenced by its own text only.
