@@ -37,8 +37,6 @@ def run_training(cfg: DictConfig, settings: TrainSettings, job: JobRecord, signa
     ckpt_path, ckpt_vocab = resume_point(settings.run.ckpt_path, output_dir, summary)
     recorded_threads = summary.get("threads") if ckpt_path else None  # a resumed run keeps its count
     summary["threads"] = set_threads(settings.run.threads, recorded_threads, world)
-    job.start_wandb(wandb_entry(summary["config"]), name=settings.run.name,
-                     config=summary["config"], tags=list(settings.run.tags), notes=settings.run.notes)
     if parent:
         record_parent(job, cfg, parent)
     if parent and not ckpt_path:  # a resumed child already holds its own weights
@@ -48,8 +46,15 @@ def run_training(cfg: DictConfig, settings: TrainSettings, job: JobRecord, signa
                                                settings.run.debug.emulate_world_size),
                               summary, ckpt_path or (parent or {}).get("path"), ckpt_vocab)
     module = build_module(summary, datamodule.vocab_size)
-    # The checks that need the data (split sizes, vocabulary), before the first step
+    # The checks that need the data (split sizes, vocabulary), before the first step and before W&B starts: a
+    # setting they refuse never waits for a W&B server (up to logger.wandb.init_timeout without a network)
     check_before_training(settings, module, datamodule, world, precision, summary)
+    job.start_wandb(wandb_entry(summary["config"]), name=settings.run.name,
+                     config=summary["config"], tags=list(settings.run.tags), notes=settings.run.notes)
+    if parent and job.run is not None:
+        from pelab.harness.loggers import guarded, use_parent_checkpoint
+
+        guarded("parent checkpoint artifact", use_parent_checkpoint, job.run, parent)
     if parent and not ckpt_path:
         load_parent_weights(module, parent["path"])
     job.save()
@@ -70,7 +75,8 @@ def run_training(cfg: DictConfig, settings: TrainSettings, job: JobRecord, signa
         from pelab.evaluation.suite import run_evaluation
 
         final = run_evaluation(module.model, datamodule, cfg, output_dir, job.run, summary,
-                               typed=(settings.eval, settings.probes))
+                               typed=(settings.eval, settings.probes),
+                               progress_bar=bool(OmegaConf.select(cfg, "callbacks.progress_bar")))
         summary["metrics"].update(final)
         if settings.eval.at:  # the end of the schedule closes the curve of eval.at
             ex = summary["evaluation"]["extrapolation"]
@@ -110,19 +116,12 @@ def check_before_training(settings: TrainSettings, module: Any, datamodule: Any,
 
 
 def record_parent(job: JobRecord, cfg: DictConfig, parent: dict) -> None:
-    """The parent of an extended run in `extend.parent` of its config: summary.json, the W&B config and the
-    checkpoints."""
-    from pelab.harness.loggers import guarded, use_parent_checkpoint
-
+    """The parent of an extended run in `extend.parent` of its config: summary.json, the checkpoints and (started
+    after this) the W&B run's config."""
     cfg.extend.parent = parent
     job.summary["config"] = OmegaConf.to_container(cfg, resolve=True)
     job.summary["extended_from"] = parent
     job.save()
-    if job.run is not None:
-        guarded("config update", job.run.config.update,
-                {"extend": job.summary["config"]["extend"], "pe": job.summary["config"]["pe"]},
-                allow_val_change=True)
-        guarded("parent checkpoint artifact", use_parent_checkpoint, job.run, parent)
 
 
 def fit(trainer: Any, module: Any, datamodule: Any, ckpt_path: str | None, preemption: Any,

@@ -198,24 +198,21 @@ def evaluate(cfg: DictConfig) -> dict:
         task.summary.update(name=f"{merged.name}-{cfg.name}", config=resolved_config(merged),
                             global_step=ckpt.get("global_step"))
         task.save()
+        datamodule = checked_data(merged, typed[0], int(ckpt["hyper_parameters"]["vocab_size"]))  # before W&B
         wcfg = wandb_entry(cfg)
         task.start_wandb(wcfg and {**wcfg, "job_type": "eval"}, name=task.summary["name"],
                          config=task.summary["config"], group=merged.name, tags=list(cfg.tags), notes=cfg.notes)
-        task.summary["metrics"] = evaluate_variants(cfg, merged, typed, ckpt, variants, task)
+        task.summary["metrics"] = evaluate_variants(cfg, merged, typed, ckpt, variants, task, datamodule)
     return task.summary
 
 
-def evaluate_variants(cfg: DictConfig, merged: DictConfig, typed: tuple[EvalConfig, ProbesConfig], ckpt: dict,
-                      variants: list[str | None], task: Task) -> dict[str, float]:
-    """Build the data once, then run the evaluation suite on the checkpoint's model under each variant."""
-    import torch
-
-    from pelab.evaluation.suite import run_evaluation
+def checked_data(merged: DictConfig, ev: EvalConfig, vocab_size: int) -> Any:
+    """The checkpoint's data, and the checks that need it (its vocabulary, the evaluation lengths against the
+    split): before W&B starts, so that a setting they refuse never waits for a W&B server."""
+    from pelab.evaluation.config import resolve_lengths
+    from pelab.evaluation.suite import check_eval_budget
     from pelab.harness.build import build_datamodule
 
-    vocab_size = int(ckpt["hyper_parameters"]["vocab_size"])
-    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available()
-                          else ("cpu" if cfg.device == "auto" else cfg.device))
     datamodule = build_datamodule(merged, int(merged.data.batch_size))
     datamodule.setup("validate")
     if datamodule.vocab_size != vocab_size:
@@ -223,6 +220,22 @@ def evaluate_variants(cfg: DictConfig, merged: DictConfig, typed: tuple[EvalConf
             f"the checkpoint's vocabulary has {vocab_size} ids but its tokenizer now gives "
             f"{datamodule.vocab_size}; the token cache or tokenizer settings changed since training."
         )
+    length = int(merged.data.seq_len)
+    check_eval_budget(str(ev.split), ev.tokens, max(resolve_lengths(list(ev.lengths), length) + [length]),
+                      datamodule.n_tokens(str(ev.split)))
+    return datamodule
+
+
+def evaluate_variants(cfg: DictConfig, merged: DictConfig, typed: tuple[EvalConfig, ProbesConfig], ckpt: dict,
+                      variants: list[str | None], task: Task, datamodule: Any) -> dict[str, float]:
+    """Run the evaluation suite on the checkpoint's model under each variant, on the data built once."""
+    import torch
+
+    from pelab.evaluation.suite import run_evaluation
+
+    vocab_size = int(ckpt["hyper_parameters"]["vocab_size"])
+    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available()
+                          else ("cpu" if cfg.device == "auto" else cfg.device))
     metrics: dict[str, float] = {}
     rows = []
     for variant in variants:
@@ -231,7 +244,7 @@ def evaluate_variants(cfg: DictConfig, merged: DictConfig, typed: tuple[EvalConf
             vcfg.pe = pe_variant(merged.pe, variant)
         model = load_model(vcfg, ckpt, vocab_size).to(device)
         metrics.update(run_evaluation(model, datamodule, vcfg, task.output_dir, task.run, task.summary,
-                                      prefix=variant or "", typed=typed))
+                                      prefix=variant or "", typed=typed, progress_bar=True))
         task.summary["metrics"] = metrics  # each variant's numbers on disk as soon as they exist
         task.save()
         if variant is not None:
