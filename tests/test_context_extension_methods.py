@@ -437,7 +437,7 @@ def test_pose_fine_tuning_trains_on_the_skipped_positions(sweep, tmp_path):
 
 def test_the_scaling_sweep_runs_every_method_on_the_same_tokens(sweep, tmp_path):
     """eval.py scaling_sweep=[none,rerope,self_extend,string] on one checkpoint: one table, each method's rows; ReRoPE
-    with window L - 1 is RoPE at L (every distance <= w) and differs past it."""
+    with window L - 1 is RoPE at L (every distance <= w) and differs past it; the summary names the parent's text."""
     from pelab.tasks.evaluate import evaluate
 
     ckpt = f"{parent(sweep, 'rope')['output_dir']}/checkpoints/last.ckpt"
@@ -446,6 +446,8 @@ def test_the_scaling_sweep_runs_every_method_on_the_same_tokens(sweep, tmp_path)
                    "+_overrides_=[pe.scaling.factor,pe.scaling.window]"], tmp_path, config_name="eval")
     summary = evaluate(cfg)
     m = summary["metrics"]
+    # the parent's corpus fingerprint: the report pairs these rows with the parent's own runs
+    assert summary["data"]["fingerprint"]["key"] == parent(sweep, "rope")["data"]["fingerprint"]["key"]
     assert {r["scaling"] for r in summary["scaling_table"]} == {"none", "rerope", "self_extend", "string"}
     assert m["extrap/rerope/ppl@32"] == pytest.approx(m["extrap/none/ppl@32"], rel=1e-5)
     for kind in ("rerope", "self_extend", "string"):

@@ -199,6 +199,11 @@ def evaluate(cfg: DictConfig) -> dict:
                             global_step=ckpt.get("global_step"))
         task.save()
         datamodule = checked_data(merged, typed[0], int(ckpt["hyper_parameters"]["vocab_size"]))  # before W&B
+        from pelab.harness.build import data_record  # torch is loaded by now (the data)
+
+        # the corpus + tokenizer fingerprint, as a training run records it: a report pairs this evaluation with the
+        # checkpoint's own runs (the training-free rows of a context-extension study) only on the same text
+        task.summary["data"] = data_record(datamodule)
         wcfg = wandb_entry(cfg)
         task.start_wandb(wcfg and {**wcfg, "job_type": "eval"}, name=task.summary["name"],
                          config=task.summary["config"], group=merged.name, tags=list(cfg.tags), notes=cfg.notes)
