@@ -75,12 +75,13 @@ def test_the_bars_time_left_counts_compute_not_windows():
 def test_a_check_that_needs_the_data_refuses_before_wandb_starts(tmp_path, trained_run):
     """`eval.lengths` longer than the test split, with a W&B key set and no server: refused (train.py and eval.py)
     without starting W&B, which would first wait for the server (logger.wandb.init_timeout, 20 s by default)."""
-    env = {"WANDB_API_KEY": "0123456789abcdef" * 2 + "01234567", "WANDB_BASE_URL": f"http://127.0.0.1:{closed_port()}"}
+    env = {"WANDB_API_KEY": "0123456789abcdef" * 2 + "01234567", "WANDB_BASE_URL": f"http://127.0.0.1:{closed_port()}",
+           "PELAB_AVAILABLE_MEMORY": str(1e15)}  # the split's check, not the memory estimate made before the data
     out = tmp_path / "train"
     t0 = time.perf_counter()
     res = run_cli([*FAST, "logger=wandb", "eval.lengths=[4000000]", f"paths.output_dir={out}"], cwd=tmp_path, env=env)
     print(f"train.py refusal with a W&B key and no server: {time.perf_counter() - t0:.1f} s")
-    assert res.returncode == 1 and "eval.lengths" in res.stderr.strip().splitlines()[-1], res.stderr[-2000:]
+    assert res.returncode == 1 and "fewer than one window" in res.stderr.strip().splitlines()[-1], res.stderr[-2000:]
     assert not (out / "wandb").exists()  # W&B never started
     assert not (out / "checkpoints").exists()
 
@@ -88,5 +89,16 @@ def test_a_check_that_needs_the_data_refuses_before_wandb_starts(tmp_path, train
     out = tmp_path / "eval"
     res = run_cli([f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}", "eval.lengths=[4000000]",
                    f"hydra.run.dir={out}"], cwd=tmp_path, env=env, script="eval.py")
-    assert res.returncode == 1 and "eval.lengths" in res.stderr.strip().splitlines()[-1], res.stderr[-2000:]
+    assert res.returncode == 1 and "fewer than one window" in res.stderr.strip().splitlines()[-1], res.stderr[-2000:]
     assert not (out / "wandb").exists()
+
+
+def test_a_step_that_cannot_fit_is_refused_before_the_token_cache_is_built(tmp_path):
+    """`data.batch_size=100000` from an empty token cache: the memory estimate runs on the model built on the meta
+    device before the cache is built (a BPE cache: ~20 s), so the refusal costs no build."""
+    cache = tmp_path / "cache"
+    res = run_cli([*FAST, "logger=csv", "data.batch_size=100000", f"paths.output_dir={tmp_path / 'run'}"],
+                  cwd=tmp_path, env={"PELAB_CACHE_DIR": str(cache), "PELAB_AVAILABLE_MEMORY": str(8e9)})
+    last = res.stderr.strip().splitlines()[-1]
+    assert res.returncode == 1 and "data.batch_size=100000" in last and "GB" in last, res.stderr[-2000:]
+    assert not cache.exists() or not any(p.is_file() for p in cache.rglob("*"))  # no token cache built

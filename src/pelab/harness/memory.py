@@ -107,7 +107,7 @@ def probe_instances(samples: int, cells: int, length: int) -> Estimate:
     return Estimate({"probe instances": float(samples) * cells * (PROBE_SAMPLE_BYTES + PROBE_TOKEN_BYTES * length)})
 
 
-def check(estimate: Estimate, what: str, fix: str, cuda: bool = False) -> None:
+def check(estimate: Estimate, what: str, fix: str, cuda: bool = False, warn: bool = True) -> None:
     """Refuse `estimate` above the memory available (one line: `what` needs about X, `fix`); warn above 80%."""
     have = available_memory(cuda)
     if have is None:
@@ -116,7 +116,7 @@ def check(estimate: Estimate, what: str, fix: str, cuda: bool = False) -> None:
     if need > have:
         raise ConfigError(f"{what} needs about {need / GB:.1f} GB ({estimate.describe()}), more than the "
                           f"{have / GB:.1f} GB available; {fix}.")
-    if need > WARN_FRACTION * have:
+    if warn and need > WARN_FRACTION * have:
         log.warning("%s needs about %.1f GB of the %.1f GB available (%s): close to running out of memory",
                     what, need / GB, have / GB, estimate.describe())
 
@@ -132,8 +132,9 @@ def is_out_of_memory(err: BaseException) -> bool:
 
 
 def check_memory(settings: TrainSettings, model, vocab: int, rows_per_device: int, precision: str,
-                 cuda: bool) -> None:
-    """The training step and the evaluation at the longest length of a run, against the memory available."""
+                 cuda: bool, warn: bool = True) -> None:
+    """The training step and the evaluation at the longest length of a run, against the memory available
+    (`warn`: also warn above WARN_FRACTION)."""
     from pelab.evaluation.config import resolve_lengths
 
     c, ev = model.config, settings.eval
@@ -146,18 +147,18 @@ def check_memory(settings: TrainSettings, model, vocab: int, rows_per_device: in
                          c.attn_chunk_size, materialised, act, model.score_keys(length))
     check(step, f"a training step at data.seq_len={length} with {rows_per_device} rows per device "
                 f"(data.batch_size={settings.data.batch_size})",
-          "lower data.batch_size or data.seq_len (or the model's size, model.*)", cuda)
+          "lower data.batch_size or data.seq_len (or the model's size, model.*)", cuda, warn)
     if settings.run.evaluate_after_fit:
         longest = max(resolve_lengths(list(ev.lengths), length) + [length])
         windows = max(1, min(64, ev.batch_tokens // longest))
         check(evaluation(n, windows, longest, c.d_model, c.d_ff, c.n_heads, vocab, c.attn_chunk_size,
                          model.score_keys(longest) or longest),
               f"the evaluation at {longest} tokens ({windows} windows per batch, eval.batch_tokens="
-              f"{ev.batch_tokens})", "lower the longest eval.lengths or eval.batch_tokens", cuda)
-        check_probe_memory(settings)
+              f"{ev.batch_tokens})", "lower the longest eval.lengths or eval.batch_tokens", cuda, warn)
+        check_probe_memory(settings, warn)
 
 
-def check_probe_memory(settings: TrainSettings) -> None:
+def check_probe_memory(settings: TrainSettings, warn: bool = True) -> None:
     """The probes' instances of the final evaluation, in host memory (a CUDA run builds them on the CPU too)."""
     from pelab.evaluation.config import resolve_lengths
 
@@ -170,4 +171,18 @@ def check_probe_memory(settings: TrainSettings) -> None:
     cells = len(p.kinds) * len(p.depths)
     check(probe_instances(p.samples, cells, longest),
           f"the probes' instances ({p.samples} per cell, probes.samples={p.samples}; {cells} cells of "
-          f"probes.kinds x probes.depths, up to {longest} tokens)", "lower probes.samples")
+          f"probes.kinds x probes.depths, up to {longest} tokens)", "lower probes.samples", warn=warn)
+
+
+def check_memory_before_data(settings: TrainSettings, model_cfg, pe_cfg, rows_per_device: int, precision: str,
+                             cuda: bool) -> None:
+    """`check_memory` before the token cache is built (a BPE cache: tens of seconds), on the run's model built on
+    the meta device (no memory, ~20 ms) with a one-id vocabulary: the estimate grows with the vocabulary, so what
+    this refuses the check after the build (the real vocabulary) refuses too. Its warnings wait for that check."""
+    import torch
+
+    from pelab.model import build_model
+
+    with torch.device("meta"):
+        model = build_model(model_cfg, pe_cfg, 1, settings.data.seq_len)
+    check_memory(settings, model, 1, rows_per_device, precision, cuda, warn=False)

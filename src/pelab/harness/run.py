@@ -22,6 +22,7 @@ def run_training(cfg: DictConfig, settings: TrainSettings, job: JobRecord, signa
         build_datamodule,
         build_module,
         build_trainer,
+        on_cuda,
         prepare_data,
         resume_point,
         set_threads,
@@ -29,6 +30,7 @@ def run_training(cfg: DictConfig, settings: TrainSettings, job: JobRecord, signa
     )
     from pelab.harness.extension import extension_parent, load_parent_weights
     from pelab.harness.loggers import log_run_start, single_lightning_log_handler
+    from pelab.harness.memory import check_memory_before_data
 
     single_lightning_log_handler()
     summary, output_dir = job.summary, job.output_dir
@@ -42,6 +44,8 @@ def run_training(cfg: DictConfig, settings: TrainSettings, job: JobRecord, signa
     if parent and not ckpt_path:  # a resumed child already holds its own weights
         ckpt_vocab = parent["vocab_size"]
     L.seed_everything(settings.run.seed, workers=True, verbose=False)
+    check_memory_before_data(settings, cfg.model, cfg.pe, settings.data.batch_size // world, precision,
+                             on_cuda(settings.trainer))  # what it refuses needs no token cache built first
     datamodule = prepare_data(build_datamodule(cfg, settings.data.batch_size // world,
                                                settings.run.debug.emulate_world_size),
                               summary, ckpt_path or (parent or {}).get("path"), ckpt_vocab)
