@@ -143,6 +143,7 @@ def probes_enabled(s: EvalSettings) -> bool:
 def run_probe_cells(model: Any, datamodule: Any, s: EvalSettings) -> EvalResult:
     """The lost-in-the-middle probes of probes.kinds (filler: the start of the evaluation split)."""
     from pelab.evaluation.config import resolve_lengths
+    from pelab.evaluation.effective_length import effective_length_metrics, effective_length_record
     from pelab.evaluation.plots import probe_figures
     from pelab.evaluation.probes import run_probes
 
@@ -155,10 +156,13 @@ def run_probe_cells(model: Any, datamodule: Any, s: EvalSettings) -> EvalResult:
         samples_per_cell=pcfg.samples, seed=pcfg.seed, filler_ids=filler if pcfg.filler == "val" else None,
         device=s.device, train_length=s.train_length, batch_tokens=ecfg.batch_tokens,
         prefix_multiples=list(pcfg.prefix_multiples), key_len=pcfg.key_len, value_len=pcfg.value_len,
-        pairs=pcfg.pairs,
+        pairs=pcfg.pairs, ruler=pcfg.ruler,
     )
-    return EvalResult(probes.metrics(), probes.to_dict(), probe_figures(probes, s.label), probes.rows(),
-                      None, probes)
+    # the effective length per kind (pelab.evaluation.effective_length) beside the probes' own metrics, and in the
+    # record the rule and what it read (in-window accuracy, the lower bound at each length)
+    metrics = {**probes.metrics(), **effective_length_metrics(probes, pcfg.effective_length)}
+    record = {**probes.to_dict(), "eff_length": effective_length_record(probes, pcfg.effective_length)}
+    return EvalResult(metrics, record, probe_figures(probes, s.label), probes.rows(), None, probes)
 
 
 def probes_wandb(r: EvalResult, ns: str) -> dict[str, Any]:
