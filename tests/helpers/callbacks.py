@@ -34,3 +34,20 @@ class WorsenAfter(Callback):
         if trainer.global_step >= self.step:
             with torch.no_grad():
                 pl_module.model.tok_emb.weight.add_(torch.randn_like(pl_module.model.tok_emb.weight))
+
+
+class DiskFullAtLast(Callback):
+    """Every write of `last.ckpt` fails as a full disk does (ENOSPC, the file named), the other checkpoints are
+    written: a run whose disk filled at its first last.ckpt, after best.ckpt of the same validation."""
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        import errno
+
+        save = trainer.save_checkpoint
+
+        def full_at_last(filepath, *args, **kwargs):
+            if str(filepath).endswith("last.ckpt"):
+                raise OSError(errno.ENOSPC, "No space left on device", str(filepath))
+            return save(filepath, *args, **kwargs)
+
+        trainer.save_checkpoint = full_at_last
