@@ -29,25 +29,34 @@ def samples(kind, length=256, depth=0.5, n=6, **ruler):
     return make_probe_samples(kind, TOK, length, depth, n, 7, filler_ids=FILLER, ruler=ruler or None)
 
 
-def rfind(ids, piece):
-    """Index of the last occurrence of the token list `piece` in `ids`."""
-    p = TOK.encode(piece)
-    return max(i for i in range(len(ids) - len(p) + 1) if ids[i:i + len(p)] == p)
+def trailing(ids, ids_range):
+    """The length of the run of tokens of `ids_range` that ends `ids`."""
+    n = 0
+    while n < len(ids) and ids[-1 - n] in ids_range:
+        n += 1
+    return n
 
 
-# ------------------------------------------------------------------------------------------- needles
-def parse_niah(ids, q=None):
-    """(needles [(key, value, value index)], asked keys) read from a niah prompt: a needle is " magic " then a reserved
-    key and a reserved value then "."; the question is the last "\\nmagic " (or the one at `q`) and the keys after
-    it."""
-    q = rfind(ids, "\nmagic ") if q is None else q
-    head, dot = TOK.encode(" magic "), TOK.encode(".")
-    needles = [(ids[i + len(head)], ids[i + len(head) + 1], i + len(head) + 1) for i in range(q)
-               if ids[i:i + len(head)] == head and ids[i + len(head)] in KEYS and ids[i + len(head) + 1] in VALUES
-               and ids[i + len(head) + 2:i + len(head) + 3] == dot]
-    reserved = [t for t in ids[:q] if t in KEYS or t in VALUES]
-    assert len(reserved) == 2 * len(needles), "a reserved id outside a needle"
-    return needles, ids[q + len(TOK.encode("\nmagic ")):]
+def pairs(context, second):
+    """The (first, second, index of second) of every statement of a context: a reserved key directly followed by a
+    token of `second`; every reserved id of the context must belong to one."""
+    out, i = [], 0
+    while i < len(context):
+        t = context[i]
+        if t in KEYS or t in VALUES:
+            assert t in KEYS and i + 1 < len(context) and context[i + 1] in second, "a reserved id outside a statement"
+            out.append((t, context[i + 1], i + 1))
+            i += 2
+        else:
+            i += 1
+    return out
+
+
+def parse_niah(prompt):
+    """(needles [(key, value, value index)], asked keys) of a niah prompt: the asked keys are the run of reserved keys
+    that ends it; before them every reserved key is directly followed by its reserved value (a needle)."""
+    q = len(prompt) - trailing(prompt, KEYS)
+    return pairs(prompt[:q], VALUES), prompt[q:]
 
 
 @pytest.mark.parametrize("kind", NIAH)
@@ -62,8 +71,8 @@ def test_a_needles_answer_is_every_value_of_every_asked_key_in_order(kind):
             assert s.input_ids[s.gold_index] == s.answer_ids[0]
             assert s.candidates == [v for _, v, _ in needles]
             # the haystack is the given text, in order, around the needles
-            text = [t for t in s.input_ids[:rfind(s.input_ids, "\nmagic ")] if t < 256]
-            assert "".join(map(chr, text)).replace(" magic .", "") in "".join(map(chr, FILLER)) * 3
+            text = "".join(chr(t) for t in s.input_ids if t < 256)
+            assert text in "".join(map(chr, FILLER)) * 3
 
 
 def test_the_needle_kinds_meet_their_minimum_difficulty():
@@ -98,16 +107,11 @@ def test_a_needle_moves_with_depth_and_nothing_else_does():
 
 
 # ------------------------------------------------------------------------------------------- variable tracking
-def parse_vt(ids):
-    """Statements [(lhs, rhs)] in context order (" VAR " name " = " name-or-value "."), and the asked value."""
-    head, eq = TOK.encode(" VAR "), TOK.encode(" = ")
-    q = rfind(ids, "\nVARS = ")
-    out = []
-    for i in range(q):
-        j = i + len(head)
-        if ids[i:j] == head and ids[j] in KEYS and ids[j + 1:j + 1 + len(eq)] == eq:
-            out.append((ids[j], ids[j + 1 + len(eq)]))
-    return out, ids[-1]
+def parse_vt(prompt):
+    """Statements [(lhs, rhs)] in context order (a reserved key, the assigned name, directly followed by a reserved
+    key or value), and the asked value that ends the prompt."""
+    assert prompt[-1] in VALUES
+    return [(lhs, rhs) for lhs, rhs, _ in pairs(prompt[:-1], range(KEYS.start, VALUES.stop))], prompt[-1]
 
 
 def bound_to(statements, value):
@@ -177,12 +181,6 @@ def test_common_words_answers_the_most_frequent_words_most_frequent_first(ruler)
 
 
 # ------------------------------------------------------------------------------------------- training rows
-def find(ids, piece):
-    """Index of the first occurrence of the token list `piece` in `ids`."""
-    p = TOK.encode(piece)
-    return min(i for i in range(len(ids) - len(p) + 1) if ids[i:i + len(p)] == p)
-
-
 @pytest.mark.parametrize("kind, questions", [("niah_single", 1), ("niah_multikey", 4), ("niah_multivalue", 1),
                                              ("niah_multiquery", 1), ("vt", 2), ("cwe", 1)])
 def test_training_rows_ask_every_question_of_one_instance_over_their_own_text(kind, questions):
@@ -197,41 +195,26 @@ def test_training_rows_ask_every_question_of_one_instance_over_their_own_text(ki
         runs = [(a, b) for a, b in zip(*(np.flatnonzero(np.diff(np.r_[0, mask.astype(int), 0]) == e) for e in (1, -1)))]
         assert len(runs) == questions and runs[-1][1] == 128  # the last answer ends the span
         asked = set()
+        first = runs[0][0] - (1 if kind == "vt" else trailing(ids[:runs[0][0]], KEYS))  # where the questions start
         for a, b in runs:
             prompt, answer = ids[:a], ids[a:b]
             if kind == "vt":
-                statements, value = parse_vt(ids[:find(ids, "\nVARS = ")] + prompt[-len(TOK.encode("\nVARS = ")) - 1:])
+                statements, value = parse_vt(ids[:first] + [prompt[-1]])
                 assert answer == bound_to(statements, value)
                 asked.add(value)
             elif kind == "cwe":
                 assert answer == [w for w, _ in Counter(t for t in prompt if t in VALUES).most_common(3)]
             else:
-                needles, _ = parse_niah(ids, q=find(ids, "\nmagic "))
-                keys = prompt[rfind(prompt, "\nmagic ") + len(TOK.encode("\nmagic ")):]
+                needles, _ = parse_niah(ids[:first])
+                keys = prompt[len(prompt) - trailing(prompt, KEYS):]
                 assert answer == [v for k in keys for key, v, _ in needles if key == k]
                 asked |= set(keys)
         if kind in ("niah_multikey", "vt"):  # every key / chain of the context asked once
             assert len(asked) == questions
         assert (row[128:] == own[128:]).all()  # the row's own text after the span
         if kind != "cwe":  # the haystack is the row's own text, from its start, in order
-            hay = haystack_of(ids[:runs[0][0]], kind)
+            hay = [t for t in ids[:first] if t < 256]
             assert len(hay) > 20 and hay == own[:len(hay)].tolist()
-
-
-def haystack_of(prompt, kind):
-    """The prompt without its needles / statements and its question: the haystack tokens, in order."""
-    if kind == "vt":
-        head, tail, q = TOK.encode(" VAR "), len(TOK.encode(" = ")) + 2 + len(TOK.encode(".")), "\nVARS = "
-    else:
-        head, tail, q = TOK.encode(" magic "), 2 + len(TOK.encode(".")), "\nmagic "
-    ids, out, i = prompt[:rfind(prompt, q)], [], 0
-    while i < len(ids):
-        if ids[i:i + len(head)] == head and ids[i + len(head)] in KEYS:
-            i += len(head) + tail
-        else:
-            out.append(ids[i])
-            i += 1
-    return out
 
 
 # ------------------------------------------------------------------------------------------- minimum difficulty

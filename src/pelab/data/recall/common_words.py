@@ -1,6 +1,6 @@
 """RULER's common-words extraction, ``cwe`` (Hsieh et al. 2024, section 3.3 "aggregation"; NVIDIA/RULER
 ``scripts/data/synthetic/common_words_extraction.py``): a shuffled list of ``ruler.words`` distinct words, some far
-more frequent than the others, then ``"\\nMost common:"``; the answer is the ``ruler.common`` most frequent words,
+more frequent than the others, then ``"\\nTop:"``; the answer is the ``ruler.common`` most frequent words,
 most frequent first.
 
 Frequencies: the word of rank i (i = 0 .. common - 1) appears ``(common + 1 - i) x u`` times, every other word u
@@ -13,7 +13,8 @@ words are reserved value ids (RULER: English words); the number of distinct word
 with the length (RULER fixes the repeats, 30 common and 3 uncommon, and adds uncommon words as the length grows);
 the common words have distinct frequencies and must come most frequent first, because a teacher-forced answer needs
 one order (RULER's 10 common words are equally frequent and scored in any order); no numbering ("1. word") and no
-few-shot example; no haystack, as in RULER, and no depth (the instance is the same at every probed depth: read cwe by
+few-shot example, and a short question ("\\nTop:"; RULER: "What are the 10 most common words in the above list?");
+no haystack, as in RULER, and no depth (the instance is the same at every probed depth: read cwe by
 length)."""
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pelab.data.recall.ruler import Instance, draw_ids, keys_values, ruler_key, 
 from pelab.data.recall.ruler_options import RulerOptions
 
 CWE = "cwe"
-QUERY = "\nMost common:"
+QUERY = "\nTop:"
 
 
 def cwe_vocabulary(ruler: RulerOptions) -> dict[str, int]:

@@ -1,6 +1,6 @@
 """RULER's needle-in-a-haystack family (Hsieh et al. 2024, section 3.1; NVIDIA/RULER
-``scripts/data/synthetic/niah.py``): needles ``" magic <k><v>."`` in real text, then ``"\\nmagic <k1>..<kq>"`` and
-the values of the asked keys.
+``scripts/data/synthetic/niah.py``): needles ``<k><v>`` (a reserved key id, then a reserved value id) in real text,
+then the asked keys ``<k1>..<kq>`` and their values.
 
 * **niah_single**: one needle; its value asked (RULER niah_single_2: essay haystack, one key, one value).
 * **niah_multikey**: the asked needle and ``ruler.distractor_keys`` needles with other keys (RULER niah_multikey_1:
@@ -11,14 +11,18 @@ the values of the asked keys.
   key's value in the order asked (RULER niah_multiquery: 4 keys, 4 queries).
 
 Placement: the N needles at evenly spaced places of the haystack (item j after ``round(j * H / (N - 1))`` haystack
-tokens, as mqar), the first asked needle at place ``round(depth * (N - 1))`` (one needle: after ``round(depth * H)``
-tokens), the others in an order drawn per instance (RULER draws each needle's depth at random from 40 depths).
+tokens, as mqar's probes), the first asked needle at place ``round(depth * (N - 1))`` (one needle: after
+``round(depth * H)`` tokens), the others in an order drawn per instance (RULER draws each needle's depth at random
+from 40 depths); a training row puts them at uniformly random places, as mqar's rows.
 
 Deviations from RULER besides those of `pelab.data.recall.ruler` (single-token keys and values, exact match, real-text
-haystack, small lengths): the needle is ``" magic <k><v>."``, the value right after its key (RULER: "One of the
-special magic numbers for {key} is: {value}."); the query lists the asked keys and the answer their values with no
-separators; multi-value answers must come in context order and multi-query answers in the asked order (RULER
-accepts any order); RULER's default minimums are higher (see `pelab.data.recall.ruler_options`)."""
+haystack, small lengths): the needle is the key and value ids alone and the question the asked keys alone, as
+Zoology's MQAR (RULER: "One of the special magic numbers for {key} is: {value}." and "What are all the special magic
+numbers for {keys}?"): with RULER-like text pieces around them (" magic <k><v>." and "\nmagic <k>") a 2-layer model
+stayed on the copy plateau (0.25-0.30 in-window after 1,200 steps) where the bare pairs are learned in about 300 steps
+(both measured with experiment=recall's recipe; docs/ruler.md); multi-value answers must come in context order and
+multi-query answers in the asked order (RULER accepts any order); RULER's default minimums are higher (see
+`pelab.data.recall.ruler_options`)."""
 
 from __future__ import annotations
 
@@ -31,7 +35,6 @@ from pelab.data.recall.ruler_options import RulerOptions
 
 NIAH_SINGLE, NIAH_MULTIKEY, NIAH_MULTIVALUE, NIAH_MULTIQUERY = (
     "niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery")
-NEEDLE_HEAD, NEEDLE_TAIL, QUERY_HEAD = " magic ", ".", "\nmagic "
 
 
 def shape(kind: str, ruler: RulerOptions) -> tuple[int, int, int, str]:
@@ -63,9 +66,8 @@ def build_niah(pc: Pieces, g: np.random.Generator, hay: np.ndarray, length: int,
     others = g.permutation(K * V - 1) + 1  # the needles after the first asked one, in the order they are placed
     # the questions: groups of key indices, each asked at once
     questions = [[int(k)] for k in g.permutation(K)] if train and Q == 1 else [list(range(Q))]
-    head, tail, query = pc(NEEDLE_HEAD), pc(NEEDLE_TAIL), pc(QUERY_HEAD)
     N = K * V  # needles
-    H = length - N * (len(head) + 2 + len(tail)) - sum(len(query) + len(q) + len(q) * V for q in questions)
+    H = length - 2 * N - sum(len(q) + len(q) * V for q in questions)
     if H < 0:
         raise too_short(kind + (" (a training row)" if train else ""), length - H, length, setting)
 
@@ -73,13 +75,13 @@ def build_niah(pc: Pieces, g: np.random.Generator, hay: np.ndarray, length: int,
     at = round(float(depth) * (N - 1))
     order = [int(m) for m in others]
     order.insert(at, 0)
-    needles = [head + [int(keys[m // V]), int(values[m // V, m % V])] + tail for m in order]
-    ids, starts = spread(hay[:H], needles, depth)
-    value_at = {m: starts[j] + len(head) + 1 for j, m in enumerate(order)}  # needle -> its value's index
+    needles = [[int(keys[m // V]), int(values[m // V, m % V])] for m in order]
+    ids, starts = spread(hay[:H], needles, depth, g if train else None)
+    value_at = {m: starts[j] + 1 for j, m in enumerate(order)}  # needle -> its value's index
     spans = []
     for q in questions:  # each asked key's values in context order, keys in the order asked
         answer_needles = [m for k in q for m in sorted(range(k * V, k * V + V), key=value_at.get)]
-        ids += query + [int(keys[k]) for k in q]
+        ids += [int(keys[k]) for k in q]
         answer = [ids[value_at[m]] for m in answer_needles]
         spans.append((len(ids), len(ids) + len(answer)))
         ids += answer

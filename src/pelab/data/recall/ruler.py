@@ -13,7 +13,8 @@ Deviations from RULER shared by every kind (each module states its own):
   (RULER: the fraction of the expected strings found anywhere in the generated text, any order);
 * **haystack**: real text of the run's corpus (the code corpus by default: the Python standard library; probes take
   the validation split, training rows their own text rows) instead of Paul Graham's essays or the repeated noise
-  sentence; needles and statements are short fixed pieces (" magic ", " VAR ") rather than RULER's sentences;
+  sentence; needles and statements are their ids alone, with no sentence around them, and the questions have no
+  instruction (see `pelab.data.recall.niah` for why);
 * **lengths** scaled to small models: the training length (128 tokens by default) and its multiples, not 4K-128K.
 
 Draws: a probe sample's generator is seeded by (probes.seed, kind, length, sample index), drawn before the depth is
@@ -86,12 +87,17 @@ def haystack(filler: np.ndarray, g: np.random.Generator, n: int) -> np.ndarray:
     return filler[(g.integers(len(filler)) + np.arange(n)) % len(filler)]
 
 
-def spread(hay: np.ndarray, items: Sequence[Sequence[int]], depth: float) -> tuple[list[int], list[int]]:
-    """The haystack with ``items`` (token lists) inserted at evenly spaced places, as mqar's pairs: item j after
-    ``round(j * H / (N - 1))`` haystack tokens (one item: after ``round(depth * H)``). Returns the ids and each
-    item's start index."""
+def spread(hay: np.ndarray, items: Sequence[Sequence[int]], depth: float,
+           g: np.random.Generator | None = None) -> tuple[list[int], list[int]]:
+    """The haystack with ``items`` (token lists) inserted in order at evenly spaced places, as mqar's probe pairs: item
+    j after ``round(j * H / (N - 1))`` haystack tokens (one item: after ``round(depth * H)``). With ``g`` (a training
+    row) at uniformly random places instead, as mqar's training pairs: content, not a fixed position, tells a needle.
+    Returns the ids and each item's start index."""
     H, N = len(hay), len(items)
-    cuts = [round(j * H / (N - 1)) for j in range(N)] if N > 1 else [round(float(depth) * H)]
+    if g is not None:
+        cuts = np.sort(g.integers(0, H + 1, size=N)).tolist()
+    else:
+        cuts = [round(j * H / (N - 1)) for j in range(N)] if N > 1 else [round(float(depth) * H)]
     ids: list[int] = []
     starts: list[int] = []
     prev = 0

@@ -1,19 +1,21 @@
 """RULER's variable tracking, ``vt`` (Hsieh et al. 2024, section 3.2 "multi-hop tracing"; NVIDIA/RULER
-``scripts/data/synthetic/variable_tracking.py``): chains of assignments ``" VAR X1 = v."``, ``" VAR X2 = X1."``, ...
-hidden in real text, then ``"\\nVARS = v"``; the answer is every name bound to v, in chain order.
+``scripts/data/synthetic/variable_tracking.py``): chains of assignments ``X1 = v``, ``X2 = X1``, ... hidden in real
+text, each written ``<X1><v>``, ``<X2><X1>`` (the assigned name, then its value or name), then the asked value
+``<v>``; the answer is every name bound to v, in chain order.
 
 ``ruler.chains`` chains of ``ruler.hops`` hops each (``hops + 1`` names, the first assigned a value): chain 0 is asked,
 the others are distractor chains with their own values and names (RULER's default has one chain: no distractor). The
 ``chains x (hops + 1)`` statements sit at evenly spaced places of the haystack; chain 0's statements take consecutive
 places starting at place ``round(depth * (S - hops - 1))`` (S statements in all), the distractor chains the other
 places, interleaved in an order drawn per instance that keeps each chain's own order (RULER's
-``shuffle_sublists_heap``; RULER draws the places at random).
+``shuffle_sublists_heap``; RULER draws the places at random, as a training row does here).
 
 Deviations from RULER besides those of `pelab.data.recall.ruler` (single-token names and values, exact match,
 real-text haystack, small lengths): names are reserved key ids and values reserved value ids (RULER: 5 upper-case
-letters, 5-digit numbers); the answer must list the names in chain order (RULER: any order); the query is
-``"\\nVARS = <v>"`` (RULER: "Find all variables that are assigned the value {v} in the text above."); depth places
-the asked chain (RULER has no depth for vt)."""
+letters, 5-digit numbers); a statement is the two ids alone and the question the value alone (RULER: "VAR X2 = VAR X1"
+and "Find all variables that are assigned the value {v} in the text above."), as the needles of
+`pelab.data.recall.niah` (text pieces around them kept a 2-layer model on the copy plateau there); the answer must
+list the names in chain order (RULER: any order); depth places the asked chain (RULER has no depth for vt)."""
 
 from __future__ import annotations
 
@@ -25,7 +27,6 @@ from pelab.data.recall.ruler import Instance, draw_ids, keys_values, ruler_key, 
 from pelab.data.recall.ruler_options import RulerOptions
 
 VT = "vt"
-STATEMENT_HEAD, STATEMENT_EQ, STATEMENT_END, QUERY_HEAD = " VAR ", " = ", ".", "\nVARS = "
 
 
 def vt_vocabulary(ruler: RulerOptions) -> dict[str, int]:
@@ -45,16 +46,14 @@ def build_vt(pc: Pieces, g: np.random.Generator, hay: np.ndarray, length: int, d
     values = draw_ids(v_ids, C, g, "values", setting)
     distractor_order = g.permutation(np.repeat(np.arange(1, C), h + 1))  # chain of each distractor place, in order
     asked = [int(c) for c in g.permutation(C)] if train else [0]
-    head, eq, end, query = pc(STATEMENT_HEAD), pc(STATEMENT_EQ), pc(STATEMENT_END), pc(QUERY_HEAD)
     S = C * (h + 1)
-    per = len(head) + 1 + len(eq) + 1 + len(end)
-    H = length - S * per - len(asked) * (len(query) + 1 + (h + 1))
+    H = length - 2 * S - len(asked) * (1 + h + 1)
     if H < 0:
         raise too_short(kind + (" (a training row)" if train else ""), length - H, length, setting)
 
     def statement(c: int, j: int) -> list[int]:  # chain c's j-th assignment: X_{j+1} = v (j = 0) or X_j
         rhs = int(values[c]) if j == 0 else int(names[c, j - 1])
-        return head + [int(names[c, j])] + eq + [rhs] + end
+        return [int(names[c, j]), rhs]
 
     first = round(float(depth) * (S - h - 1))  # chain 0's first place
     chains = [int(c) for c in distractor_order]
@@ -64,11 +63,11 @@ def build_vt(pc: Pieces, g: np.random.Generator, hay: np.ndarray, length: int, d
     for c in chains:
         items.append(statement(c, hops[c]))
         hops[c] += 1
-    ids, starts = spread(hay[:H], items, depth)
-    lhs = [s + len(head) for s in starts]  # every name's index where it is assigned, in context order
+    ids, starts = spread(hay[:H], items, depth, g if train else None)
+    lhs = starts  # every name's index where it is assigned, in context order
     spans = []
     for c in asked:
-        ids += query + [int(values[c])]
+        ids += [int(values[c])]
         spans.append((len(ids), len(ids) + h + 1))
         ids += [int(x) for x in names[c]]
     answer = ids[spans[-1][0]:]
