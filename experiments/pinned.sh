@@ -3,6 +3,7 @@
 # clean provenance, and a relaunch runs the same code as the first launch. As experiments/provenance/verify.py: `python -S` (no editable-install
 # finder, which would map pelab.conf to the main checkout) with the worktree's src first, then the venv's packages.
 #   pinned_train <commit> <train.py arguments ...>     (one thread, nice 10)
+#   pinned_eval <commit> <eval.py arguments ...>       (the same for an evaluation of a checkpoint)
 REPO=$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --show-toplevel)
 VENV_PY=${VENV_PY:-$REPO/.venv/bin/python}
 PINNED_ROOT=${PINNED_ROOT:-/work/studies/code}  # one worktree per pinned commit, shared by the studies
@@ -16,11 +17,14 @@ pinned_tree() {  # <commit>: the worktree's path (created once, kept)
   echo "$tree"
 }
 
-pinned_train() {  # <commit> <train.py arguments ...>
-  local commit=$1; shift
+pinned_script() {  # <commit> <train.py | eval.py> <its arguments ...>
+  local commit=$1 script=$2; shift 2
   local tree purelib
   tree=$(pinned_tree "$commit") || return 1
   purelib=$("$VENV_PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   (cd "$tree" && env -u PYTHONPATH PYTHONPATH="$tree/src:$purelib" OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 \
-     PYTHONUNBUFFERED=1 nice -n 10 "$VENV_PY" -S train.py "$@")
+     PYTHONUNBUFFERED=1 nice -n 10 "$VENV_PY" -S "$script" "$@")
 }
+
+pinned_train() { local commit=$1; shift; pinned_script "$commit" train.py "$@"; }  # <commit> <train.py arguments>
+pinned_eval() { local commit=$1; shift; pinned_script "$commit" eval.py "$@"; }  # <commit> <eval.py arguments>
