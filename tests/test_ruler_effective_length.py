@@ -71,11 +71,11 @@ def test_a_weak_depth_ends_the_effective_length_though_the_mean_over_depths_pass
 def test_never_acquired_in_window_is_na_and_the_floor_binds_below_it():
     # in-window 0.35: threshold the floor 0.5, not 0.9 x 0.35; the bounds (about 0.26) never reach it
     e = kind_effective_length(result({128: [30, 40, 35], 256: [99, 99, 99]}), "k", EffectiveLengthRule())
-    assert e["threshold"] == 0.5 and math.isnan(e["length"])
+    assert e["threshold"] == 0.5 and e["length"] == 0  # 0: not acquired (NaN is kept for "not measured")
     # in-window 0.6: 0.9 x 0.6 = 0.54 > floor; bound 0.502 < 0.54 fails; with fraction 0.8, 0.48 < floor 0.5 and
     # 0.502 >= 0.5 passes
     res = result({128: [60, 60, 60], 256: [60, 60, 60]})
-    assert math.isnan(kind_effective_length(res, "k", EffectiveLengthRule(0.5, 0.9))["length"])
+    assert kind_effective_length(res, "k", EffectiveLengthRule(0.5, 0.9))["length"] == 0
     assert kind_effective_length(res, "k", EffectiveLengthRule(0.5, 0.8))["length"] == 256
 
 
@@ -88,7 +88,7 @@ def test_an_unmeasured_length_fails_and_the_in_window_length_is_the_longest_up_t
     assert e["in_window_length"] == 64 and e["threshold"] == pytest.approx(0.81)
     assert e["lower"][0] == pytest.approx(0.82565, abs=1e-4) == wilson_lower(90, 100) and e["length"] == 256
     e = kind_effective_length(result({256: [100, 100, 100]}), "k", EffectiveLengthRule())
-    assert math.isnan(e["in_window"]) and math.isnan(e["length"])  # nothing probed in-window: n/a
+    assert math.isnan(e["in_window"]) and math.isnan(e["length"])  # nothing probed in-window: not measured
 
 
 def test_the_rule_itself_on_plain_numbers():
@@ -104,6 +104,8 @@ def test_over_seeds_the_median_and_range_of_a_grid_statistic():
     assert over_seeds([256, 512]) == (256, 256, 512)  # the lower median: an evaluated length, not 384
     med, lo, hi = over_seeds([256, NAN, 512])  # n/a ranks below every length
     assert (med, hi) == (256, 512) and math.isnan(lo)
-    assert math.isnan(over_seeds([NAN, NAN, 128])[0])
+    assert math.isnan(over_seeds([NAN, NAN, 128])[0]) and over_seeds([0, 0, 128])[0] == 0
+    assert over_seeds([0, 512, 256]) == (256, 0, 512)
     assert describe([256, NAN, 512]) == "256 [n/a, 512] (3 seeds)"
-    assert describe([NAN]) == "n/a" and describe([]) == "—"
+    assert describe([NAN]) == "n/a" == describe([0]) and describe([]) == "—"
+    assert describe([0, 256]) == "n/a [n/a, 256] (2 seeds)"

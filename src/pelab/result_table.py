@@ -152,7 +152,8 @@ def _probe_lines(summary: dict, probes: dict) -> list[str]:
 
 def _effective_length_lines(summary: dict, m: dict) -> list[str]:
     """Per probe kind its effective length (pelab.evaluation.effective_length) and the threshold its lower bounds
-    met; "n/a" where the kind was not acquired in-window. Nothing for a run that recorded none."""
+    met; "n/a" where the kind was not acquired in-window (0) or not measured (NaN). Nothing for a run that recorded
+    none."""
     found = sorted((k.variant, k.kind, as_float(v)) for key, v in m.items()
                    if (k := parse_key(key)) is not None and k.family == "probe" and k.length is None
                    and k.stat_name == "eff_length")
@@ -166,7 +167,7 @@ def _effective_length_lines(summary: dict, m: dict) -> list[str]:
     width = max(12, *(len(kind) for _, kind, _ in found))
     for variant, kind, eff in found:
         threshold = as_float(m.get("/".join(x for x in ("probe", variant, kind, "eff_threshold") if x)))
-        text = (f"{eff:>6.0f}   (threshold {_num(threshold)})" if math.isfinite(eff)
-                else "   n/a   (not acquired in-window)")
+        text = (f"{eff:>6.0f}   (threshold {_num(threshold)})" if math.isfinite(eff) and eff > 0
+                else "   n/a   (not acquired in-window)" if eff == 0 else "   n/a   (not measured)")
         lines.append("  " + (f"{variant or '-':<12} " if variant else "") + f"{kind:<{width}} {text}")
     return lines

@@ -10,8 +10,9 @@ Rule (issue 56): the largest evaluated length l such that at **every** evaluated
 * the Wilson lower bound at a length is the smallest over its depths of each (depth, length) cell's 95% Wilson lower
   bound (``stats.wilson`` of its n instances): the depths of one length share their instances (the paired design), so
   they are not pooled into one larger n, and an effective length must hold at every depth;
-* n/a (None; NaN in the metrics) when even the shortest evaluated length fails: the kind was never acquired
-  in-window (or the training length was never probed).
+* n/a when even the shortest evaluated length fails: the kind was never acquired in-window. In the metrics that is 0
+  (as ``probe/<kind>/effective_length``'s "none": a logged number, where W&B drops a NaN), and NaN is kept for "not
+  measured" (no in-window accuracy: every cell n/a, or no length up to the training length probed).
 
 Defaults (``probes.effective_length``): floor 0.5, fraction 0.9. Deviations from RULER: a per-model relative threshold
 with a floor instead of one absolute score; the lower bound of an interval instead of the point accuracy; every
@@ -67,7 +68,8 @@ def in_window_length(lengths: Sequence[int], train_length: int | None) -> int | 
 
 
 def kind_effective_length(result: ProbeResult, kind: str, rule: EffectiveLengthRule) -> dict[str, float]:
-    """The rule on one kind of a probe run: ``length`` (NaN = n/a), ``threshold``, ``in_window`` (accuracy),
+    """The rule on one kind of a probe run: ``length`` (0 = not acquired, NaN = not measured), ``threshold``,
+    ``in_window`` (accuracy),
     ``in_window_length`` (NaN when none) and ``lower`` (the lower bound per evaluated length, ascending)."""
     L_w = in_window_length(result.lengths, result.train_length or min(result.lengths))
     curve = dict(zip(result.lengths, result.length_curve(kind), strict=True))
@@ -75,13 +77,14 @@ def kind_effective_length(result: ProbeResult, kind: str, rule: EffectiveLengthR
     lower = [min((result.cell(kind, d, L).lo for d in result.depths), default=NAN) for L in result.lengths]
     threshold = rule.threshold(acc)
     eff = effective_length(result.lengths, lower, threshold)
-    return {"length": NAN if eff is None else float(eff), "threshold": threshold, "in_window": acc,
+    length = float(eff) if eff is not None else (0.0 if math.isfinite(threshold) else NAN)
+    return {"length": length, "threshold": threshold, "in_window": acc,
             "in_window_length": NAN if L_w is None else float(L_w), "lower": lower}
 
 
 def effective_length_metrics(result: ProbeResult, rule: EffectiveLengthRule) -> dict[str, float]:
-    """Per grid kind ``probe/{kind}/eff_length`` (NaN = n/a) and ``probe/{kind}/eff_threshold`` (the threshold its
-    lower bounds had to reach; NaN without an in-window accuracy)."""
+    """Per grid kind ``probe/{kind}/eff_length`` (0 = not acquired in-window, NaN = not measured) and
+    ``probe/{kind}/eff_threshold`` (the threshold its lower bounds had to reach; NaN without an in-window accuracy)."""
     m: dict[str, float] = {}
     for kind in result.kinds:
         e = kind_effective_length(result, kind, rule)
@@ -97,13 +100,18 @@ def effective_length_record(result: ProbeResult, rule: EffectiveLengthRule) -> d
                       "kinds": {k: kind_effective_length(result, k, rule) for k in result.kinds}})
 
 
+def acquired(value: float) -> bool:
+    """Whether a recorded effective length is a length (not 0 = not acquired, not NaN = not measured)."""
+    return math.isfinite(value) and value > 0
+
+
 def over_seeds(values: Sequence[float]) -> tuple[float, float, float]:
-    """(median, smallest, largest) of per-seed effective lengths, n/a (NaN) ranked below every length: the lower
-    median with an even count (a length that was evaluated, not a midpoint), NaN where an n/a falls there. (nan, nan,
+    """(median, smallest, largest) of per-seed effective lengths, n/a (0 or NaN) ranked below every length: the lower
+    median with an even count (a length that was evaluated, not a midpoint), n/a where one falls there. (nan, nan,
     nan) without values."""
     if not len(values):
         return NAN, NAN, NAN
-    ranked = sorted((float(v) for v in values), key=lambda v: v if math.isfinite(v) else -math.inf)
+    ranked = sorted((float(v) for v in values), key=lambda v: v if acquired(v) else -math.inf)
     return ranked[(len(ranked) - 1) // 2], ranked[0], ranked[-1]
 
 
@@ -111,7 +119,7 @@ def describe(values: Sequence[float]) -> str:
     """Per-seed effective lengths as a table cell: one seed "256" / "n/a"; several "256 [128, 512] (3 seeds)", the
     median and the range."""
     def show(v: float) -> str:
-        return str(int(v)) if math.isfinite(v) else "n/a"
+        return str(int(v)) if acquired(v) else "n/a"
 
     if not len(values):
         return "—"
