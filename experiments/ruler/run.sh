@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The RULER-style kinds' committed runs (issue 56, docs/ruler.md): one run per kind at the minimum difficulty
+# (data.recall_ruler's defaults), rope, seed 0, each family's preset (experiment=ruler_niah / ruler_vt / ruler_cwe) to
+# its in-window criterion, then probed at 1-8 x L with the effective length. One run after another, one thread under
+# nice 10, from a clean worktree of the commit pinned at the first launch (<root>/COMMIT; ../pinned.sh, its worktrees
+# under <root>/code, not the studies' folder). KINDS narrows the list (KINDS="niah_multikey vt"); a relaunch skips the
+# runs that finished (summary.json status ok).
+#   setsid nohup bash experiments/ruler/run.sh [root] > /dev/null 2>&1 &      (root: /tmp/pelab-ruler)
+#   python -m pelab.report collect <root>/runs experiments/ruler/runs
+#   python -m pelab.report experiments/ruler/runs --out experiments/ruler/report
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+root=${1:-/tmp/pelab-ruler}
+export PINNED_ROOT=${PINNED_ROOT:-$root/code}
+. "$here/../pinned.sh"
+mkdir -p "$root/runs"
+[ -s "$root/COMMIT" ] || git -C "$REPO" rev-parse HEAD > "$root/COMMIT"
+commit=$(cat "$root/COMMIT")
+kind_args() {  # <kind>: its preset
+  case $1 in
+    niah_*) echo "experiment=ruler_niah callbacks.retrieval_criterion.kind=$1" ;;
+    vt) echo "experiment=ruler_vt" ;;
+    cwe) echo "experiment=ruler_cwe" ;;
+  esac
+}
+for kind in ${KINDS:-niah_single niah_multikey niah_multivalue niah_multiquery vt cwe}; do
+  run="$root/runs/rope-$kind-L128-s0"
+  if python3 -c "import json,sys; sys.exit(json.load(open('$run/summary.json'))['status'] != 'ok')" 2>/dev/null; then
+    continue
+  fi
+  echo "$(date -u +%FT%TZ) $kind: commit $commit" >> "$root/launches.log"
+  start=$(date +%s)
+  # shellcheck disable=SC2046  # the preset's arguments are words
+  pinned_train "$commit" $(kind_args "$kind") seed=0 hydra.run.dir="$run" >> "$root/$kind.log" 2>&1
+  echo "$(date -u +%FT%TZ) $kind: exit $?, $(( $(date +%s) - start )) s wall" >> "$root/launches.log"
+done
