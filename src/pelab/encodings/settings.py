@@ -108,8 +108,9 @@ def piecewise_defaults(kind: str, train_length: int, factor: float) -> dict[str,
                             group = the smallest G with (L - window) * G + window >= factor * L (the README's rule
                                     for the maximum extended length)
       string                window = 0.33 L   (HKUNLP/STRING: shifted_offset = int(0.33 * L))
-                            local = L / 16    (its default local value 128, which is L / 16 of the 2,048-token
-                                    TinyLlama the paper pretrains)
+                            local = L / 16    (PELab's scaling, not the reference's: its default local value
+                                    is 128 tokens for every model, a local context kept "for fluency", which
+                                    at L = 128 would be all of L)
     Each at least 1."""
     if kind in ("rerope", "leaky_rerope"):
         return {"window": max(1, train_length // 8)}
