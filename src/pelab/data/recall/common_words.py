@@ -23,8 +23,9 @@ import numpy as np
 
 from pelab.data.recall.kinds import RecallOptions
 from pelab.data.recall.pieces import Pieces
-from pelab.data.recall.ruler import Instance, draw_ids, keys_values, ruler_key, too_short
+from pelab.data.recall.ruler import Instance, draw_ids, ruler_key, too_short
 from pelab.data.recall.ruler_options import RulerOptions
+from pelab.data.recall.spaces import reserved_ids
 
 CWE = "cwe"
 QUERY = "\nTop:"
@@ -46,7 +47,7 @@ def build_cwe(pc: Pieces, g: np.random.Generator, hay: np.ndarray, length: int, 
     training row, ``train``, asks the same one question)."""
     D, c = opts.ruler.words, opts.ruler.common
     setting = f"{ruler_key(opts)}.words={D}, common={c}"
-    _, v_ids = keys_values(pc)
+    _, v_ids = reserved_ids(pc)
     words = draw_ids(v_ids, D, g, "values", setting)  # words[i]: rank i (the first c are the common ones)
     weights = word_weights(D, c)
     query = pc(QUERY)

@@ -30,8 +30,9 @@ import numpy as np
 
 from pelab.data.recall.kinds import RecallOptions
 from pelab.data.recall.pieces import Pieces
-from pelab.data.recall.ruler import Instance, draw_ids, keys_values, ruler_key, spread, too_short
+from pelab.data.recall.ruler import Instance, draw_ids, ruler_key, spread, too_short
 from pelab.data.recall.ruler_options import RulerOptions
+from pelab.data.recall.spaces import reserved_ids
 
 NIAH_SINGLE, NIAH_MULTIKEY, NIAH_MULTIVALUE, NIAH_MULTIQUERY = (
     "niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery")
@@ -60,7 +61,7 @@ def build_niah(pc: Pieces, g: np.random.Generator, hay: np.ndarray, length: int,
     the other kinds ask all their keys already), instead of the first one alone."""
     K, V, Q, what = shape(kind, opts.ruler)
     setting = f"{ruler_key(opts)}.{what}={getattr(opts.ruler, what)}" if what else kind
-    k_ids, v_ids = keys_values(pc)
+    k_ids, v_ids = reserved_ids(pc)
     keys = draw_ids(k_ids, K, g, "keys", setting)  # key 0..Q-1 are asked, in that order
     values = draw_ids(v_ids, K * V, g, "values", setting).reshape(K, V)
     others = g.permutation(K * V - 1) + 1  # the needles after the first asked one, in the order they are placed

@@ -36,7 +36,7 @@ import numpy as np
 from pelab.data.recall.kinds import RecallOptions
 from pelab.data.recall.pieces import Pieces
 from pelab.data.recall.sample import RecallSample, with_mask
-from pelab.data.recall.spaces import TRAIN_SPACE, reserved_ids
+from pelab.data.recall.spaces import TRAIN_SPACE
 from pelab.errors import RecallLengthError
 
 
@@ -75,11 +75,6 @@ def draw_ids(ids: range, n: int, g: np.random.Generator, what: str, setting: str
         raise RecallLengthError(f"{setting} needs {n} distinct reserved {what} ids but the tokenizer reserves "
                                 f"{len(ids)}; raise tokenizer.reserved_{what} or lower {setting}")
     return ids.start + g.choice(len(ids), n, replace=False)
-
-
-def keys_values(pc: Pieces) -> tuple[range, range]:
-    """The tokenizer's reserved key and value ids (the RULER kinds' keys / names and values / words)."""
-    return reserved_ids(pc)
 
 
 def haystack(filler: np.ndarray, g: np.random.Generator, n: int) -> np.ndarray:

@@ -23,8 +23,9 @@ import numpy as np
 
 from pelab.data.recall.kinds import RecallOptions
 from pelab.data.recall.pieces import Pieces
-from pelab.data.recall.ruler import Instance, draw_ids, keys_values, ruler_key, spread, too_short
+from pelab.data.recall.ruler import Instance, draw_ids, ruler_key, spread, too_short
 from pelab.data.recall.ruler_options import RulerOptions
+from pelab.data.recall.spaces import reserved_ids
 
 VT = "vt"
 
@@ -41,7 +42,7 @@ def build_vt(pc: Pieces, g: np.random.Generator, hay: np.ndarray, length: int, d
     0's alone."""
     C, h = opts.ruler.chains, opts.ruler.hops
     setting = f"{ruler_key(opts)}.chains={C}, hops={h}"
-    k_ids, v_ids = keys_values(pc)
+    k_ids, v_ids = reserved_ids(pc)
     names = draw_ids(k_ids, C * (h + 1), g, "keys", setting).reshape(C, h + 1)  # names[c, j]: X_{j+1} of chain c
     values = draw_ids(v_ids, C, g, "values", setting)
     distractor_order = g.permutation(np.repeat(np.arange(1, C), h + 1))  # chain of each distractor place, in order
