@@ -16,17 +16,28 @@ from pelab.tasks.train import train
 KINDS = ["niah_single", "cwe"]
 
 
+def wilson_lower(k: int, n: int, z: float = 1.959963984540054) -> float:
+    """The Wilson score interval's lower end (Wilson 1927), written out."""
+    p = k / n
+    return (p + z * z / (2 * n) - z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))) / (1 + z * z / n)
+
+
 def rule_from_rows(rows: list[dict], kind: str, train_length: int, floor: float, fraction: float) -> float:
-    """The effective length from summary.json's probe cells: in-window accuracy = mean over depths at the training
-    length; then the longest length up to which every cell's Wilson lower bound ("lo") is >= the threshold; 0 when
-    none is (not acquired in-window)."""
+    """The effective length from summary.json's probe cells: the accuracy at a length is the mean over its depths;
+    its lower bound the Wilson bound of that many right (rounded down) of the n instances the depths share; the longest
+    length up to which every bound is >= max(floor, fraction x the in-window accuracy); 0 when none is."""
     cells = [r for r in rows if r["kind"] == kind]
     lengths = sorted({r["length"] for r in cells})
-    in_window = [as_float(r["acc"]) for r in cells if r["length"] == train_length]
-    threshold = max(floor, fraction * sum(in_window) / len(in_window))
+
+    def accuracy(L: int) -> tuple[float, int]:
+        at = [r for r in cells if r["length"] == L]
+        return sum(as_float(r["acc"]) for r in at) / len(at), min(r["n"] for r in at)
+
+    threshold = max(floor, fraction * accuracy(train_length)[0])
     best = 0.0
     for L in lengths:
-        if not all(as_float(r["lo"]) >= threshold for r in cells if r["length"] == L):
+        acc, n = accuracy(L)
+        if not wilson_lower(math.floor(acc * n + 1e-9), n) >= threshold:
             break
         best = float(L)
     return best

@@ -162,8 +162,8 @@ def _effective_length_lines(summary: dict, m: dict) -> list[str]:
     rule = ((summary.get("config") or {}).get("probes") or {}).get("effective_length") or {}
     how = (f"max({_num(rule['floor'])}, {_num(rule['fraction'])} x in-window accuracy)"
            if {"floor", "fraction"} <= set(rule) else "the threshold")
-    lines = textwrap.wrap(f"effective length: the longest probed length up to which every depth's 95% lower bound "
-                          f"is >= {how}", 80, initial_indent="  ", subsequent_indent="  ")
+    lines = textwrap.wrap(f"effective length: the longest probed length up to which the accuracy's 95% Wilson lower "
+                          f"bound (n = the instances) is >= {how}", 80, initial_indent="  ", subsequent_indent="  ")
     width = max(12, *(len(kind) for _, kind, _ in found))
     for variant, kind, eff in found:
         threshold = as_float(m.get("/".join(x for x in ("probe", variant, kind, "eff_threshold") if x)))

@@ -7,9 +7,10 @@ Rule (issue 56): the largest evaluated length l such that at **every** evaluated
 
 * the in-window accuracy is the kind's mean accuracy over depths at the training length (at the longest evaluated
   length below it when the training length itself was not probed);
-* the Wilson lower bound at a length is the smallest over its depths of each (depth, length) cell's 95% Wilson lower
-  bound (``stats.wilson`` of its n instances): the depths of one length share their instances (the paired design), so
-  they are not pooled into one larger n, and an effective length must hold at every depth;
+* the Wilson lower bound at a length is the 95% Wilson lower bound (``stats.wilson``) of its accuracy, the mean over
+  depths, with n = the number of instances, not instances x depths: the depths of one length share their instances
+  (the paired design), and an instance's mean outcome over the depths varies no more than one Bernoulli outcome, so
+  this bound is conservative (k = the mean number right over the depths, rounded down);
 * n/a when even the shortest evaluated length fails: the kind was never acquired in-window. In the metrics that is 0
   (as ``probe/<kind>/effective_length``'s "none": a logged number, where W&B drops a NaN), and NaN is kept for "not
   measured" (no in-window accuracy: every cell n/a, or no length up to the training length probed).
@@ -27,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pelab.evaluation.stats import wilson
 from pelab.summary import json_safe
 
 if TYPE_CHECKING:
@@ -61,6 +63,14 @@ def effective_length(lengths: Sequence[int], lower: Sequence[float], threshold: 
     return best
 
 
+def length_lower_bound(accuracy: float, n: int) -> float:
+    """The 95% Wilson lower bound of a length's accuracy (mean over depths) over its ``n`` instances (see the module
+    doc); NaN when not measured."""
+    if not (n > 0 and math.isfinite(accuracy)):
+        return NAN
+    return wilson(math.floor(accuracy * n + 1e-9), n)[0]
+
+
 def in_window_length(lengths: Sequence[int], train_length: int | None) -> int | None:
     """The training length if evaluated, else the longest evaluated length below it (None: none is)."""
     below = [int(L) for L in lengths if train_length is not None and int(L) <= train_length]
@@ -69,12 +79,13 @@ def in_window_length(lengths: Sequence[int], train_length: int | None) -> int | 
 
 def kind_effective_length(result: ProbeResult, kind: str, rule: EffectiveLengthRule) -> dict[str, float]:
     """The rule on one kind of a probe run: ``length`` (0 = not acquired, NaN = not measured), ``threshold``,
-    ``in_window`` (accuracy),
-    ``in_window_length`` (NaN when none) and ``lower`` (the lower bound per evaluated length, ascending)."""
+    ``in_window`` (accuracy), ``in_window_length`` (NaN when none) and ``lower`` (the lower bound per evaluated
+    length, ascending)."""
     L_w = in_window_length(result.lengths, result.train_length or min(result.lengths))
     curve = dict(zip(result.lengths, result.length_curve(kind), strict=True))
     acc = curve[L_w] if L_w is not None else NAN
-    lower = [min((result.cell(kind, d, L).lo for d in result.depths), default=NAN) for L in result.lengths]
+    lower = [length_lower_bound(a, min((result.cell(kind, d, L).n for d in result.depths), default=0))
+             for L, a in curve.items()]
     threshold = rule.threshold(acc)
     eff = effective_length(result.lengths, lower, threshold)
     length = float(eff) if eff is not None else (0.0 if math.isfinite(threshold) else NAN)

@@ -91,8 +91,9 @@ def effective_length_table(rows: Sequence[Row], kind: str) -> Table | None:
     how = ", ".join(f"max({a}, {b} × in-window accuracy)" for a, b in sorted(rule, key=str)) or "the threshold"
     t = Table(f"{kind}: effective length", ["encoding", "seeds", "L", "in-window accuracy", "effective length",
                                             "threshold"], [], caption=(
-        f"effective length = the longest probed length up to which, at every probed length, each depth's 95% "
-        f"Wilson lower bound is ≥ {how} (probes.effective_length); n/a = not acquired in-window (even the shortest "
+        f"effective length = the longest probed length up to which, at every probed length, the 95% Wilson lower "
+        f"bound of the accuracy (mean over depths; n = the instances, which the depths share) is ≥ {how} "
+        "(probes.effective_length); n/a = not acquired in-window (even the shortest "
         "probed length fails). Several seeds: the median (the lower one with an even count, n/a counted below every "
         "length) and [smallest, largest]; the lengths form a grid, so no t interval."))
     for r in rows:
