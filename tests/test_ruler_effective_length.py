@@ -1,7 +1,8 @@
 """The effective length (pelab.evaluation.effective_length) on hand-worked cases: the largest probed length l such
 that at every probed length <= l the 95% Wilson lower bound of the accuracy (mean over depths, n = the instances) is
 >= max(floor, fraction x in-window accuracy); n/a when never acquired; over seeds the median and range. The Wilson
-bounds quoted are worked by hand from the score interval's formula (Wilson 1927): (p + z^2/2n - z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n), z = 1.959964."""
+bounds quoted are worked by hand from the score interval's formula (Wilson 1927):
+(p + z^2/2n - z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n), z = 1.959964."""
 
 from __future__ import annotations
 
