@@ -93,6 +93,7 @@ def test_a_check_that_needs_the_data_refuses_before_wandb_starts(tmp_path, train
     assert not (out / "wandb").exists()
 
 
+@pytest.mark.slow
 def test_a_step_that_cannot_fit_is_refused_before_the_token_cache_is_built(tmp_path):
     """`data.batch_size=100000` from an empty token cache: the memory estimate runs on the model built on the meta
     device before the cache is built (a BPE cache: ~20 s), so the refusal costs no build."""
