@@ -92,5 +92,7 @@ def test_nan_and_data_errors_fail_their_sweep_jobs_only(failing_sweep):
     assert jobs[(3, 32)]["status"] == "failed" and "non-finite loss at step 3" in jobs[(3, 32)]["error"]
     for nan in (None, 3):
         assert jobs[(nan, 100000000)]["status"] == "failed" and "data.seq_len" in jobs[(nan, 100000000)]["error"]
+    # W&B: the NaN job's run failed, the good one finished; data.seq_len=1e8 is refused by the checks that need the
+    # data, which run before W&B starts (no dashboard run for a refused setting)
     states = sorted(wandb_summary(r)["state"] for r in offline_runs(sweep))
-    assert states == ["failed", "failed", "failed", "finished"]
+    assert states == ["failed", "finished"]
