@@ -12,12 +12,14 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "pelab"
 ORDER = ["errors", "ops", "encodings", "model", "data", "evaluation", "harness", "tasks", "report"]
 # Top-level modules outside the layer packages, and where they sit.
-PLACED = {"pelab": "errors", "pelab.checks": "errors", "pelab.conf_values": "errors", "pelab.summary": "errors", "pelab.disk": "errors", "pelab.metric_keys": "errors", "pelab.result_table": "errors", "pelab.provenance": "errors", "pelab.dashboard": "report", "pelab.lm_eval": "tasks", "pelab.export": "tasks"}
+PLACED = {"pelab": "errors", "pelab.checks": "errors", "pelab.conf_values": "errors", "pelab.summary": "errors", "pelab.disk": "errors", "pelab.metric_keys": "errors", "pelab.result_table": "errors", "pelab.provenance": "errors", "pelab.dashboard": "report", "pelab.lm_eval": "tasks", "pelab.export": "tasks", "pelab.remote_code": "tasks"}
 
 
 def modules(root: Path = SRC) -> dict[str, Path]:
     out = {}
     for path in root.rglob("*.py"):
+        if not (path.parent / "__init__.py").is_file():  # package data, not a module (pelab/remote/: an export's code)
+            continue
         parts = path.relative_to(root.parent).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         out[name] = path
