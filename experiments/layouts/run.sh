@@ -10,7 +10,7 @@
 # Cost, estimated from v3 (6.4-8.9 min per 1,500-step job on one thread at a load of ~2, evaluation to 8 x L
 # included) plus the 16 x L evaluation: about 9-10 min per job, 12 jobs, about 2 CPU-hours (1 h wall at 2 workers).
 #   setsid nohup bash experiments/layouts/run.sh [root] > /dev/null 2>&1 &    (root: /work/studies/layouts)
-#   for s in <root>/sweep-*; do bash experiments/collect.sh "$s" experiments/layouts/runs; done
+#   for s in <root>/sweep-*; do python -m pelab.report collect "$s" experiments/layouts/runs; done
 #   python -m pelab.report experiments/layouts/runs --out experiments/layouts/report --questions experiments/layouts/questions.yaml
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
