@@ -52,6 +52,7 @@ def metric_keys(
     """The `extrap/...` and `probe/...` scalar keys that a run logs when evaluated at `lengths` (absolute
     token counts, the training length among them) and probed with `kinds` at `probe_lengths` (default:
     `lengths`), from the result classes' own `.metrics()`."""
+    from pelab.evaluation.effective_length import EffectiveLengthRule, effective_length_metrics
     from pelab.evaluation.extrapolation import ExtrapolationCell, ExtrapolationResult
     from pelab.evaluation.probes import DEFAULT_DEPTHS, ProbeCell, ProbeResult
 
@@ -74,7 +75,7 @@ def metric_keys(
         for d in depths:
             for L in p_lengths:
                 pr.cells[(k, float(d), L)] = ProbeCell(kind=k, depth=float(d), length=L)
-    return list(ex.metrics()) + list(pr.metrics())
+    return list(ex.metrics()) + list(pr.metrics()) + list(effective_length_metrics(pr, EffectiveLengthRule()))
 
 
 def interleave(keys: Sequence[str], prefixes: Sequence[str]) -> list[str]:
@@ -165,8 +166,10 @@ def dashboard_spec(
                   interleave(keys, [f"probe/{k}/other_in_context", f"probe/{k}/not_in_context"]), group_by),
             _bars(f"{k}: rank of the gold value among the context's values", select(keys, f"probe/{k}/rank"),
                   group_by),
-            _bars(f"{k}: effective length and area under accuracy vs length",
-                  [m for m in (f"probe/{k}/effective_length", f"probe/{k}/auc") if m in keys], group_by),
+            _bars(f"{k}: effective length (RULER's rule: eff_length, its threshold; mean >= 0.9: effective_length) "
+                  "and area under accuracy vs length",
+                  [m for m in (f"probe/{k}/eff_length", f"probe/{k}/eff_threshold", f"probe/{k}/effective_length",
+                               f"probe/{k}/auc") if m in keys], group_by),
             _media(f"{k}: accuracy heatmaps", [f"plots/probe_{k}_heatmap"]),
             _media(f"{k}: accuracy by depth", [f"plots/probe_{k}_depth"]),
             _media(f"{k}: accuracy by length", [f"plots/probe_{k}_length"]),
