@@ -53,16 +53,14 @@ def test_neox_logits_equal_pelabs_past_the_training_length(overrides):
 
 def test_a_run_exports_and_loads_with_from_pretrained(reference, tmp_path, capsys):
     """pelab-export on a trained run folder; AutoModelForCausalLM loads it and gives the checkpoint's logits."""
-    from pelab.harness.checkpoints import load_run_checkpoint, model_state
+    from pelab.harness.checkpoints import load_run_checkpoint
+    from pelab.tasks.evaluate import load_model
 
     assert main([str(reference), str(tmp_path / "hf")]) == 0
     assert "GPT-NeoX" in capsys.readouterr().out
     neox = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     ckpt = load_run_checkpoint(reference / "checkpoints" / "last.ckpt")
-    cfg = ckpt["hyper_parameters"]["cfg"]
-    model = build_model(OmegaConf.create(cfg["model"]), OmegaConf.create(cfg["pe"]), neox.config.vocab_size,
-                        int(cfg["data"]["seq_len"]))
-    model.load_state_dict(model_state(ckpt))
+    model = load_model(OmegaConf.create(ckpt["hyper_parameters"]["cfg"]), ckpt, neox.config.vocab_size)
     x = torch.randint(0, neox.config.vocab_size, (1, 64))
     with torch.no_grad():
         torch.testing.assert_close(neox(x).logits, model.eval()(x), atol=1e-5, rtol=1e-5)

@@ -115,7 +115,8 @@ def test_a_trained_runs_export_is_logged_as_an_artifact_of_its_wandb_run(trained
     greedy continuations, and the run's W&B id gains an offline run that logs the folder as artifact hf-<id> (type model), for
     `wandb sync` to upload into that run."""
     from pelab.export import main
-    from pelab.harness.checkpoints import load_run_checkpoint, model_state
+    from pelab.harness.checkpoints import load_run_checkpoint
+    from pelab.tasks.evaluate import load_model
 
     run = tmp_path / "run"
     shutil.copytree(trained_run[0], run)  # the session's run is shared: the export adds a W&B run folder
@@ -125,10 +126,7 @@ def test_a_trained_runs_export_is_logged_as_an_artifact_of_its_wandb_run(trained
     assert "trust_remote_code=True" in capsys.readouterr().out
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=True).eval()
     ckpt = load_run_checkpoint(run / "checkpoints" / "last.ckpt")
-    cfg = ckpt["hyper_parameters"]["cfg"]
-    pelab = build_model(OmegaConf.create(cfg["model"]), OmegaConf.create(cfg["pe"]), model.config.vocab_size,
-                        int(cfg["data"]["seq_len"]))
-    pelab.load_state_dict(model_state(ckpt))
+    pelab = load_model(OmegaConf.create(ckpt["hyper_parameters"]["cfg"]), ckpt, model.config.vocab_size)
     x = torch.randint(0, model.config.vocab_size, (1, 64))
     with torch.no_grad():
         torch.testing.assert_close(model(x).logits, pelab.eval()(x), atol=1e-5, rtol=1e-5)

@@ -50,9 +50,9 @@ def load_scoring_model(checkpoint: str | Path, pe_options: dict[str, Any] | None
     from pelab.data.disk import resolve_cache_root
     from pelab.encodings import resolve_pe_config
     from pelab.harness.build import build_datamodule
-    from pelab.harness.checkpoints import load_run_checkpoint, model_state
+    from pelab.harness.checkpoints import load_run_checkpoint
     from pelab.harness.run_folder import resolve_ckpt_path
-    from pelab.model import build_model
+    from pelab.tasks.evaluate import load_model
 
     path = resolve_ckpt_path(str(checkpoint), Path.cwd())
     ckpt = load_run_checkpoint(path, key="checkpoint")
@@ -68,9 +68,7 @@ def load_scoring_model(checkpoint: str | Path, pe_options: dict[str, Any] | None
     if datamodule.vocab_size != vocab_size:
         raise ConfigError(f"checkpoint={checkpoint}: its vocabulary has {vocab_size} ids but the tokenizer rebuilt "
                           f"here gives {datamodule.vocab_size}; the corpus or the tokenizer settings changed.")
-    model = build_model(cfg.model, cfg.pe, vocab_size, train_length)
-    model.load_state_dict(model_state(ckpt))
-    return model.to(device).eval(), datamodule.tokenizer, cfg
+    return load_model(cfg, ckpt, vocab_size).to(device), datamodule.tokenizer, cfg
 
 
 @register_model("pelab")
