@@ -8,6 +8,12 @@ REPO=$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --show-toplevel)
 VENV_PY=${VENV_PY:-$REPO/.venv/bin/python}
 PINNED_ROOT=${PINNED_ROOT:-/work/studies/code}  # one worktree per pinned commit, shared by the studies
 
+pinned_commit() {  # <study root>: the commit pinned at the study's first launch (<root>/COMMIT, written then)
+  mkdir -p "$1"
+  [ -s "$1/COMMIT" ] || git -C "$REPO" rev-parse HEAD > "$1/COMMIT"
+  cat "$1/COMMIT"
+}
+
 pinned_tree() {  # <commit>: the worktree's path (created once, kept)
   local tree="$PINNED_ROOT/$1"
   if [ ! -d "$tree" ]; then

@@ -26,9 +26,7 @@ set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../pinned.sh"
 root=${1:-/work/studies/context_extension_methods}
-mkdir -p "$root"
-[ -s "$root/COMMIT" ] || git -C "$REPO" rev-parse HEAD > "$root/COMMIT"
-commit=$(cat "$root/COMMIT")
+commit=$(pinned_commit "$root")
 read -r -a train_extra <<< "${TRAIN_EXTRA:-}"
 read -r -a eval_extra <<< "${EVAL_EXTRA:-}"
 parent_steps=${PARENT_STEPS:+trainer.max_steps=$PARENT_STEPS}

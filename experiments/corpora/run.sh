@@ -10,9 +10,7 @@ set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../pinned.sh"
 root=${1:-/work/studies/corpora}
-mkdir -p "$root"
-[ -s "$root/COMMIT" ] || git -C "$REPO" rev-parse HEAD > "$root/COMMIT"
-commit=$(cat "$root/COMMIT")
+commit=$(pinned_commit "$root")
 echo "$(date -u +%FT%TZ) launch: commit $commit, ${WORKERS:-2} worker(s)" >> "$root/launches.log"
 for w in $(seq 1 "${WORKERS:-2}"); do
   pinned_train "$commit" -m experiment=length_extrapolation data=django_docs pe=rope,alibi seed=0,1,2 \

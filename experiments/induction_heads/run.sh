@@ -15,9 +15,7 @@ set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../pinned.sh"
 root=${1:-/work/studies/induction_heads/study}
-mkdir -p "$root"
-[ -s "$root/COMMIT" ] || git -C "$REPO" rev-parse HEAD > "$root/COMMIT"
-commit=$(cat "$root/COMMIT")
+commit=$(pinned_commit "$root")
 echo "$(date -u +%FT%TZ) launch: commit $commit, ${WORKERS:-1} worker(s), seeds ${SEEDS:-0 1 2 3 4}, rows ${ROWS:-abs rotary}" >> "$root/launches.log"
 worker() {  # <n>
   for s in ${SEEDS:-0 1 2 3 4}; do

@@ -16,9 +16,7 @@ set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../pinned.sh"
 root=${1:-/work/studies/layouts}
-mkdir -p "$root"
-[ -s "$root/COMMIT" ] || git -C "$REPO" rev-parse HEAD > "$root/COMMIT"
-commit=$(cat "$root/COMMIT")
+commit=$(pinned_commit "$root")
 common=(experiment=length_extrapolation trainer.max_steps=1500 seed=0,1,2 "eval.lengths=[1,2,4,8,16]" "eval.at=[]"
         "tags=[layouts,smoke]")
 arm_args() {  # <arm>: its train.py arguments besides the common ones

@@ -14,8 +14,7 @@ root=${1:-/tmp/pelab-ruler}
 export PINNED_ROOT=${PINNED_ROOT:-$root/code}
 . "$here/../pinned.sh"
 mkdir -p "$root/runs"
-[ -s "$root/COMMIT" ] || git -C "$REPO" rev-parse HEAD > "$root/COMMIT"
-commit=$(cat "$root/COMMIT")
+commit=$(pinned_commit "$root")
 kind_args() {  # <kind>: its preset
   case $1 in
     niah_*) echo "experiment=ruler_niah callbacks.retrieval_criterion.kind=$1" ;;
