@@ -1,4 +1,4 @@
-"""eval.at (pelab.harness.along_training): the extrapolation evaluation at fractions of training, logged along it,
+"""eval.at (pelab.training.callbacks.along_training): the extrapolation evaluation at fractions of training, logged along it,
 and kept across a kill and relaunch.
 
 The end-to-end test moved from tests/test_reliability.py (split by concern).
@@ -49,7 +49,7 @@ def test_eval_at_logs_along_training_and_a_kill_between_points_keeps_the_first(t
 def test_steps_at_puts_each_fraction_at_the_nearest_validation_before_the_end():
     """{step: fraction}: fraction x max_steps rounded to a validation step (every `every`), at least the first
     validation; 1.0 and anything landing on the last step are the end-of-training evaluation's, not a point."""
-    from pelab.harness.along_training import steps_at
+    from pelab.training.callbacks.along_training import steps_at
 
     assert steps_at([], 100, 10) == {} and steps_at([1.0], 100, 10) == {}
     assert steps_at([0.9, 0.1, 0.5, 1.0], 100, 10) == {10: 0.1, 50: 0.5, 90: 0.9}

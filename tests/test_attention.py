@@ -51,7 +51,7 @@ def test_model_default_positions_use_the_per_distance_bias_with_identical_logits
     bias; logits and gradients agree, with and without a start offset."""
     from pelab.encodings import build_encoding
     from pelab.model import GPT, GPTConfig
-    from pelab.ops import CausalBias, DistanceBias
+    from pelab.score_bias import CausalBias, DistanceBias
 
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=50, n_layers=2, n_heads=2, d_model=16, attn_chunk_size=6)

@@ -24,7 +24,7 @@ def test_flex_attention_matches_reference_on_cpu():
     import torch._inductor.config as inductor_config
 
     from pelab.model import attention_paths, reset_attention_paths
-    from pelab.ops import distance_bias
+    from pelab.score_bias import distance_bias
 
     # T a multiple of flex's 128 block: on CPU (torch 2.13) a partial last block reads past the end of
     # k/v (NaN when that memory holds NaN bits); inductor's on-disk cache has also returned wrong CPU

@@ -11,7 +11,7 @@ from attention_inputs import DH, H, qkv, random_bias
 from pelab.encodings import build_encoding
 from pelab.model.attention import causal_attention, reference_attention
 from pelab.model.sdpa import chunked_biased_attention
-from pelab.ops import causal_bias
+from pelab.score_bias import causal_bias
 
 
 @pytest.mark.parametrize("T", [17, 50, 64])

@@ -347,9 +347,9 @@ def test_a_read_only_place_is_not_writable_and_a_full_disk_names_the_file(tmp_pa
 
     import torch
 
-    from pelab.harness.checkpoints import AtomicCheckpointIO
     from pelab.summary import write_summary
     from pelab.tasks.preflight import os_error_line
+    from pelab.training.checkpoints import AtomicCheckpointIO
 
     line = os_error_line(OSError(errno.EROFS, "Read-only file system", "/runs/x/summary.json"))
     assert line.startswith("Read-only file system writing /runs/x/summary.json: not writable; point hydra.run.dir")
@@ -379,7 +379,7 @@ def test_a_read_only_place_is_not_writable_and_a_full_disk_names_the_file(tmp_pa
 def test_the_evaluations_cost_is_estimated_before_training_and_warned_above_the_trainings(caplog):
     from types import SimpleNamespace
 
-    from pelab.harness.eval_cost import (
+    from pelab.runs.eval_cost import (
         EvalCost,
         estimate_eval_cost,
         extrapolation_flops,
@@ -400,7 +400,7 @@ def test_the_evaluations_cost_is_estimated_before_training_and_warned_above_the_
 
     small, long = cost(), cost("data.seq_len=4096", "eval.lengths=[1,2,4,8]", "eval.tokens=null")
     assert small.ratio < 1 < long.ratio and small.probes > 0 and cost("probes.enabled=false").probes == 0
-    with caplog.at_level("INFO", logger="pelab.harness.eval_cost"):
+    with caplog.at_level("INFO", logger="pelab.runs.eval_cost"):
         report_eval_cost(small)
         report_eval_cost(long)
         report_eval_cost(EvalCost(extrapolation=2e9, probes=0.0, training=1e9))  # a smoke run's: no warning

@@ -1,8 +1,5 @@
-"""pelab.harness.build: the thread count a run takes (threads=auto from the free cores, a number, OMP_NUM_THREADS, a
-resumed run's own) and the busy-core reading it rests on; the world size of a trainer config.
-
-The thread tests moved from tests/test_reliability.py (split by concern).
-"""
+"""pelab.runs.threads: the thread count a run takes (threads=auto from the free cores, a number, OMP_NUM_THREADS, a
+resumed run's own) and the busy-core reading it rests on; pelab.runs.build: the world size of a trainer config."""
 
 from __future__ import annotations
 
@@ -12,21 +9,21 @@ def test_threads_auto_takes_the_free_cores_and_a_number_wins(monkeypatch):
 
     import torch
 
-    from pelab.harness import build
+    from pelab.runs import threads
 
     before = torch.get_num_threads()
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
-    monkeypatch.setattr(build, "busy_cores", lambda: (2.6, "2.6 cores busy"))
+    monkeypatch.setattr(threads, "busy_cores", lambda: (2.6, "2.6 cores busy"))
     try:
-        assert build.set_threads("auto", None, 1)["used"] == 5 == torch.get_num_threads()  # 8 cores, ~3 busy
-        assert build.set_threads("auto", None, 2)["used"] == 2  # shared by two processes
-        monkeypatch.setattr(build, "busy_cores", lambda: (11.0, "11 cores busy"))
-        assert build.set_threads("auto", None, 1)["used"] == 1  # never 0
-        assert build.set_threads(3, None, 1) == {"used": 3, "chosen_by": "threads=3"}
-        assert build.set_threads(3, {"used": 2, "chosen_by": "threads=2"}, 1)["used"] == 2  # a resumed run keeps its own
+        assert threads.set_threads("auto", None, 1)["used"] == 5 == torch.get_num_threads()  # 8 cores, ~3 busy
+        assert threads.set_threads("auto", None, 2)["used"] == 2  # shared by two processes
+        monkeypatch.setattr(threads, "busy_cores", lambda: (11.0, "11 cores busy"))
+        assert threads.set_threads("auto", None, 1)["used"] == 1  # never 0
+        assert threads.set_threads(3, None, 1) == {"used": 3, "chosen_by": "threads=3"}
+        assert threads.set_threads(3, {"used": 2, "chosen_by": "threads=2"}, 1)["used"] == 2  # a resumed run keeps its own
         monkeypatch.setenv("OMP_NUM_THREADS", "4")
-        assert build.set_threads("auto", None, 1) == {"used": 4, "chosen_by": "OMP_NUM_THREADS"}
+        assert threads.set_threads("auto", None, 1) == {"used": 4, "chosen_by": "OMP_NUM_THREADS"}
     finally:
         torch.set_num_threads(before)
 
@@ -37,7 +34,7 @@ def test_busy_cores_sees_a_busy_process():
     import subprocess
     import sys
 
-    from pelab.harness.build import busy_cores
+    from pelab.runs.threads import busy_cores
 
     spin = subprocess.Popen([sys.executable, "-c", "print('spinning', flush=True)\nwhile True: pass"],
                             stdout=subprocess.PIPE, text=True)
@@ -56,7 +53,7 @@ def test_world_size_counts_devices_times_nodes():
     from omegaconf import OmegaConf
 
     from helpers.runs import compose
-    from pelab.harness.build import world_size_of
+    from pelab.runs.build import world_size_of
 
     default = compose([]).trainer  # conf/trainer/auto.yaml: one device, one node
     trainer = lambda **keys: OmegaConf.merge(default, keys)

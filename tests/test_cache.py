@@ -180,7 +180,7 @@ def test_default_stdlib_cache_builds_then_is_reused_and_feeds_the_loader(tmp_pat
 
 
 def test_corruption_in_the_middle_of_the_cache_is_detected_rebuilt_and_the_run_trains(tmp_path):
-    from pelab.harness.build import build_datamodule
+    from pelab.runs.build import build_datamodule
     from pelab.tasks.train import train
 
     folder = words_dir(tmp_path / "texts", 12, 40_000)

@@ -1,4 +1,4 @@
-"""Checkpoints (pelab.harness.checkpoints): another run's checkpoint is refused before any work, a truncated one is
+"""Checkpoints (pelab.training.checkpoints): another run's checkpoint is refused before any work, a truncated one is
 a one-line error (train.py and eval.py), eval of a checkpoint with another encoding or vocabulary is refused, and
 last.ckpt follows every validation while best.ckpt keeps the best.
 
@@ -87,7 +87,7 @@ def test_checkpoint_mismatches_name_the_weight_defining_settings_only(reference)
     the attention kernel, RoPE's scaling at evaluation) is not."""
     import copy
 
-    from pelab.harness.checkpoints import checkpoint_mismatches
+    from pelab.training.checkpoints import checkpoint_mismatches
 
     cfg = load_checkpoint(reference / "checkpoints" / "last.ckpt")["hyper_parameters"]["cfg"]
     assert checkpoint_mismatches(cfg, cfg) == []
@@ -100,3 +100,46 @@ def test_checkpoint_mismatches_name_the_weight_defining_settings_only(reference)
                                                "tokenizer.reserved_keys=64 in the checkpoint but 8 now"]
     now["pe"] = {**copy.deepcopy(cfg["pe"]), "name": "alibi", "_target_": "pelab.encodings.bias.ALiBi"}
     assert checkpoint_mismatches(cfg, now)[1] == "pe.name='rope' in the checkpoint but 'alibi' now"
+
+
+def test_a_checkpoint_whose_config_names_the_former_module_paths_still_loads(reference, tmp_path):
+    """Run folders and checkpoints written before the harness was split into pelab.training and pelab.runs record
+    `_target_: pelab.harness.*` in their config. Those strings are never instantiated again: the checkpoint pickles
+    no pelab class, eval.py rebuilds the model from model.* / pe.*, and a resume compares the defining settings
+    only."""
+    import copy
+    import io
+    import pickletools
+    import zipfile
+
+    from pelab.runs.folder import check_resume_checkpoint
+    from pelab.tasks.evaluate import checkpoint_settings, load_model
+
+    path = reference / "checkpoints" / "last.ckpt"
+    with zipfile.ZipFile(path) as z:
+        pickled = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
+    imported, strings = [], []  # the modules a load imports: GLOBAL names one, STACK_GLOBAL the last two strings
+    for op, arg, _ in pickletools.genops(io.BytesIO(pickled)):
+        strings += [arg] if isinstance(arg, str) else []
+        imported += [arg.split()[0]] if op.name == "GLOBAL" else [strings[-2]] if op.name == "STACK_GLOBAL" else []
+    assert imported and not [m for m in imported if m.startswith("pelab")], imported
+
+    ckpt = load_checkpoint(path)
+    now = ckpt["hyper_parameters"]["cfg"]
+    before = copy.deepcopy(now)
+    former = {"RunCheckpoint": "pelab.harness.callbacks", "ResumableCSVLogger": "pelab.harness.loggers",
+              "SafeWandbLogger": "pelab.harness.loggers"}
+    entries = [e for group in ("callbacks", "logger") for e in before[group].values() if isinstance(e, dict)]
+    for entry in entries:
+        name = entry["_target_"].rpartition(".")[2]
+        entry["_target_"] = f"{former[name]}.{name}"
+    assert len(entries) >= 2
+    ckpt["hyper_parameters"]["cfg"] = before
+    old = tmp_path / "old.ckpt"
+    torch.save(ckpt, old)
+
+    eval_cfg = compose([f"ckpt_path={old}"], config_name="eval", output_dir=tmp_path / "eval")
+    merged, _, _ = checkpoint_settings(before, eval_cfg, [])
+    model = load_model(merged, load_checkpoint(old), int(ckpt["hyper_parameters"]["vocab_size"]))
+    assert model.num_params() > 0
+    assert check_resume_checkpoint(str(old), now, same_run=True)[0] == ckpt["global_step"]  # ckpt_path=auto

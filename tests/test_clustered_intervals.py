@@ -233,8 +233,8 @@ def test_a_real_evaluation_records_every_blocks_document(tmp_path):
     intervals are the clustered ones recomputed from the recorded block NLL."""
     from helpers.texts import text_dir_config, words_dir
     from pelab.evaluation.suite import run_evaluation
-    from pelab.harness.build import build_datamodule
     from pelab.model import build_model
+    from pelab.runs.build import build_datamodule
 
     folder = words_dir(tmp_path / "docs", 60, 1500)
     cfg = text_dir_config(folder, tmp_path / "cache", tmp_path / "out", "data.test_fraction=0.3",
@@ -270,9 +270,9 @@ def test_report_rebuilds_the_documents_of_a_run_made_before_and_says_when_it_can
     from omegaconf import OmegaConf
 
     from helpers.texts import text_dir_config, words_dir
-    from pelab.harness.build import build_datamodule
     from pelab.report.discovery import Job
     from pelab.report.eval_text import clustered_ppl, clustered_ratio, run_interval
+    from pelab.runs.build import build_datamodule
 
     folder = words_dir(tmp_path / "docs", 60, 1500)
     cfg = text_dir_config(folder, tmp_path / "cache", tmp_path / "out", "data.test_fraction=0.3")

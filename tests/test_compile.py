@@ -10,8 +10,8 @@ import torch
 import torch._inductor.config as inductor_config
 
 from pelab.encodings import default_pe_config
-from pelab.harness.module import LMModule
 from pelab.model import build_model
+from pelab.training.module import LMModule
 
 MICRO = {"n_layers": 1, "n_heads": 2, "d_model": 32}
 V, B, T = 64, 2, 32

@@ -417,8 +417,8 @@ def test_pose_fine_tuning_trains_on_the_skipped_positions(sweep, tmp_path):
     so its first loss differs (the ALiBi parent: its bias grows with distance, and it uses positions more than the
     sweep's 10-step RoPE). A RoPE child scales relative to its parent's length, and a target at or below the row
     length is refused in one line."""
-    from pelab.harness.extension import extension_parent
     from pelab.tasks.train import train
+    from pelab.training.extension import extension_parent
 
     args = [*FAST, "pe=alibi", "logger=csv", f"extend.from={parent(sweep, 'alibi')['output_dir']}",
             "evaluate_after_fit=false", "trainer.max_steps=1", "trainer.val_check_interval=1"]

@@ -11,7 +11,7 @@ import torch
 from helpers.texts import text_datamodule, text_source
 from pelab.data import LMDataModule
 from pelab.errors import ConfigError
-from pelab.harness.build import build_datamodule
+from pelab.runs.build import build_datamodule
 
 
 class _Recorder:

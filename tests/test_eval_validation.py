@@ -87,7 +87,7 @@ def test_partial_tokenizer_data_and_wandb_configs_take_their_files_values():
     project of conf/logger/wandb.yaml."""
     from pelab.data.sources import source_settings
     from pelab.data.tokenizer import tokenizer_fingerprint
-    from pelab.harness.loggers import wandb_values
+    from pelab.runs.loggers import wandb_values
 
     assert tokenizer_fingerprint({"kind": "bpe"}) == {"kind": "bpe", "vocab_size": 4096, "min_frequency": 2,
                                                       "train_bytes": 8_000_000, "reserved_keys": 64,

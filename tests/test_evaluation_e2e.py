@@ -36,7 +36,7 @@ def test_end_of_training_evaluation_is_logged_everywhere(trained_run):
         assert math.isfinite(m[f"extrap/bpb@{L}"])
     assert m["extrap/ppl_ratio@32"] == pytest.approx(1.0)
     saved = json.loads((out / "summary.json").read_text())
-    cost = saved["eval_cost"]  # estimated before training (pelab.harness.eval_cost)
+    cost = saved["eval_cost"]  # estimated before training (pelab.runs.eval_cost)
     assert cost["extrapolation_tflop"] > 0 and cost["probes_tflop"] > 0 and 0 < cost["ratio"] < 1
     ev = saved["evaluation"]["extrapolation"]
     assert ev["loss_by_position_length"] == 128 and len(ev["loss_by_position"]) == 128

@@ -53,8 +53,8 @@ def test_neox_logits_equal_pelabs_past_the_training_length(overrides):
 
 def test_a_run_exports_and_loads_with_from_pretrained(reference, tmp_path, capsys):
     """pelab-export on a trained run folder; AutoModelForCausalLM loads it and gives the checkpoint's logits."""
-    from pelab.harness.checkpoints import load_run_checkpoint
     from pelab.tasks.evaluate import load_model
+    from pelab.training.checkpoints import load_run_checkpoint
 
     assert main([str(reference), str(tmp_path / "hf")]) == 0
     assert "GPT-NeoX" in capsys.readouterr().out

@@ -115,8 +115,8 @@ def test_a_trained_runs_export_is_logged_as_an_artifact_of_its_wandb_run(trained
     greedy continuations, and the run's W&B id gains an offline run that logs the folder as artifact hf-<id> (type model), for
     `wandb sync` to upload into that run."""
     from pelab.export import main
-    from pelab.harness.checkpoints import load_run_checkpoint
     from pelab.tasks.evaluate import load_model
+    from pelab.training.checkpoints import load_run_checkpoint
 
     run = tmp_path / "run"
     shutil.copytree(trained_run[0], run)  # the session's run is shared: the export adds a W&B run folder

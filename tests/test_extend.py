@@ -71,7 +71,7 @@ def test_the_parent_artifact_is_named_by_the_parents_wandb_run_else_by_its_folde
     run folder names it. Offline, the name is only written into the child's config."""
     from types import SimpleNamespace
 
-    from pelab.harness.loggers import use_parent_checkpoint
+    from pelab.runs.loggers import use_parent_checkpoint
 
     class OfflineRun:  # what use_parent_checkpoint touches of a W&B run: its config and its mode
         def __init__(self):
@@ -98,7 +98,7 @@ def test_a_parent_of_another_shape_is_refused_in_one_line_before_any_data(parent
 
 def test_scaling_child_scales_relative_to_the_parents_length(parent, tmp_path):
     """pe.train_length (what PI / YaRN scale relative to) defaults to the parent's L, not the child's."""
-    from pelab.harness.extension import extension_parent
+    from pelab.training.extension import extension_parent
 
     cfg = compose([*FAST, "pe=rope", f"extend.from={parent['output_dir']}", "data.seq_len=128",
                    "pe.scaling.type=yarn", "pe.scaling.factor=4"], tmp_path)
@@ -110,7 +110,7 @@ def test_scaling_child_scales_relative_to_the_parents_length(parent, tmp_path):
 def test_a_finished_scaling_child_is_skipped_by_a_relaunched_multirun(parent, tmp_path):
     """The child records the pe.train_length it took from its parent; the same launch again (null there) is the
     same run: skipped when finished, resumed when not, never refused as "other settings"."""
-    from pelab.harness.run_folder import relaunch_decision
+    from pelab.runs.folder import relaunch_decision
     from pelab.tasks.task import resolved_config
 
     out = tmp_path / "child"

@@ -1,4 +1,4 @@
-"""pelab.harness.job: the harness receives the job through the narrow protocol it defines (`JobRecord`), never
+"""pelab.training.job: the harness receives the job through the narrow protocol it defines (`JobRecord`), never
 the task layer's object: the task layer's `Task` satisfies it, and no function below the task layer takes a
 parameter standing for the task."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from pelab.harness.job import JobRecord
 from pelab.tasks.task import Task
+from pelab.training.job import JobRecord
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "pelab"
 BELOW_TASKS = ("errors.py", "checks.py", "ops", "encodings", "model", "data", "evaluation", "harness")

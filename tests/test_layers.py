@@ -1,7 +1,7 @@
 """The package's import layering: every import between pelab modules (top-level, lazy inside a function, or
 under TYPE_CHECKING) points down the layer order, and no modules import each other in a circle.
 
-Layers, low to high: errors -> ops -> encodings -> model -> data -> evaluation -> harness -> tasks -> report.
+Layers, low to high: errors -> encodings -> model -> data -> evaluation -> training -> runs -> tasks -> report.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import ast
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "pelab"
-ORDER = ["errors", "ops", "encodings", "model", "data", "evaluation", "harness", "tasks", "report"]
+ORDER = ["errors", "encodings", "model", "data", "evaluation", "training", "runs", "tasks", "report"]
 # Top-level modules outside the layer packages, and where they sit.
-PLACED = {"pelab": "errors", "pelab.checks": "errors", "pelab.conf_values": "errors", "pelab.summary": "errors", "pelab.disk": "errors", "pelab.metric_keys": "errors", "pelab.result_table": "errors", "pelab.provenance": "errors", "pelab.dashboard": "report", "pelab.lm_eval": "tasks", "pelab.export": "tasks", "pelab.remote_code": "tasks"}
+PLACED = {"pelab": "errors", "pelab.checks": "errors", "pelab.conf_values": "errors", "pelab.summary": "errors", "pelab.disk": "errors", "pelab.metric_keys": "errors", "pelab.result_table": "errors", "pelab.provenance": "errors", "pelab.score_bias": "errors", "pelab.signals": "errors", "pelab.dashboard": "report", "pelab.lm_eval": "tasks", "pelab.export": "tasks", "pelab.remote_code": "tasks"}
 
 
 def modules(root: Path = SRC) -> dict[str, Path]:

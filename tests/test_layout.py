@@ -164,7 +164,7 @@ def test_each_encoding_is_prepared_once_per_forward(monkeypatch):
 
 
 def test_local_layers_bound_the_memory_estimate():
-    from pelab.harness.memory import evaluation
+    from pelab.runs.memory import evaluation
 
     model, _ = _logits(["rope@window:8"], attn_chunk_size=64)
     assert model.score_keys(2048) == 71  # 64 queries of a chunk reach back 7 keys before it

@@ -1,4 +1,4 @@
-"""W&B (pelab.harness.loggers): the mode a run takes, and the failure modes: an unreachable server falls back to
+"""W&B (pelab.runs.loggers): the mode a run takes, and the failure modes: an unreachable server falls back to
 offline, a W&B service killed mid-run does not stop training, mode=disabled runs without W&B.
 
 The failure-mode tests moved from tests/test_reliability.py (split by concern).
@@ -79,7 +79,7 @@ def test_wandb_disabled_runs_without_wandb(tmp_path):
 
 # -- the decisions, unit by unit (milliseconds) ------------------------------------------------------------
 def test_wandb_mode_the_config_then_wandb_mode_then_online_only_with_credentials(tmp_path, monkeypatch):
-    from pelab.harness.loggers import has_wandb_credentials, resolve_wandb_mode
+    from pelab.runs.loggers import has_wandb_credentials, resolve_wandb_mode
 
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc (conftest's autouse fixture cleared WANDB_*)
     assert not has_wandb_credentials()

@@ -307,7 +307,7 @@ def test_the_non_embedding_count_of_the_study_model_leaves_out_the_tied_embeddin
     """summary.json's model.params_non_embedding (issue 49: it equalled params, 836,864, for the 4-layer length-
     extrapolation model): every parameter outside the token embedding (= the tied head) and the encoding, counted
     from the parameter names; the FLOPs estimate's N keeps the head."""
-    from pelab.harness.module import flops_per_token
+    from pelab.training.module import flops_per_token
 
     vocab, d, L = 385, 128, 4  # conf/experiment/length_extrapolation.yaml, byte tokens
     for pe in ({"name": "rope"}, {"name": "fire"}, {"name": "learned", "max_position": 1024}):

@@ -28,8 +28,8 @@ def test_peer_evaluation_is_pelabs_own(peer, tmp_path):
     """A PELab GPT through the peer's adapter and evaluation gives PELab's numbers exactly; a length past
     the adapter's learned table is n/a (NaN with a note), as PELab's learned positions are."""
     from pelab.evaluation.suite import run_evaluation
-    from pelab.harness.build import build_datamodule
     from pelab.model import build_model
+    from pelab.runs.build import build_datamodule
 
     cfg = compose([*TINY, "pe=alibi"], tmp_path)
     dm = build_datamodule(cfg, int(cfg.data.batch_size))

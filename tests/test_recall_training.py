@@ -18,8 +18,8 @@ from pelab.data.batch import IGNORE_INDEX, inputs_and_targets
 from pelab.data.datamodule import LMDataModule
 from pelab.data.recall import make_probe_samples
 from pelab.errors import ConfigError
-from pelab.harness.build import build_datamodule
-from pelab.harness.module import two_means
+from pelab.runs.build import build_datamodule
+from pelab.training.module import two_means
 
 QUERY = re.compile(r'Key: "([0-9a-f]+)" Value: "')
 
@@ -269,7 +269,7 @@ def test_micro_model_learns_mqar_from_answer_only_rows(small_texts, tmp_path):
     # training on this trained model, not on an untrained one.
     from types import SimpleNamespace
 
-    from pelab.harness.retrieval import RetrievalCriterion
+    from pelab.training.callbacks.retrieval import RetrievalCriterion
 
     def criterion_run(net: torch.nn.Module, threshold: float) -> tuple[RetrievalCriterion, SimpleNamespace, dict]:
         trainer = SimpleNamespace(datamodule=dm, global_step=0, should_stop=False)

@@ -29,7 +29,7 @@ def test_a_run_the_disk_stopped_before_its_first_last_ckpt_resumes_from_best_ckp
 
 
 def test_a_relaunch_of_a_run_without_any_checkpoint_says_it_starts_over(tmp_path, caplog):
-    from pelab.harness.build import resume_point
+    from pelab.runs.build import resume_point
 
     out = tmp_path / "run"
     (out / "checkpoints").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""pelab.harness.run: the step a run ended at (the in-process trainer's, or under ddp_spawn, where this process's
+"""pelab.runs.training: the step a run ended at (the in-process trainer's, or under ddp_spawn, where this process's
 trainer never stepped, the step of the checkpoint the ranks wrote). End to end: tests/test_ddp.py."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 
 
 def test_final_step_is_the_trainers_or_else_the_last_checkpoints(tmp_path):
-    from pelab.harness.run import final_step
+    from pelab.runs.training import final_step
 
     assert final_step(SimpleNamespace(global_step=12), tmp_path) == 12  # the loop ran here
     assert final_step(SimpleNamespace(global_step=0), tmp_path) == 0  # no step, no checkpoint

@@ -1,4 +1,4 @@
-"""One run per folder (pelab.harness.run_folder): a folder held by a live job refuses a second launch naming the
+"""One run per folder (pelab.runs.folder): a folder held by a live job refuses a second launch naming the
 holder, a dead holder's lock and its killed writes are cleared, a fresh launch over a finished run is refused;
 which checkpoint ckpt_path names (auto, a run folder, a file).
 
@@ -19,7 +19,7 @@ from pelab.tasks.train import train
 
 def test_a_second_launch_into_a_held_folder_is_refused_naming_the_holder(tmp_path):
     from pelab.errors import ConfigError
-    from pelab.harness.run_folder import LOCK, claim
+    from pelab.runs.folder import LOCK, claim
 
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -77,14 +77,14 @@ def finished_pid() -> int:
 
 
 def test_pid_alive_is_true_for_a_live_process_and_false_for_an_ended_one():
-    from pelab.harness.run_folder import pid_alive
+    from pelab.runs.folder import pid_alive
 
     assert pid_alive(os.getpid())
     assert not pid_alive(finished_pid())
 
 
 def test_remove_stale_temp_files_removes_the_writes_of_dead_processes_only(tmp_path):
-    from pelab.harness.run_folder import remove_stale_temp_files
+    from pelab.runs.folder import remove_stale_temp_files
 
     assert remove_stale_temp_files(tmp_path / "no-such-folder") == []
     ckpts = tmp_path / "checkpoints"
@@ -104,7 +104,7 @@ def test_remove_stale_temp_files_removes_the_writes_of_dead_processes_only(tmp_p
 def test_changed_settings_lists_the_defining_differences_only(config):
     import copy
 
-    from pelab.harness.run_folder import changed_settings
+    from pelab.runs.folder import changed_settings
 
     assert changed_settings(config, config) == []
     now = copy.deepcopy(config)
@@ -132,7 +132,7 @@ def test_changed_settings_lists_the_defining_differences_only(config):
 def test_an_extension_childs_train_length_filled_from_its_parent_is_no_change(config):
     import copy
 
-    from pelab.harness.run_folder import changed_settings, filled_from_parent
+    from pelab.runs.folder import changed_settings, filled_from_parent
 
     ran = copy.deepcopy(config)  # what the child recorded: null filled with the parent's 32
     ran["extend"]["parent"] = {"train_length": 32}
@@ -155,7 +155,7 @@ def test_relaunch_decision(config, tmp_path):
     import copy
 
     from pelab.errors import ConfigError
-    from pelab.harness.run_folder import relaunch_decision
+    from pelab.runs.folder import relaunch_decision
 
     def decide(earlier: dict, ckpt_path: str | None = None, multirun: bool = False, now: dict = config) -> str:
         return relaunch_decision(tmp_path, now, earlier, ckpt_path, multirun)
@@ -191,7 +191,7 @@ def test_relaunch_decision(config, tmp_path):
 
 # -- checkpoints in a run folder (ckpt_path=auto, a run folder, a file) ------------------------------------------
 def test_newest_checkpoint_is_the_newest_of_last_ckpt_and_the_requeue_checkpoints(tmp_path):
-    from pelab.harness.run_folder import newest_checkpoint
+    from pelab.runs.folder import newest_checkpoint
 
     assert newest_checkpoint(tmp_path / "no-such-run") is None
     (tmp_path / "checkpoints").mkdir()
@@ -213,7 +213,7 @@ def test_resolve_ckpt_path_auto_a_run_folder_or_a_file(tmp_path):
     import torch
 
     from pelab.errors import CheckpointError, ConfigError
-    from pelab.harness.run_folder import resolve_ckpt_path
+    from pelab.runs.folder import resolve_ckpt_path
 
     run = tmp_path / "run"
     for fresh in (None, "", "null"):
@@ -255,7 +255,7 @@ def test_an_unreadable_summary_refuses_the_launch_and_keeps_the_file(tmp_path):
 
 def test_checkpoints_without_a_summary_are_a_run(config, tmp_path):
     from pelab.errors import ConfigError
-    from pelab.harness.run_folder import relaunch_decision
+    from pelab.runs.folder import relaunch_decision
 
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "best.ckpt").write_bytes(b"x")
@@ -274,7 +274,7 @@ def test_ckpt_path_auto_continues_only_the_checkpoints_own_settings(config, tmp_
     import torch
 
     from pelab.errors import CheckpointError
-    from pelab.harness.checkpoints import check_resume_checkpoint
+    from pelab.runs.folder import check_resume_checkpoint
 
     last = tmp_path / "last.ckpt"
     torch.save({"global_step": 10, "state_dict": {"model.w": torch.zeros(2)},
@@ -292,7 +292,7 @@ def test_a_run_that_stopped_before_its_first_last_ckpt_continues_from_its_newest
     warning; a checkpoint cut short is passed over; none at all: a fresh start (resume_point says so)."""
     import torch
 
-    from pelab.harness.run_folder import newest_checkpoint
+    from pelab.runs.folder import newest_checkpoint
 
     folder = tmp_path / "checkpoints"
     folder.mkdir()

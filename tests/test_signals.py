@@ -139,7 +139,7 @@ def test_slurm_batch_job_is_lightnings_slurm_detection(env, monkeypatch):
     Lightning, by Lightning's own rule."""
     from lightning.fabric.plugins.environments import SLURMEnvironment
 
-    from pelab.harness.signals import preemption_signals, slurm_batch_job
+    from pelab.signals import preemption_signals, slurm_batch_job
 
     for key in ("SLURM_NTASKS", "SLURM_JOB_NAME"):
         monkeypatch.delenv(key, raising=False)
@@ -161,7 +161,7 @@ def test_a_signal_during_a_long_forward_is_honoured_at_once_and_the_numbers_are_
     import torch
 
     from pelab.evaluation import common
-    from pelab.harness.signals import Preempted
+    from pelab.signals import Preempted
 
     monkeypatch.setattr(common, "_workers", [])
     linear = torch.nn.Linear(4, 3)

@@ -22,7 +22,7 @@ def _compose_hydra(overrides: list[str]):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    import pelab.harness.config  # noqa: F401 - imports the schemas, which store their nodes (pe/_RoPEConfig, ...)
+    import pelab.training.config  # noqa: F401 - imports the schemas, which store their nodes (pe/_RoPEConfig, ...)
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         return hydra_compose(config_name="train", overrides=overrides, return_hydra_config=True)

@@ -15,8 +15,8 @@ from lightning.pytorch.callbacks import Callback
 
 from helpers.runs import FAST, compose, offline_runs, run_cli, summary_of, wandb_records, wandb_summary
 from pelab.encodings import available_encodings
-from pelab.harness.callbacks import SparseRichProgressBar
 from pelab.tasks.train import train
+from pelab.training.callbacks.progress_bar import SparseRichProgressBar
 
 # the extension schemes through the harness: the new hooks (content bias, position remap) under Lightning;
 # their formulas are in tests/test_encodings_*.py, a plain-loop training check of each in tests/test_model.py
@@ -150,8 +150,8 @@ def test_pe_diagnostics_figures_reach_disk_and_wandb(tmp_path):
     """The start-of-run diagnostics: parameter count and the encoding's figures, on disk and in the W&B run."""
     import wandb
 
-    from pelab.harness.loggers import log_pe_diagnostics
     from pelab.model import build_model
+    from pelab.runs.loggers import log_pe_diagnostics
 
     model = build_model({"n_layers": 1, "n_heads": 2, "d_model": 16}, {"name": "fire"}, vocab_size=8, train_length=32)
     run = wandb.init(mode="offline", dir=str(tmp_path), project="pelab-test", settings=wandb.Settings(silent=True))
@@ -187,11 +187,11 @@ def test_tokens_per_sec_is_tokens_over_training_time_and_mfu_follows_from_flops_
     exact (a wall-clock comparison was within 5 % only on an idle machine)."""
     import lightning.pytorch.callbacks.throughput_monitor as lightning_throughput
 
-    from pelab.harness import callbacks
+    from pelab.training.callbacks import throughput
 
     TickingClock.now = 0.0
     clock = TickingClock()
-    monkeypatch.setattr(callbacks, "time", clock)  # TokenThroughput's readings
+    monkeypatch.setattr(throughput, "time", clock)  # TokenThroughput's readings
     monkeypatch.setattr(lightning_throughput, "time", clock)  # ThroughputMonitor's start of training
     cfg = compose([*FAST, "logger=csv", "evaluate_after_fit=false", "trainer.max_steps=40",
                    "trainer.log_every_n_steps=10", "trainer.val_check_interval=20",
@@ -212,7 +212,7 @@ def test_tokens_per_sec_is_tokens_over_training_time_and_mfu_follows_from_flops_
 def test_the_schedule_is_linear_warmup_then_cosine_to_its_floor():
     """The learning-rate curve every budget uses (a cosine per run: a budget comparison is separate runs, each
     decaying to the floor at its own last step)."""
-    from pelab.harness.module import lr_lambda
+    from pelab.training.optimizer import lr_lambda
 
     warmup, total, floor = 10, 110, 0.1
     assert [lr_lambda(s, warmup, total, floor) for s in (0, 4, 9)] == pytest.approx([0.1, 0.5, 1.0])

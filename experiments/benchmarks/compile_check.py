@@ -33,8 +33,8 @@ def run_case(a: argparse.Namespace) -> dict:
     import torch._inductor.config as inductor_config
 
     from pelab.encodings import default_pe_config
-    from pelab.harness.module import LMModule
     from pelab.model.attention import attention_paths
+    from pelab.training.module import LMModule
 
     if a.threads:
         torch.set_num_threads(a.threads)

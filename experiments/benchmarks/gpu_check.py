@@ -140,7 +140,7 @@ def bias_gradient_timing(pe, params, a, device) -> dict:
     for a given upstream gradient, and the two gradients' largest difference relative to their largest entry."""
     import torch
 
-    from pelab.ops import causal_bias, distance_bias
+    from pelab.score_bias import causal_bias, distance_bias
 
     T = a.seq
     pos = torch.arange(T, device=device)
@@ -239,8 +239,8 @@ def plain_step_time(scheme: str, model_cfg: dict, a, device, compile_model: bool
     import torch.nn.functional as F
 
     from pelab.encodings import default_pe_config
-    from pelab.harness.module import flops_per_token
     from pelab.model import attention_paths, build_model, reset_attention_paths
+    from pelab.training.module import flops_per_token
 
     reset_attention_paths()
     torch.manual_seed(0)

@@ -46,8 +46,8 @@ from torch import Tensor, nn
 ROOT = Path(__file__).resolve().parents[2]
 
 from pelab.encodings import default_pe_config
-from pelab.harness.callbacks import TokenThroughput
-from pelab.harness.module import LMModule, build_model, flops_per_token
+from pelab.training.callbacks.throughput import TokenThroughput
+from pelab.training.module import LMModule, build_model, flops_per_token
 
 SCHEMES = ("nope", "rope", "alibi", "t5_bias", "learned", "sinusoidal")  # the default set; each has a peer config
 ALL_SCHEMES = (*SCHEMES, "xpos", "kerple", "sandwich", "fire", "cope")  # --pe: the others without the peer

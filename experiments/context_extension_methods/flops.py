@@ -1,7 +1,7 @@
 """Training compute of the runs under a folder (experiments/context_extension_methods/README.md): per run, the
 optimizer steps, the rows and tokens per step and the training FLOPs = steps x rows x row length x FLOPs per token,
 the FLOPs per token being the run's own estimate (summary.json -> model.flops_per_token: 6 N + 12 n_layers d_model T,
-pelab.harness.module.flops_per_token, T = the row length). A fine-tuned run counts its own steps only (not its
+pelab.training.module.flops_per_token, T = the row length). A fine-tuned run counts its own steps only (not its
 parent's); an evaluation (eval.py) trains nothing and is left out. Prints a markdown table, one row a setting (the
 runs of its seeds together: they have the same compute).
 

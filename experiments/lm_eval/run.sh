@@ -15,8 +15,8 @@ from pathlib import Path
 
 from pelab.data.sources import build_corpus
 from pelab.data.disk import resolve_cache_root
-from pelab.harness.checkpoints import load_run_checkpoint
-from pelab.harness.run_folder import resolve_ckpt_path
+from pelab.training.checkpoints import load_run_checkpoint
+from pelab.runs.folder import resolve_ckpt_path
 
 run, out, n = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 cfg = load_run_checkpoint(resolve_ckpt_path(str(run), Path.cwd()), key="checkpoint")["hyper_parameters"]["cfg"]

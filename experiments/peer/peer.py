@@ -106,7 +106,7 @@ def build_peer(pe: str, cfg: Any, vocab_size: int, tie_scale: float | None = Non
 def optimizer_and_schedule(model: nn.Module, optim: Any, total_steps: int):
     """AdamW + LambdaLR exactly as `LMModule.configure_optimizers`: decay on matrices that are not position
     parameters (x-transformers' ``pos_emb.*`` tables and ``rel_pos.*`` T5 table), none on the rest."""
-    from pelab.harness.module import lr_lambda
+    from pelab.training.optimizer import lr_lambda
 
     decay, no_decay = [], []
     for name, p in model.named_parameters():
@@ -170,7 +170,7 @@ def train(pe: str, overrides: list[str], out: Path, log_every: int = 100, unscal
     from omegaconf import OmegaConf
 
     from pelab.data.batch import inputs_and_targets
-    from pelab.harness.build import build_datamodule, data_record
+    from pelab.runs.build import build_datamodule, data_record
     from pelab.summary import versions, write_summary
 
     t0 = time.time()

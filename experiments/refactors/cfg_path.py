@@ -3,7 +3,7 @@ pelab function that is handed the config or a part of it (an argument mentioning
 function entered once. Prints the stops with their layer, and counts how often the path climbs back to a
 layer it had already left: a call that goes up the layer order (a lower layer calling back into a higher
 one), or, for the task layer, every handoff of the config to a lower layer after the first (the config came
-back up to the task layer and went down again: tasks -> harness, tasks -> harness counts one). Leaf helpers
+back up to the task layer and went down again: tasks -> runs, tasks -> runs counts one). Leaf helpers
 (`pelab.errors`, `pelab.checks`) are not stops.
 
     python experiments/refactors/cfg_path.py [--src src] [--start pelab.tasks.train:train] [-v]
@@ -18,7 +18,9 @@ import argparse
 import ast
 from pathlib import Path
 
-LAYERS = ["errors", "checks", "ops", "encodings", "model", "data", "evaluation", "harness", "tasks", "report"]
+# "ops" and "harness": the layers of trees before pelab.score_bias, pelab.training and pelab.runs (--src <old tree>)
+LAYERS = ["errors", "checks", "ops", "encodings", "model", "data", "evaluation", "training", "runs", "harness", "tasks",
+          "report"]
 LEAVES = ("errors", "checks")
 
 

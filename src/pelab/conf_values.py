@@ -8,7 +8,7 @@ Schemas with defaults (every encoding's `PEConfig` subclass, the model's `GPTCon
 their group, named `_<Class>` (`pe/_RoPEConfig`, `model/_GPTConfig`): a YAML composes its schema first
 (`defaults: [_RoPEConfig, _self_]`) and writes only its choices and deviations, so no default is written twice.
 Each schema module stores its own node when it is imported (`store_defaults`); pelab's entry points import the
-schemas (`pelab.harness.config`) before Hydra composes, and a composition of your own (`initialize_config_dir`)
+schemas (`pelab.training.config`) before Hydra composes, and a composition of your own (`initialize_config_dir`)
 imports them first, or Hydra answers "Could not find 'pe/_RoPEConfig'". (Hydra's plugin discovery would register
 them implicitly, but it does not see packages of an editable install.) The nodes are plain (untyped) so that a
 wrong value still gets pelab's one-line error from the validation pass, not Hydra's. Bottom layer: imports no

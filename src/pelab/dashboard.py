@@ -287,7 +287,7 @@ def from_config(overrides: Sequence[str] = ()) -> dict[str, list]:
     (composes conf/train.yaml): the keyword arguments of `dashboard_spec`."""
     from hydra import compose, initialize_config_dir
 
-    import pelab.harness.config  # noqa: F401 - imports the schemas, which store their nodes (pe/_RoPEConfig, ...)
+    import pelab.training.config  # noqa: F401 - imports the schemas, which store their nodes (pe/_RoPEConfig, ...)
     from pelab import CONF_DIR
     from pelab.evaluation.config import resolve_lengths, typed_evaluation
 

@@ -99,8 +99,8 @@ def export_run(checkpoint: str | Path, out: str | Path, *, remote_code: bool = F
     (``hf_tokenizer``) and `pelab_export.json` (the source checkpoint, its config, the end-of-document id, the
     architecture). With `wandb`, a run that logged to W&B gets the folder as a `model` artifact
     (``log_export_artifact``). Returns the folder and the architecture ("gpt_neox" or "remote_code")."""
-    from pelab.harness.checkpoints import load_run_checkpoint, model_state
-    from pelab.harness.run_folder import resolve_ckpt_path
+    from pelab.runs.folder import resolve_ckpt_path
+    from pelab.training.checkpoints import load_run_checkpoint, model_state
 
     path = Path(resolve_ckpt_path(str(checkpoint), Path.cwd()))
     ckpt = load_run_checkpoint(path, key="checkpoint")
@@ -136,9 +136,9 @@ def export_run(checkpoint: str | Path, out: str | Path, *, remote_code: bool = F
 
 def log_export_artifact(run_folder: Path, cfg: dict, out: Path, arch: str) -> str | None:
     """The exported folder as a `model` artifact (``hf-<run id>``) of the W&B run that trained it: that run's id,
-    resumed (``pelab.harness.loggers.init_wandb``), so online the artifact joins the run and offline ``wandb sync``
+    resumed (``pelab.runs.loggers.init_wandb``), so online the artifact joins the run and offline ``wandb sync``
     uploads it into the run. None when the run logged no W&B run (no `wandb_run_id.txt`, or `logger.wandb` off)."""
-    from pelab.harness.loggers import RUN_ID_FILE, finish_wandb, init_wandb
+    from pelab.runs.loggers import RUN_ID_FILE, finish_wandb, init_wandb
 
     wcfg = (cfg.get("logger") or {}).get("wandb")
     if not wcfg or not (run_folder / RUN_ID_FILE).is_file():
@@ -167,7 +167,7 @@ def run_tokenizer(cfg: dict) -> Any:
 
     from pelab.data.disk import resolve_cache_root
     from pelab.data.tokenizer import make_tokenizer
-    from pelab.harness.build import build_datamodule
+    from pelab.runs.build import build_datamodule
 
     if cfg["tokenizer"]["kind"] == "byte":
         return make_tokenizer(cfg["tokenizer"])

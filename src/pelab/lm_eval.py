@@ -49,10 +49,10 @@ def load_scoring_model(checkpoint: str | Path, pe_options: dict[str, Any] | None
     run folder (its newest checkpoint, as `ckpt_path=<folder>`)."""
     from pelab.data.disk import resolve_cache_root
     from pelab.encodings import resolve_pe_config
-    from pelab.harness.build import build_datamodule
-    from pelab.harness.checkpoints import load_run_checkpoint
-    from pelab.harness.run_folder import resolve_ckpt_path
+    from pelab.runs.build import build_datamodule
+    from pelab.runs.folder import resolve_ckpt_path
     from pelab.tasks.evaluate import load_model
+    from pelab.training.checkpoints import load_run_checkpoint
 
     path = resolve_ckpt_path(str(checkpoint), Path.cwd())
     ckpt = load_run_checkpoint(path, key="checkpoint")

@@ -2,7 +2,7 @@
 
 Only RoPE has a native `transformers` architecture (GPT-NeoX, ``pelab.export``). For every other encoding, layout
 and attention, the export carries the code that trained the model: the modules the GPT needs (``pelab.model``,
-the encodings it uses, ``pelab.ops``, the schemas) copied flat into the export folder as ``pelab_<module>.py``,
+the encodings it uses, ``pelab.score_bias``, the schemas) copied flat into the export folder as ``pelab_<module>.py``,
 their ``from pelab.x.y import ...`` lines rewritten to relative imports (``from .pelab_x_y import ...``), which is
 what transformers' dynamic-module loader follows and copies (``dynamic_module_utils.get_relative_imports``). So
 the exported model is PELab's own forward, not a second implementation that could drift.

@@ -164,7 +164,7 @@ def command_line() -> str:
 
 
 def retrieval_acquired(metrics: dict) -> bool | None:
-    """Did the run reach its in-window retrieval criterion (pelab.harness.retrieval)? None: it had none."""
+    """Did the run reach its in-window retrieval criterion (pelab.training.callbacks.retrieval)? None: it had none."""
     if "train/retrieval_acc" not in metrics:
         return None
     return math.isfinite(as_float(metrics.get("train/steps_to_criterion")))

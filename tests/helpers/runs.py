@@ -62,7 +62,7 @@ def compose(overrides: list[str], output_dir: Path | None = None, config_name: s
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    import pelab.harness.config  # noqa: F401 - imports the schemas, which store their nodes (pe/_RoPEConfig, ...)
+    import pelab.training.config  # noqa: F401 - imports the schemas, which store their nodes (pe/_RoPEConfig, ...)
 
     extra = [f"paths.output_dir={output_dir}"] if output_dir is not None else []
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):

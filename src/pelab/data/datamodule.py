@@ -8,14 +8,14 @@ deterministic training stream and the fixed validation / test windows of `pelab.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
 from omegaconf import OmegaConf
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from pelab.data.cache import TokenCache, open_cache
 from pelab.data.config import LOADER_KEYS, check_reserved, loader_settings
@@ -230,3 +230,28 @@ class LMDataModule(L.LightningDataModule):
             raise RuntimeError(
                 "LMDataModule.setup() must run first (Lightning calls it; call it yourself otherwise)"
             )
+
+
+# -- one process drawing a DDP run's data (debug.emulate_world_size) ------------------------------------
+class RankUnion(IterableDataset):
+    """Batch `step` = rows of rank 0, then rank 1, ...: what a W-rank run trains on at that step."""
+
+    def __init__(self, parts: list[IterableDataset]):
+        self.parts = parts
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for rows in zip(*self.parts):  # each (B/W, T+1)
+            yield torch.cat(rows)  # (B, T+1)
+
+
+class EmulatedWorldDataModule(LMDataModule):
+    """`LMDataModule` whose training stream is the union of `world` ranks' streams; `batch_size` is per rank.
+    DDP averages the ranks' gradients, i.e. the gradient of the mean loss over these same B rows."""
+
+    def __init__(self, *args: Any, world: int = 1, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.world = int(world)
+
+    def train_dataset(self, start_step: int | None = None, rank: int | None = None) -> IterableDataset:
+        return RankUnion([super(EmulatedWorldDataModule, self).train_dataset(start_step, rank=r)
+                          for r in range(self.world)])

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from pelab.encodings.settings import PEConfig
 from pelab.errors import PositionOutOfRange
-from pelab.ops import BiasFn, CausalBias, causal_bias, distance_bias
+from pelab.score_bias import BiasFn, CausalBias, causal_bias, distance_bias
 
 # A (H, T, T) bias (times B for per-batch positions) is materialised once per forward up to this many
 # elements (256 MB in fp32); longer inputs compute it per query chunk inside attention instead.
@@ -163,7 +163,7 @@ class PositionEncoding(nn.Module):
     def layer_input_bias(self) -> nn.Module:
         """A new module for one attention layer (has_layer_input_bias), called per forward as
         ``module(x, state) -> BiasFn``: x (B, T, D) is that layer's input (after its norm; all T rows, also when
-        only the last rows are queried), the result a score bias in any form of ``pelab.ops`` (a per-chunk
+        only the last rows are queried), the result a score bias in any form of ``pelab.score_bias`` (a per-chunk
         callable ``(q0, q1) -> (B, H, q1 - q0, q1)`` keeps memory O(H * chunk * T)). The model builds it after its
         own weights, so that encodings without the hook keep their parameters, RNG draws and numbers."""
         raise NotImplementedError(f"pe={self.name} has no layer-input bias (has_layer_input_bias=False)")

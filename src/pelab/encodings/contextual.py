@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from pelab.encodings.base import PositionEncoding, PositionState
 from pelab.encodings.settings import CoPEConfig
-from pelab.ops import future_mask
+from pelab.score_bias import future_mask
 
 
 def cope_positions(logits: Tensor, q0: int) -> Tensor:

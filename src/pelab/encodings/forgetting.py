@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from pelab.encodings.base import PositionState
 from pelab.encodings.rotary import RoPE
 from pelab.encodings.settings import FoXConfig
-from pelab.ops import BiasFn
+from pelab.score_bias import BiasFn
 
 
 class ForgetGate(nn.Module):

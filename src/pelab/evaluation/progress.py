@@ -3,13 +3,13 @@ Lightning's `TQDMProgressBar` draws training (tqdm on stdout, `dynamic_ncols`, t
 bar: `smoothing=0`).
 
 The time left counts compute, not windows: each forward advances the bar by its FLOPs (`forward_flops_per_token`
-at its length, PaLM's estimate for a forward: 2 N + 4 l d T per token, as `pelab.harness.eval_cost`), because the
+at its length, PaLM's estimate for a forward: 2 N + 4 l d T per token, as `pelab.runs.eval_cost`), because the
 lengths run shortest first and a window of 8 x L costs more than eight of L (attention).
 
 The suite turns bars on for the evaluation it runs (`showing(True)`: the end of training with a progress bar,
 `eval.py`); an evaluation opens one bar over its forwards (`opened(...)`), and
 `pelab.evaluation.common.stoppable_forward` advances the open one. Anywhere else (an evaluation during training,
-a library call) nothing is drawn. Standard library and tqdm only: `pelab.harness.eval_cost` reads the FLOPs
+a library call) nothing is drawn. Standard library and tqdm only: `pelab.runs.eval_cost` reads the FLOPs
 formula without torch.
 """
 

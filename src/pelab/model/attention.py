@@ -17,7 +17,7 @@ Which path each scheme actually took is recorded per process (``pelab.model.path
 logged once per (scheme, path) at INFO and written to summary.json), so that no fallback is silent.
 Evaluation-time explicit logits (log-length scaling, attention statistics) are ``pelab.model.logits``.
 
-The bias (``bias_fn``) is one of the forms of ``pelab.ops.bias`` (a tensor, ``CausalBias``, ``DistanceBias`` or a
+The bias (``bias_fn``) is one of the forms of ``pelab.score_bias`` (a tensor, ``CausalBias``, ``DistanceBias`` or a
 per-chunk callable). All paths return the same numbers as ``reference_attention`` (explicit softmax); see
 tests/test_attention*.py.
 """
@@ -35,7 +35,7 @@ from pelab.model.flex import _flex_biased_attention, _flex_state
 from pelab.model.paths import _note, recorded_paths
 from pelab.model.sdpa import chunked_biased_attention
 from pelab.model.span import Span
-from pelab.ops import BiasFn
+from pelab.score_bias import BiasFn
 
 
 def attention_paths() -> dict:

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from pelab.model.sdpa import chunked_biased_attention
 from pelab.model.span import Span
-from pelab.ops import BiasFn, CausalBias, DistanceBias
+from pelab.score_bias import BiasFn, CausalBias, DistanceBias
 
 # FlexAttention materialises a callable bias for the whole sequence; above this many elements
 # (H*T*T, times B for per-batch positions) the chunked SDPA path is used instead.

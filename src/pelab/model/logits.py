@@ -13,7 +13,7 @@ from torch import Tensor
 from pelab.model.paths import _note
 from pelab.model.sdpa import _bias_chunk
 from pelab.model.span import Span, span_mask, visible_keys
-from pelab.ops import BiasFn, CausalBias, DistanceBias, causal_additive_mask, future_mask
+from pelab.score_bias import BiasFn, CausalBias, DistanceBias, causal_additive_mask, future_mask
 
 
 def causal_scores(q: Tensor, k: Tensor, bias_fn: BiasFn | None, q0: int, q1: int, span: Span | None = None

@@ -10,7 +10,7 @@ import logging
 import torch
 from torch import Tensor
 
-from pelab.ops import BiasFn
+from pelab.score_bias import BiasFn
 
 # The record's log lines keep the logger name they had when the dispatch and the record were one module.
 log = logging.getLogger("pelab.model.attention")

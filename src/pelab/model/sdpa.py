@@ -12,7 +12,7 @@ from torch import Tensor
 
 from pelab.model.paths import _note
 from pelab.model.span import Span, span_mask
-from pelab.ops import BiasFn, CausalBias, DistanceBias, causal_additive_mask
+from pelab.score_bias import BiasFn, CausalBias, DistanceBias, causal_additive_mask
 
 
 def _bias_chunk(bias_fn: BiasFn, q0: int, q1: int) -> Tensor:

@@ -27,7 +27,7 @@ from torch import Tensor
 from pelab.model.logits import causal_scores
 from pelab.model.paths import _note
 from pelab.model.span import Span
-from pelab.ops import BiasFn
+from pelab.score_bias import BiasFn
 
 
 def stickbreaking_weights(z: Tensor, q0: int, attend_current: bool = False) -> Tensor:
@@ -53,7 +53,7 @@ def stickbreaking_attention(
     attend_current: bool = False,
 ) -> Tensor:
     """q, k, v (B, H, T, Dh) -> (B, H, T - q_start, Dh): stick-breaking attention of queries q_start..T-1, in query
-    chunks of ``chunk_size``. ``bias_fn``: a score bias added to the logits (any form of ``pelab.ops``); ``span``:
+    chunks of ``chunk_size``. ``bias_fn``: a score bias added to the logits (any form of ``pelab.score_bias``); ``span``:
     keys outside a local layer's span take nothing. Computed in fp32, returned in v's dtype."""
     if chunk_size < 1:
         raise ValueError(f"model.attn_chunk_size must be >= 1; got {chunk_size}")

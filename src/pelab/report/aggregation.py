@@ -283,7 +283,7 @@ def val_curves(row: Row) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------------------------------------
-# the in-window retrieval criterion (pelab.harness.retrieval.RetrievalCriterion)
+# the in-window retrieval criterion (pelab.training.callbacks.retrieval.RetrievalCriterion)
 
 
 def acquired(job: Job) -> bool | None:

@@ -29,10 +29,10 @@ def upload_to_wandb(
     report: Report, project: str | None = None, entity: str | None = None, mode: str | None = None
 ) -> Any:
     """Log the report's figures, tables and markdown as a W&B run (job_type=report) in the sweep's
-    group. Online with credentials, offline otherwise (pelab.harness.loggers.init_wandb)."""
+    group. Online with credentials, offline otherwise (pelab.runs.loggers.init_wandb)."""
     import wandb
 
-    from pelab.harness.loggers import finish_wandb, init_wandb
+    from pelab.runs.loggers import finish_wandb, init_wandb
 
     jobs = report.ok + report.failed
     wcfg = next((w for j in jobs if (w := j.setting("logger.wandb"))), {})

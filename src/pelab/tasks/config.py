@@ -2,7 +2,7 @@
 
 Each layer owns its schema (types) and range checks: `pe` its encoding (`pelab.encodings`), `model`
 `GPTConfig`, `data` / `tokenizer` `pelab.data.config`, `eval` / `probes` `pelab.evaluation.config`, `optim` /
-`trainer` / `callbacks` `pelab.harness.config`; this module adds the top-level keys of conf/train.yaml and
+`trainer` / `callbacks` `pelab.training.config`; this module adds the top-level keys of conf/train.yaml and
 composes them. Every failure is one `ConfigError` line naming the key. The values (defaults) live in the YAML
 files under conf/; the schemas hold types only (a field without a default is required, `???` to OmegaConf).
 `data`, `trainer` and `tokenizer` are typed only in the keys pelab reads: a corpus has its own keys (path,
@@ -25,7 +25,10 @@ from pelab.data.sources import check_source
 from pelab.encodings import pe_settings
 from pelab.errors import ConfigError
 from pelab.evaluation.config import EvalConfig, ProbesConfig, check_eval, check_probes
-from pelab.harness.config import (
+from pelab.model import GPTConfig
+from pelab.model.config import validate_layout
+from pelab.runs.folder import resolve_ckpt_path
+from pelab.training.config import (
     PASSTHROUGH_RULES,
     OptimConfig,
     RunConfig,
@@ -39,9 +42,6 @@ from pelab.harness.config import (
     explicit_world_size,
     typed_callbacks,
 )
-from pelab.harness.run_folder import resolve_ckpt_path
-from pelab.model import GPTConfig
-from pelab.model.config import validate_layout
 
 # Groups typed in the listed keys only (the others are free).
 OPEN_GROUPS = ("data", "trainer", "tokenizer")
@@ -70,7 +70,7 @@ def check_run(r: DictConfig, batch_size: int) -> None:
 
 def check_ckpt_path(cfg: DictConfig) -> None:
     """`ckpt_path`: a missing file, a run folder without checkpoints or a truncated checkpoint is refused before
-    torch is imported (`pelab.harness.run_folder.resolve_ckpt_path`); whose run it is, is checked once the
+    torch is imported (`pelab.runs.folder.resolve_ckpt_path`); whose run it is, is checked once the
     checkpoint is read (before any data)."""
     ckpt = resolved_value(cfg, "ckpt_path") if "ckpt_path" in cfg else None
     if ckpt in (None, "", "null", "???", "auto"):
@@ -88,7 +88,7 @@ def check_extend(cfg: DictConfig) -> None:
     unknown = sorted(set(e) - set(EXTEND_KEYS))
     if unknown:
         raise ConfigError(f"extend.{unknown[0]} is not a setting of extend; known: {show(list(EXTEND_KEYS))}.")
-    if "from" in e:  # the keys the file does not set are left to pelab.harness.extension
+    if "from" in e:  # the keys the file does not set are left to pelab.training.extension
         need(e["from"] is None or isinstance(e["from"], str), "extend.from", e["from"],
              "must be a .ckpt file or a run folder (or null).")
     if "eval_before" in e:

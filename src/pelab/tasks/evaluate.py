@@ -25,9 +25,9 @@ from pelab.data.config import LoaderConfig
 from pelab.encodings import pe_schema, pe_variant, resolve_pe_config
 from pelab.errors import ConfigError
 from pelab.evaluation.config import EvalConfig, ProbesConfig, typed_evaluation
-from pelab.harness.config import wandb_entry
 from pelab.model import GPTConfig, build_model
 from pelab.tasks.task import Task, cli_main, resolved_config, run_task
+from pelab.training.config import wandb_entry
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def check_command(cfg: DictConfig) -> list[str]:
     about a second, as train.py's): the checkpoint file there and not cut short, only keys eval.py may change
     (returned: `overridden_keys`), the `eval.*` / `probes.*` values typed, `device` and `scaling_sweep`. The
     ranges that depend on the checkpoint's training length are checked once it is read (`checkpoint_settings`)."""
-    from pelab.harness.run_folder import check_checkpoint_file
+    from pelab.runs.folder import check_checkpoint_file
 
     path = Path(str(cfg.ckpt_path))
     need(path.is_file(), "ckpt_path", str(path), "does not exist; pass a .ckpt file (a run's checkpoints/last.ckpt) "
@@ -68,8 +68,8 @@ def check_command(cfg: DictConfig) -> list[str]:
 
 def checkpoint_of(ckpt_path: str) -> str:
     """`ckpt_path` as a file: a run folder stands for its newest checkpoint, as for train.py
-    (`pelab.harness.run_folder.newest_checkpoint`); anything else is checked as a file by `check_command`."""
-    from pelab.harness.run_folder import newest_checkpoint
+    (`pelab.runs.folder.newest_checkpoint`); anything else is checked as a file by `check_command`."""
+    from pelab.runs.folder import newest_checkpoint
 
     if not Path(ckpt_path).is_dir():
         return ckpt_path
@@ -110,7 +110,7 @@ def todays_form(train_cfg: dict) -> dict:
 
 def load_checkpoint(path: str | Path) -> dict:
     """The checkpoint's training config and model weights, with a clear error for a bad file."""
-    from pelab.harness.checkpoints import load_run_checkpoint
+    from pelab.training.checkpoints import load_run_checkpoint
 
     return load_run_checkpoint(path, key="ckpt_path")
 
@@ -182,7 +182,7 @@ def evaluate(cfg: DictConfig) -> dict:
     """One evaluation job; returns its summary (also written to `<output_dir>/summary.json`)."""
     if OmegaConf.is_missing(cfg, "ckpt_path") or cfg.ckpt_path in (None, ""):
         raise ConfigError("ckpt_path is required: python eval.py ckpt_path=outputs/runs/<...>/checkpoints/last.ckpt")
-    from pelab.harness.signals import preemption_signals
+    from pelab.signals import preemption_signals
     from pelab.tasks.preflight import check_not_a_training_run
 
     check_not_a_training_run(Path(cfg.paths.output_dir), "paths.output_dir")  # also when Hydra's callback did not run
@@ -199,7 +199,7 @@ def evaluate(cfg: DictConfig) -> dict:
                             global_step=ckpt.get("global_step"))
         task.save()
         datamodule = checked_data(merged, typed[0], int(ckpt["hyper_parameters"]["vocab_size"]))  # before W&B
-        from pelab.harness.build import data_record  # torch is loaded by now (the data)
+        from pelab.runs.build import data_record  # torch is loaded by now (the data)
 
         # the corpus + tokenizer fingerprint, as a training run records it: a report pairs this evaluation with the
         # checkpoint's own runs (the training-free rows of a context-extension study) only on the same text
@@ -216,7 +216,7 @@ def checked_data(merged: DictConfig, ev: EvalConfig, vocab_size: int) -> Any:
     split): before W&B starts, so that a setting they refuse never waits for a W&B server."""
     from pelab.evaluation.config import resolve_lengths
     from pelab.evaluation.suite import check_eval_budget
-    from pelab.harness.build import build_datamodule
+    from pelab.runs.build import build_datamodule
 
     datamodule = build_datamodule(merged, int(merged.data.batch_size))
     datamodule.setup("validate")
@@ -263,7 +263,7 @@ def evaluate_variants(cfg: DictConfig, merged: DictConfig, typed: tuple[EvalConf
 
 def load_model(cfg: DictConfig, ckpt: dict, vocab_size: int) -> Any:
     """Build the model of `cfg` (its pe settings may differ from training) and load the trained weights."""
-    from pelab.harness.checkpoints import model_state
+    from pelab.training.checkpoints import model_state
 
     model = build_model(cfg.model, cfg.pe, vocab_size, int(cfg.data.seq_len))
     try:

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pelab.disk import disk_error
 from pelab.errors import ConfigError, DirtyTreeError
-from pelab.harness.run_folder import LOCK
+from pelab.runs.folder import LOCK
 
 WANDB_MODES = ("online", "offline", "disabled", "dryrun", "run")
 WHERE = {"cache": "PELAB_CACHE_DIR or paths.cache_dir", "output": "hydra.run.dir / hydra.sweep.dir, "
@@ -149,7 +149,7 @@ def _run_folder(config: DictConfig, out_key: str) -> Path | None:
 def check_pelab_or_empty(folder: Path, key: str) -> None:
     """A fresh launch into a folder of other files (a user's documents, another tool's output) would write
     checkpoints/, csv/, summary.json and wandb/ among them: refused, naming the folder; a PELab run's folder
-    is left to the relaunch rules (pelab.harness.run_folder.relaunch_decision)."""
+    is left to the relaunch rules (pelab.runs.folder.relaunch_decision)."""
     if not folder.is_dir():
         return
     entries = sorted(p.name for p in folder.iterdir())

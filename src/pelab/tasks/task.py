@@ -64,7 +64,7 @@ class Task:
     def start_wandb(self, wcfg: dict | None, *, name: str, config: dict, group: str | None = None,
                     tags: list[str] | None = None, notes: str | None = None) -> Any | None:
         """This job's W&B run (rank 0 only; None when `logger.wandb` is off or disabled)."""
-        from pelab.harness.loggers import init_info, init_wandb  # lazy: W&B and Lightning import slowly
+        from pelab.runs.loggers import init_info, init_wandb  # lazy: W&B and Lightning import slowly
 
         if not wcfg or self.rank != 0:
             return None
@@ -132,11 +132,11 @@ def run_task(output_dir: Path, *, rank: int = 0, signals: tuple[int, ...] = (), 
     the job's outcome and its W&B run is finished.
 
     `signals`: preemption signals and SIGINT, which raise `Preempted` in the body (see
-    `pelab.harness.signals`); such a job ends normally with status "preempted" or "interrupted" (the
+    `pelab.signals`); such a job ends normally with status "preempted" or "interrupted" (the
     caller exits with its EXIT_CODES), `hint` saying how to go on (default: relaunch with ckpt_path=auto).
     Any other exception is recorded and re-raised. Only rank 0 writes summary.json.
     """
-    from pelab.harness.signals import RESUME_HINT, JobSignals, Preempted
+    from pelab.signals import RESUME_HINT, JobSignals, Preempted
 
     quiet_third_party()
     if ATTENTION in sys.modules:  # this job's attention paths only (a multirun runs its jobs in one process)
@@ -167,7 +167,7 @@ def run_task(output_dir: Path, *, rank: int = 0, signals: tuple[int, ...] = (), 
             job_signals.finishing()  # a signal now ends the process at once, the summary written
             task.save()
             if task.run is not None:
-                from pelab.harness.loggers import finish_wandb
+                from pelab.runs.loggers import finish_wandb
 
                 finish_wandb(task.run, exit_code=task.exit_code, preempted=summary["status"] == "preempted")
 

@@ -2,7 +2,7 @@
 `pelab.tasks.task.run_task` (summary.json, the W&B run and the exit codes: see there).
 
 The task layer composes (Hydra), validates (`pelab.tasks.config`), holds the run folder and keeps the record
-(`run_task`); it hands the valid config to the harness once: `pelab.harness.run.run_training` (data, model,
+(`run_task`); it hands the valid config on once: `pelab.runs.training.run_training` (data, model,
 fit, evaluation).
 """
 
@@ -18,18 +18,18 @@ import hydra
 from omegaconf import DictConfig
 
 from pelab import CONF_DIR
-from pelab.harness.config import (
-    TrainSettings,  # imports the schemas: their nodes are stored before Hydra composes
-)
 from pelab.tasks.names import in_multirun
 from pelab.tasks.task import cli_main, earlier_summary, launcher_rank, resolved_config, run_task
+from pelab.training.config import (
+    TrainSettings,  # imports the schemas: their nodes are stored before Hydra composes
+)
 
 log = logging.getLogger(__name__)
 
 
 def validate_config(cfg: DictConfig) -> TrainSettings:
     """Every setting typed and range-checked before any data is built or any step is taken (each layer's
-    schema, composed by pelab.tasks.config): the typed tree the harness reads. A bad one is a ConfigError
+    schema, composed by pelab.tasks.config): the typed tree the training job reads. A bad one is a ConfigError
     naming the key."""
     from pelab.tasks.config import validate
 
@@ -42,9 +42,9 @@ def train(cfg: DictConfig) -> dict:
 
     A launch into a folder that holds a run continues it (ckpt_path=auto), or, in a relaunched multirun, skips
     a job that finished (status ok) and resumes the others from their checkpoints; another run's settings, or a
-    fresh start over a run, are refused in one line (`pelab.harness.run_folder`)."""
-    from pelab.harness.run_folder import relaunch_decision
-    from pelab.harness.signals import preemption_signals
+    fresh start over a run, are refused in one line (`pelab.runs.folder`)."""
+    from pelab.runs.folder import relaunch_decision
+    from pelab.signals import preemption_signals
 
     output_dir = Path(cfg.paths.output_dir)
     signals = preemption_signals()
@@ -61,7 +61,7 @@ def train(cfg: DictConfig) -> dict:
 
 def claim_folder(output_dir: Path) -> Any:
     """The run folder held by this process (rank 0; the other launcher ranks share it)."""
-    from pelab.harness.run_folder import claim
+    from pelab.runs.folder import claim
 
     return claim(output_dir) if launcher_rank() == 0 else contextlib.nullcontext()
 
@@ -76,7 +76,7 @@ def train_in(cfg: DictConfig, output_dir: Path, signals: tuple[int, ...]) -> dic
         settings = validate_config(cfg)
         task.record_diff()
         task.record_machine()
-        from pelab.harness.run import run_training  # here: it imports torch and Lightning
+        from pelab.runs.training import run_training  # here: it imports torch and Lightning
 
         with kept_threads():
             run_training(cfg, settings, task, signals)

@@ -87,7 +87,7 @@ class InductionStream(IterableDataset):
 
 class InductionDataModule(L.LightningDataModule):
     """Fresh induction-heads sequences of task length ``data.seq_len`` (see the module doc). The arguments are
-    those `pelab.harness.build.build_datamodule` passes any data module: ``source`` the data config (the loader
+    those `pelab.runs.build.build_datamodule` passes any data module: ``source`` the data config (the loader
     keys of conf/data/_loader.yaml plus ``targets``, ``eval_rows``, ``long_probe_samples`` and ``long_probe_from``),
     ``tokenizer`` (not read), the per-device
     ``batch_size``, ``seed``, ``cache_dir`` (nothing is cached) and ``max_steps``."""

@@ -2,13 +2,15 @@
 `checkpoints/last.ckpt` saved.
 
 SIGTERM (and SIGUSR1, unless Lightning's SLURM auto-requeue owns it) or SIGINT (Ctrl-C) during training sets a
-flag; at the end of the current step `PreemptionCheckpoint` (pelab.harness.callbacks) writes `checkpoints/last.ckpt`, lets Lightning log
-that step's row, and stops the run with `Preempted`. Outside the training loop the same signals raise
-`Preempted` at once (`JobSignals`): nothing was trained since the last checkpoint. `python train.py ...
-ckpt_path=auto` continues the run. `python train.py` then exits with code 75 (preempted) or 130 (Ctrl-C); a
-second Ctrl-C quits at once, without saving.
+flag; at the end of the current step `PreemptionCheckpoint` (pelab.training.callbacks.preemption) writes
+`checkpoints/last.ckpt`, lets Lightning log that step's row, and stops the run with `Preempted`. Outside the
+training loop the same signals raise `Preempted` at once (`JobSignals`): nothing was trained since the last
+checkpoint. `python train.py ... ckpt_path=auto` continues the run. `python train.py` then exits with code 75
+(preempted) or 130 (Ctrl-C); a second Ctrl-C quits at once, without saving.
 
-Standard library only: the job's life starts (and a bad setting is refused) before torch is imported.
+Standard library only: the job's life starts (and a bad setting is refused) before torch is imported. A top-level
+module because both the training loop (`PreemptionCheckpoint`) and the job around it (`JobSignals`,
+`pelab.tasks.task`) use it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""A training job once its settings are valid: data, model, fit, evaluation. The harness's side of `python
-train.py`: the task layer composes, validates, holds the run folder and keeps the record; it hands the config
-here once, with the job's record (`JobRecord`), which every step writes into."""
+"""A training job once its settings are valid: data, model, fit, evaluation. The task layer composes, validates,
+holds the run folder and keeps the record; it hands the config here once, with the job's record (`JobRecord`),
+which every step writes into."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pelab.harness.config import TrainSettings, wandb_entry
-from pelab.harness.job import JobRecord
+from pelab.training.config import TrainSettings, wandb_entry
+from pelab.training.job import JobRecord
 
 
 def run_training(cfg: DictConfig, settings: TrainSettings, job: JobRecord, signals: tuple[int, ...]) -> None:
@@ -18,19 +18,19 @@ def run_training(cfg: DictConfig, settings: TrainSettings, job: JobRecord, signa
     the record): data, model, fit, evaluation, each result into the job's record."""
     import lightning.pytorch as L
 
-    from pelab.harness.build import (
+    from pelab.runs.build import (
         build_datamodule,
         build_module,
         build_trainer,
         on_cuda,
         prepare_data,
         resume_point,
-        set_threads,
         trainer_settings,
     )
-    from pelab.harness.extension import extension_parent, load_parent_weights
-    from pelab.harness.loggers import log_run_start, single_lightning_log_handler
-    from pelab.harness.memory import check_memory_before_data
+    from pelab.runs.loggers import log_run_start, single_lightning_log_handler
+    from pelab.runs.memory import check_memory_before_data
+    from pelab.runs.threads import set_threads
+    from pelab.training.extension import extension_parent, load_parent_weights
 
     single_lightning_log_handler()
     summary, output_dir = job.summary, job.output_dir
@@ -56,7 +56,7 @@ def run_training(cfg: DictConfig, settings: TrainSettings, job: JobRecord, signa
     job.start_wandb(wandb_entry(summary["config"]), name=settings.run.name,
                      config=summary["config"], tags=list(settings.run.tags), notes=settings.run.notes)
     if parent and job.run is not None:
-        from pelab.harness.loggers import guarded, use_parent_checkpoint
+        from pelab.runs.loggers import guarded, use_parent_checkpoint
 
         guarded("parent checkpoint artifact", use_parent_checkpoint, job.run, parent)
     if parent and not ckpt_path:
@@ -98,8 +98,8 @@ def check_before_training(settings: TrainSettings, module: Any, datamodule: Any,
     evaluation's compute against the training's, printed and recorded (summary.json `eval_cost`)."""
     from pelab.evaluation.config import resolve_lengths
     from pelab.evaluation.suite import check_eval_budget
-    from pelab.harness.build import on_cuda
-    from pelab.harness.memory import check_memory
+    from pelab.runs.build import on_cuda
+    from pelab.runs.memory import check_memory
 
     ev, length = settings.eval, settings.data.seq_len
     if settings.run.evaluate_after_fit or ev.at:
@@ -111,7 +111,7 @@ def check_before_training(settings: TrainSettings, module: Any, datamodule: Any,
     check_memory(settings, module.model, datamodule.vocab_size, settings.data.batch_size // world, precision,
               on_cuda(settings.trainer))
     if settings.run.evaluate_after_fit:
-        from pelab.harness.eval_cost import estimate_eval_cost, report_eval_cost
+        from pelab.runs.eval_cost import estimate_eval_cost, report_eval_cost
 
         cost = estimate_eval_cost(settings, module.model, datamodule.n_tokens(ev.split), module.flops_per_token)
         report_eval_cost(cost)
@@ -133,8 +133,8 @@ def fit(trainer: Any, module: Any, datamodule: Any, ckpt_path: str | None, preem
     """Train; returns the final val/ and train/ metrics (those saved in the checkpoint when a relaunch has
     no step left to train, e.g. after a preemption during the evaluation)."""
     from pelab.errors import OutOfMemory
-    from pelab.harness.memory import is_out_of_memory
-    from pelab.harness.signals import Preempted
+    from pelab.runs.memory import is_out_of_memory
+    from pelab.signals import Preempted
 
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
@@ -160,7 +160,7 @@ def final_step(trainer: Any, output_dir: Path) -> int:
     trainer still says 0, so the step comes from the checkpoint the ranks wrote."""
     if trainer.global_step > 0:
         return int(trainer.global_step)
-    from pelab.harness.checkpoints import checkpoint_step
+    from pelab.training.checkpoints import checkpoint_step
 
     last = output_dir / "checkpoints" / "last.ckpt"
     return checkpoint_step(last) if last.exists() else 0

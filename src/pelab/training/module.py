@@ -3,7 +3,7 @@
 The module owns optimisation and metrics only; the model and the encoding are built by
 `pelab.model.build_model`, which is also what `eval.py` uses to rebuild a checkpoint.
 
-Reliability (see also `pelab.harness.signals` and `pelab.harness.checkpoints`):
+Reliability (see also `pelab.signals` and `pelab.training.checkpoints`):
 - the torch RNG is re-seeded before every training step from (seed, step, rank), like the data stream, so
   dropout masks after a resume equal those of an uninterrupted run without saving any RNG state;
 - a non-finite loss or gradient (checked after backward, before the optimizer step) stops the run
@@ -35,18 +35,11 @@ from pelab.data.batch import IGNORE_INDEX, inputs_and_targets
 from pelab.encodings.pose import pose_positions
 from pelab.errors import NonFiniteError
 from pelab.evaluation import stats
-from pelab.harness.config import OptimConfig
 from pelab.model import GPT, build_model
+from pelab.training.config import OptimConfig
+from pelab.training.optimizer import adamw_cosine
 
 log = logging.getLogger(__name__)
-
-
-def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
-    """Linear warmup to 1, then cosine decay to `min_ratio` at `total` steps (flat afterwards)."""
-    if warmup > 0 and step < warmup:
-        return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def two_means(logits: torch.Tensor, targets: torch.Tensor, answers: torch.Tensor
@@ -288,23 +281,4 @@ class LMModule(L.LightningModule):
 
     # -- optimisation ----------------------------------------------------------------------------
     def configure_optimizers(self) -> dict:
-        o = self.optim
-        # Weight decay on matmul weights only; norms, biases and position tables (of every encoding a layer uses,
-        # a layout's too) are not decayed.
-        decay, no_decay = [], []
-        position = {id(p) for pe in self.model.encodings().values() for p in pe.parameters()}
-        for p in self.model.parameters():
-            if not p.requires_grad:
-                continue
-            (decay if p.dim() >= 2 and id(p) not in position else no_decay).append(p)
-        groups = [
-            {"params": decay, "weight_decay": o.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
-        fused = self.device.type == "cuda" if o.fused is None else o.fused
-        opt = torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps, fused=fused)
-        total = int(self.trainer.max_steps) if self.trainer.max_steps and self.trainer.max_steps > 0 else 1
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: lr_lambda(s, o.warmup_steps, total, o.min_lr_ratio)
-        )
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return adamw_cosine(self.model, self.optim, self.device, self.trainer.max_steps)

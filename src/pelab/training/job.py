@@ -1,5 +1,5 @@
-"""What the training loop needs from the job that runs it: a narrow protocol the harness defines and the task
-layer satisfies (`pelab.tasks.task.Task`), so that no function below the task layer receives the task object.
+"""What the training loop needs from the job that runs it: a narrow protocol the training layer defines and the
+task layer satisfies (`pelab.tasks.task.Task`), so that no function below the task layer receives the task object.
 """
 
 from __future__ import annotations

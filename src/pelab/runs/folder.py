@@ -122,7 +122,7 @@ def changed_settings(before: dict, now: dict) -> list[str]:
 
 def filled_from_parent(before: dict, now: dict) -> set[tuple[str, str]]:
     """Settings a context-extension child left null and filled from its parent when it ran (`pe.train_length`:
-    pelab.harness.extension): the recorded value is what null resolved to, the same launch again, not a change."""
+    pelab.training.extension): the recorded value is what null resolved to, the same launch again, not a change."""
     parent = (before.get("extend") or {}).get("parent") or {}
     recorded, launched = (before.get("pe") or {}), (now.get("pe") or {})
     if parent and launched.get("train_length") is None and recorded.get("train_length") == parent.get("train_length"):
@@ -214,7 +214,7 @@ ZIP_MAGIC = b"PK\x03\x04"
 def check_checkpoint_file(path: str | Path, key: str = "ckpt_path") -> None:
     """A checkpoint cut short (a killed copy, a full disk) is refused here, without torch: torch.save writes a
     zip archive, whose directory sits at its end. A file that is no zip at all (torch's legacy format) is left
-    to torch.load, which reads it or names it (pelab.harness.checkpoints.read_checkpoint)."""
+    to torch.load, which reads it or names it (pelab.training.checkpoints.read_checkpoint)."""
     import zipfile
 
     with open(path, "rb") as f:
@@ -228,3 +228,36 @@ def check_checkpoint_file(path: str | Path, key: str = "ckpt_path") -> None:
         raise CheckpointError(
             f"{key}={path} is not a readable checkpoint (truncated or corrupted: {type(err).__name__}: "
             f"{first}); delete it or set {key}= to another checkpoint (e.g. checkpoints/best.ckpt).") from err
+
+
+def check_resume_checkpoint(path: str, cfg: dict, same_run: bool = False) -> tuple[int, int | None]:
+    """Refuse a checkpoint of another model, encoding or tokenizer before any work starts; with `same_run`
+    (`ckpt_path=auto`: the run folder's own checkpoint, continued as that run) every defining setting, the seed
+    included, must match the checkpoint's own record -- summary.json may be gone or wrong, the checkpoint is
+    what was trained. Returns its step and vocabulary size (checked against the data once the tokenizer is
+    loaded)."""
+    from pelab.training.checkpoints import checkpoint_mismatches, load_run_checkpoint
+
+    ckpt = load_run_checkpoint(path)
+    if same_run:
+        check_same_run(path, ckpt["hyper_parameters"]["cfg"], cfg)
+    diffs = checkpoint_mismatches(ckpt["hyper_parameters"]["cfg"], cfg)
+    if diffs:
+        more = f" (+{len(diffs) - 4} more)" if len(diffs) > 4 else ""
+        raise CheckpointError(
+            f"ckpt_path={path} belongs to another run: {'; '.join(diffs[:4])}{more}. Use the checkpoint's "
+            "settings or start a fresh run (ckpt_path=null, another paths.output_dir)."
+        )
+    return int(ckpt.get("global_step", 0)), ckpt["hyper_parameters"]["vocab_size"]
+
+
+def check_same_run(path: str, ckpt_cfg: dict, cfg: dict) -> None:
+    """`ckpt_path=auto` continues the run whose checkpoint it is: a launch with other defining settings (seed,
+    data, optim, model, encoding, tokenizer: `DEFINING`) would train on and label another run's weights as its
+    own."""
+    diffs = changed_settings(ckpt_cfg, cfg)
+    if diffs:
+        more = f" (+{len(diffs) - 3} more)" if len(diffs) > 3 else ""
+        raise CheckpointError(
+            f"ckpt_path=auto: {path} was trained with other settings: {'; '.join(diffs[:3])}{more}. Relaunch "
+            "with the checkpoint's settings to continue it, or launch into another folder.")

@@ -3,8 +3,9 @@ the settings that must match to resume, and the model weights inside.
 
 - **Atomic checkpoints.** `AtomicCheckpointIO` writes `<name>.tmp-<pid>` and renames it, so a checkpoint file
   is complete or absent even when the process is SIGKILLed mid-write (Lightning writes in place).
-- **Resume checks.** `check_resume_checkpoint` reads the checkpoint's own training config and refuses one
-  from another model / encoding / tokenizer before any data is built; a truncated file is a one-line error.
+- **Resume checks.** `checkpoint_mismatches`: the settings that must match to train a checkpoint's weights on
+  (`pelab.runs.folder.check_resume_checkpoint` refuses another model / encoding / tokenizer before any data is
+  built); a truncated file is a one-line error.
 """
 
 from __future__ import annotations
@@ -105,36 +106,3 @@ def checkpoint_mismatches(ckpt_cfg: dict, cfg: dict) -> list[str]:
             if key not in runtime and old.get(key) != new.get(key):
                 out.append(f"{group}.{key}={old.get(key)!r} in the checkpoint but {new.get(key)!r} now")
     return out
-
-
-def check_resume_checkpoint(path: str, cfg: dict, same_run: bool = False) -> tuple[int, int | None]:
-    """Refuse a checkpoint of another model, encoding or tokenizer before any work starts; with `same_run`
-    (`ckpt_path=auto`: the run folder's own checkpoint, continued as that run) every defining setting, the seed
-    included, must match the checkpoint's own record -- summary.json may be gone or wrong, the checkpoint is
-    what was trained. Returns its step and vocabulary size (checked against the data once the tokenizer is
-    loaded)."""
-    ckpt = load_run_checkpoint(path)
-    if same_run:
-        check_same_run(path, ckpt["hyper_parameters"]["cfg"], cfg)
-    diffs = checkpoint_mismatches(ckpt["hyper_parameters"]["cfg"], cfg)
-    if diffs:
-        more = f" (+{len(diffs) - 4} more)" if len(diffs) > 4 else ""
-        raise CheckpointError(
-            f"ckpt_path={path} belongs to another run: {'; '.join(diffs[:4])}{more}. Use the checkpoint's "
-            "settings or start a fresh run (ckpt_path=null, another paths.output_dir)."
-        )
-    return int(ckpt.get("global_step", 0)), ckpt["hyper_parameters"]["vocab_size"]
-
-
-def check_same_run(path: str, ckpt_cfg: dict, cfg: dict) -> None:
-    """`ckpt_path=auto` continues the run whose checkpoint it is: a launch with other defining settings (seed,
-    data, optim, model, encoding, tokenizer: `pelab.harness.run_folder.DEFINING`) would train on and label
-    another run's weights as its own."""
-    from pelab.harness.run_folder import changed_settings
-
-    diffs = changed_settings(ckpt_cfg, cfg)
-    if diffs:
-        more = f" (+{len(diffs) - 3} more)" if len(diffs) > 3 else ""
-        raise CheckpointError(
-            f"ckpt_path=auto: {path} was trained with other settings: {'; '.join(diffs[:3])}{more}. Relaunch "
-            "with the checkpoint's settings to continue it, or launch into another folder.")

@@ -1,11 +1,11 @@
-"""pelab.harness.config: the list of precisions a config is checked against (written out, so that checking a
+"""pelab.training.config: the list of precisions a config is checked against (written out, so that checking a
 config imports no Lightning) is the installed Lightning's own."""
 
 from __future__ import annotations
 
 from typing import Any, get_args
 
-from pelab.harness.config import PRECISIONS
+from pelab.training.config import PRECISIONS
 
 
 def _flat(t: Any) -> tuple:

@@ -1,4 +1,4 @@
-"""The score-bias forms of pelab.ops (pelab.ops.bias): the per-distance bias and its strided view give the
+"""The score-bias forms of pelab.score_bias: the per-distance bias and its strided view give the
 full bias's numbers and the reference attention's gradients."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pelab.model.attention import causal_attention, reference_attention
-from pelab.ops import causal_bias
+from pelab.score_bias import causal_bias
 
 
 @pytest.mark.parametrize("scheme", ["alibi", "t5_bias", "kerple"])
@@ -17,7 +17,7 @@ def test_per_distance_bias_matches_the_full_bias_and_reference(scheme, chunk):
     gives the reference attention's output and gradients (q, k, v and the learned T5 table / KERPLE r1, r2)
     for every chunking; its forward is the full bias exactly."""
     from pelab.encodings import build_encoding
-    from pelab.ops import CausalBias, DistanceBias, distance_bias
+    from pelab.score_bias import CausalBias, DistanceBias, distance_bias
 
     torch.manual_seed(0)
     B, H, T, Dh = 2, 4, 19, 8
@@ -49,7 +49,7 @@ def test_per_distance_bias_matches_the_full_bias_and_reference(scheme, chunk):
 def test_diagonal_view_gradient_is_the_per_distance_sum(lead):
     """DiagonalView's backward (anti-diagonal sums by pad-and-reshape) equals autograd through a plain
     gather of the same entries, in fp64, with leading (H,) or per-batch (B, H) dimensions; gradcheck too."""
-    from pelab.ops import DiagonalView
+    from pelab.score_bias import DiagonalView
 
     torch.manual_seed(0)
     N, R, K, offset = 13, 5, 7, 1

@@ -1,4 +1,4 @@
-"""The harness's config schema: `optim`, the `trainer` keys pelab relies on, and pelab's own `callbacks`
+"""The training's config schema: `optim`, the `trainer` keys pelab relies on, and pelab's own `callbacks`
 entries, typed and range-checked before any data or training cost. The values live in conf/optim/,
 conf/trainer/ and conf/callbacks/."""
 
@@ -47,7 +47,7 @@ class TrainerConfig:
 
 @dataclass
 class CheckpointConfig:
-    """callbacks.checkpoint (pelab.harness.callbacks.RunCheckpoint), in the keys checked here."""
+    """callbacks.checkpoint (pelab.training.callbacks.checkpoint.RunCheckpoint), in the keys checked here."""
 
     mode: str
     every_n_steps: int | None
@@ -55,7 +55,7 @@ class CheckpointConfig:
 
 @dataclass
 class ThroughputConfig:
-    """callbacks.throughput (pelab.harness.callbacks.TokenThroughput)."""
+    """callbacks.throughput (pelab.training.callbacks.throughput.TokenThroughput)."""
 
     available_flops: float | None
 
@@ -78,7 +78,7 @@ def check_optim(o: DictConfig) -> None:
 
 
 # Every precision Lightning 2.x accepts (the Literal types `lightning.fabric.connector._PRECISION_INPUT`), plus our
-# "auto"; written out so that a config is checked without importing Lightning (torch). tests/test_harness_config.py
+# "auto"; written out so that a config is checked without importing Lightning (torch). tests/test_training_config.py
 # checks it equals the installed Lightning's list.
 PRECISIONS = (64, 32, 16, "transformer-engine", "transformer-engine-float16", "16-true", "16-mixed", "bf16-true",
               "bf16-mixed", "32-true", "64-true", "64", "32", "16", "bf16", "auto")
@@ -217,7 +217,7 @@ class ProvenanceConfig:
 @dataclass
 class RunConfig:
     """The top-level keys of conf/train.yaml (the groups are typed by their own schemas): what a run is called
-    and how the harness runs it."""
+    and how the job runs it."""
 
     seed: int
     name: str
@@ -236,7 +236,7 @@ class RunConfig:
 @dataclass(frozen=True)
 class TrainSettings:
     """A train config typed once (pelab.tasks.config.validate, before torch is imported), each group as its
-    layer's schema object; the harness reads its settings here. The DictConfig stays beside it for what Hydra
+    layer's schema object; the training job reads its settings here. The DictConfig stays beside it for what Hydra
     instantiates by `_target_` (the DataModule, the Trainer, callbacks, loggers) and for the record."""
 
     run: RunConfig

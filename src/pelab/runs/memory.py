@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from pelab.errors import ConfigError
 
 if TYPE_CHECKING:
-    from pelab.harness.config import TrainSettings
+    from pelab.training.config import TrainSettings
 
 log = logging.getLogger(__name__)
 

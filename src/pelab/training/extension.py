@@ -21,9 +21,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from pelab.encodings import pe_settings, resolve_pe_config
 from pelab.errors import ConfigError
-from pelab.harness.checkpoints import checkpoint_mismatches, load_run_checkpoint, model_state
 from pelab.model import build_model
 from pelab.summary import read_summary
+from pelab.training.checkpoints import checkpoint_mismatches, load_run_checkpoint, model_state
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pelab.evaluation.progress import forward_flops_per_token  # the one formula, shared with the bar
 
 if TYPE_CHECKING:
-    from pelab.harness.config import TrainSettings
+    from pelab.training.config import TrainSettings
 
 log = logging.getLogger(__name__)
 

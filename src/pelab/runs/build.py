@@ -8,21 +8,17 @@ The Trainer, its callbacks and loggers, and the DataModule are instantiated from
 from __future__ import annotations
 
 import logging
-import os
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
-from torch.utils.data import IterableDataset
 
-from pelab.data.datamodule import LMDataModule
+from pelab.data.datamodule import EmulatedWorldDataModule
 from pelab.errors import CheckpointError
-from pelab.harness.config import TrainerConfig, TrainSettings, check_world, explicit_world_size
-from pelab.harness.job import JobRecord
+from pelab.training.config import TrainerConfig, TrainSettings, check_world, explicit_world_size
+from pelab.training.job import JobRecord
 
 log = logging.getLogger(__name__)
 
@@ -42,48 +38,6 @@ def trainer_settings(settings: TrainSettings) -> tuple[str, int]:
     return precision, world
 
 
-def busy_cores(seconds: float = 0.5) -> tuple[float, str]:
-    """How many cores other work keeps busy now: the non-idle share of /proc/stat over `seconds` (this process
-    sleeps meanwhile, so it counts only the others), else the 1-minute load average (which lags a minute)."""
-    def times() -> list[int]:
-        return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-
-    try:
-        a = times()
-        time.sleep(seconds)
-        b = times()
-    except (OSError, ValueError):
-        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-        return load, f"1-minute load {load:.2f}"
-    d = [y - x for x, y in zip(a, b)]
-    idle = d[3] + (d[4] if len(d) > 4 else 0)  # idle + iowait
-    busy = (os.cpu_count() or 1) * (1 - idle / max(1, sum(d)))
-    return busy, f"{busy:.1f} cores busy over {seconds} s"
-
-
-def set_threads(setting: Any, recorded: dict | None, world: int) -> dict:
-    """torch's CPU threads for this run, applied, with how they were chosen (summary.json -> threads).
-
-    A resumed run takes the count it recorded (CPU float sums depend on it); else a number given is used,
-    OMP_NUM_THREADS when set, or `auto`: the cores other work leaves free at the start (`busy_cores`), shared by
-    the `world` processes of this machine (at least 1). A second job beside a running one thus takes the free
-    core instead of two threads fighting over it."""
-    cores = os.cpu_count() or 1
-    if recorded and recorded.get("used"):
-        n, how = int(recorded["used"]), "resumed: the count this run started with"
-    elif setting != "auto":
-        n, how = int(setting), f"threads={setting}"
-    elif os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
-        n, how = int(os.environ["OMP_NUM_THREADS"]), "OMP_NUM_THREADS"
-    else:
-        busy, measured = busy_cores()
-        n = max(1, (cores - round(busy)) // world)
-        how = f"auto: {cores} cores, {measured}, {world} process(es)"
-    torch.set_num_threads(n)
-    log.info("CPU threads: %d (%s)", n, how)
-    return {"used": n, "chosen_by": how}
-
-
 def on_cuda(t: TrainerConfig) -> bool:
     """Whether this trainer config trains on CUDA devices."""
     return torch.cuda.is_available() and t.accelerator in ("auto", "gpu", "cuda")
@@ -100,8 +54,7 @@ def world_size_of(t: TrainerConfig) -> int:
 def resume_point(ckpt_setting: str | None, output_dir: Path, summary: dict) -> tuple[str | None, int | None]:
     """The checkpoint to resume from (the `ckpt_path` setting) and its vocabulary size; another model's /
     tokenizer's checkpoint is refused here, before any data is built."""
-    from pelab.harness.checkpoints import check_resume_checkpoint
-    from pelab.harness.run_folder import resolve_ckpt_path
+    from pelab.runs.folder import check_resume_checkpoint, resolve_ckpt_path
 
     ckpt_path = resolve_ckpt_path(ckpt_setting, output_dir)
     if not ckpt_path:
@@ -154,7 +107,7 @@ def build_datamodule(cfg: DictConfig, batch_size: int, emulate_world_size: int |
 
 def build_module(summary: dict, vocab_size: int) -> Any:
     """The LightningModule of the run's config (saved in its checkpoints)."""
-    from pelab.harness.module import LMModule
+    from pelab.training.module import LMModule
 
     module = LMModule(summary["config"], vocab_size=vocab_size)
     summary["model"] = {
@@ -174,12 +127,13 @@ def build_trainer(cfg: DictConfig, settings: TrainSettings, precision: str, job:
     preemption checkpoint, summary.json updates and atomic checkpoint writes."""
     from lightning.pytorch.callbacks.progress import ProgressBar
 
-    from pelab.harness.callbacks import PreemptionCheckpoint, SummaryUpdates
-    from pelab.harness.checkpoints import AtomicCheckpointIO
+    from pelab.training.callbacks.preemption import PreemptionCheckpoint
+    from pelab.training.callbacks.summary_updates import SummaryUpdates
+    from pelab.training.checkpoints import AtomicCheckpointIO
 
     callbacks = instantiate_entries(cfg.get("callbacks"))  # the group removed (~callbacks): none
     if settings.eval.at:
-        from pelab.harness.along_training import EvaluationAlongTraining
+        from pelab.training.callbacks.along_training import EvaluationAlongTraining
 
         callbacks.append(EvaluationAlongTraining(settings.eval, settings.data.seq_len, on_point=job.add_point))
     preemption = PreemptionCheckpoint(job.output_dir / "checkpoints" / "last.ckpt", signals, job.quit_now)
@@ -205,28 +159,3 @@ def instantiate_entries(group: DictConfig | None, skip: tuple[str, ...] = (), **
     false is switched off. `kwargs[name]`: extra arguments for entry `name`."""
     return [instantiate(node, **kwargs.get(name, {})) for name, node in (group or {}).items()
             if isinstance(node, DictConfig) and "_target_" in node and name not in skip]
-
-
-# -- one process drawing a DDP run's data (debug.emulate_world_size) ------------------------------------
-class RankUnion(IterableDataset):
-    """Batch `step` = rows of rank 0, then rank 1, ...: what a W-rank run trains on at that step."""
-
-    def __init__(self, parts: list[IterableDataset]):
-        self.parts = parts
-
-    def __iter__(self) -> Iterator[torch.Tensor]:
-        for rows in zip(*self.parts):  # each (B/W, T+1)
-            yield torch.cat(rows)  # (B, T+1)
-
-
-class EmulatedWorldDataModule(LMDataModule):
-    """`LMDataModule` whose training stream is the union of `world` ranks' streams; `batch_size` is per rank.
-    DDP averages the ranks' gradients, i.e. the gradient of the mean loss over these same B rows."""
-
-    def __init__(self, *args: Any, world: int = 1, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.world = int(world)
-
-    def train_dataset(self, start_step: int | None = None, rank: int | None = None) -> IterableDataset:
-        return RankUnion([super(EmulatedWorldDataModule, self).train_dataset(start_step, rank=r)
-                          for r in range(self.world)])
