@@ -1,5 +1,5 @@
 """The attention dispatch (pelab.model.attention) and the record of the path each scheme took
-(pelab.model.paths): every path gives the plain softmax reference's numbers (fp32, 1e-5)."""
+(pelab.model.attention.record): every path gives the plain softmax reference's numbers (fp32, 1e-5)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 from attention_inputs import qkv, random_bias
 from pelab.encodings import build_encoding
-from pelab.model.attention import causal_attention, reference_attention
+from pelab.model.attention.dispatch import causal_attention, reference_attention
 
 
 @pytest.mark.parametrize("T", [1, 5, 33, 64])

@@ -10,7 +10,7 @@ import torch
 
 from pelab.evaluation.attention_stats import attention_diagnostics, buckets, layer_curves, query_stats
 from pelab.model import build_model, reference_attention
-from pelab.model.logits import log_length_scale, observed_attention
+from pelab.model.attention.logits import log_length_scale, observed_attention
 
 NEG = float("-inf")
 

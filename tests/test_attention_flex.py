@@ -1,4 +1,4 @@
-"""FlexAttention (pelab.model.flex, model.attn_backend=flex): the plain softmax reference's numbers where it
+"""FlexAttention (pelab.model.attention.flex, model.attn_backend=flex): the plain softmax reference's numbers where it
 runs; a visible, recorded fallback to the SDPA path where it fails or disagrees."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import torch
 
 from attention_inputs import DH, H, qkv, random_bias
 from pelab.encodings import build_encoding
-from pelab.model.attention import causal_attention, reference_attention
-from pelab.model.flex import _flex_matches_sdpa
+from pelab.model.attention.dispatch import causal_attention, reference_attention
+from pelab.model.attention.flex import flex_matches_sdpa
 
 
 @pytest.mark.slow
@@ -41,7 +41,7 @@ def test_flex_attention_matches_reference_on_cpu():
             out = causal_attention(q, k, v, bias, backend="flex", scheme=label)
             ref = reference_attention(q, k, v, pe.score_bias(pos, pos) if label == "alibi" else bias)
             torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
-            assert _flex_matches_sdpa(out, q, k, v, bias)  # the one-time self-check accepts a correct kernel
+            assert flex_matches_sdpa(out, q, k, v, bias)  # the one-time self-check accepts a correct kernel
     paths = attention_paths()["paths"]
     assert {s: list(p) for s, p in paths.items()} == {label: ["flex"] for label in cases}
 
@@ -50,12 +50,13 @@ def test_flex_failure_falls_back_with_a_warning_and_is_recorded():
     """A real FlexAttention failure, asked for by model.attn_backend=flex in a CPU training forward (flex has
     no backward on CPU, torch 2.13): a visible warning, the SDPA path's numbers and gradients, and the
     fallback with its reason in attention_paths (what summary.json records)."""
-    from pelab.model import GPT, GPTConfig, attention_paths, flex, reset_attention_paths
+    from pelab.model import GPT, GPTConfig, attention_paths, reset_attention_paths
+    from pelab.model.attention import flex
 
     reset_attention_paths()
-    saved = dict(flex._flex_state)
+    saved = dict(flex.flex_state)
     try:
-        flex._flex_state.update(error=None, compiled=None, block_masks={})
+        flex.flex_state.update(error=None, compiled=None, block_masks={})
         torch.manual_seed(0)
         pe = build_encoding({"name": "alibi"}, 16, 2)
         model = GPT(GPTConfig(vocab_size=50, n_layers=2, n_heads=2, d_model=16, attn_backend="flex"), pe)
@@ -76,25 +77,25 @@ def test_flex_failure_falls_back_with_a_warning_and_is_recorded():
         torch.testing.assert_close(logits, model(idx), atol=0, rtol=0)
         torch.testing.assert_close(again, logits, atol=0, rtol=0)
     finally:
-        flex._flex_state.clear()
-        flex._flex_state.update(saved)
+        flex.flex_state.clear()
+        flex.flex_state.update(saved)
 
 
 def test_flex_self_check_rejects_a_wrong_kernel(monkeypatch):
     """The auto path compares each new flex kernel once against SDPA and falls back if they disagree."""
-    from pelab.model import flex
+    from pelab.model.attention import flex
 
-    monkeypatch.setitem(flex._flex_state, "error", None)
-    monkeypatch.setitem(flex._flex_state, "verified", set())
+    monkeypatch.setitem(flex.flex_state, "error", None)
+    monkeypatch.setitem(flex.flex_state, "verified", set())
     T = 12
     q, k, v = qkv(T)
     bias = random_bias(T)
     good = reference_attention(q, k, v, bias)
-    assert _flex_matches_sdpa(good, q, k, v, bias) and flex._flex_state["error"] is None
-    monkeypatch.setitem(flex._flex_state, "verified", set())
+    assert flex_matches_sdpa(good, q, k, v, bias) and flex.flex_state["error"] is None
+    monkeypatch.setitem(flex.flex_state, "verified", set())
     with pytest.warns(UserWarning, match="disagrees"):
-        assert not _flex_matches_sdpa(good + 0.01, q, k, v, bias)
-    assert flex._flex_state["error"]  # flex is now refused for this process (with this reason)
+        assert not flex_matches_sdpa(good + 0.01, q, k, v, bias)
+    assert flex.flex_state["error"]  # flex is now refused for this process (with this reason)
 
 
 @pytest.mark.slow
@@ -105,7 +106,7 @@ def test_flex_attention_of_a_local_span_matches_reference_on_cpu():
     import torch._inductor.config as inductor_config
 
     from pelab.model import attention_paths, reset_attention_paths
-    from pelab.model.span import Span
+    from pelab.model.attention.span import Span
 
     T, W = 128, 16
     reset_attention_paths()

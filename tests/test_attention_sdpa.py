@@ -1,4 +1,4 @@
-"""The SDPA path of a score bias (pelab.model.sdpa): chunked additive-mask SDPA and the explicit softmax give
+"""The SDPA path of a score bias (pelab.model.attention.sdpa): chunked additive-mask SDPA and the explicit softmax give
 the plain softmax reference's numbers and gradients (fp32, 1e-5), on the kernels they are meant to take."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from torch.profiler import profile
 
 from attention_inputs import DH, H, qkv, random_bias
 from pelab.encodings import build_encoding
-from pelab.model.attention import causal_attention, reference_attention
-from pelab.model.sdpa import chunked_biased_attention
+from pelab.model.attention.dispatch import causal_attention, reference_attention
+from pelab.model.attention.sdpa import chunked_biased_attention
 from pelab.score_bias import causal_bias
 
 

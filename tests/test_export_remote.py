@@ -94,14 +94,14 @@ def test_the_copied_code_imports_only_torch_transformers_and_the_standard_librar
 
 
 def test_the_rewrite_keeps_names_aliases_and_indentation():
-    source = ("from pelab.model.span import Span, visible_keys as keys\n"
+    source = ("from pelab.model.attention.span import Span, visible_keys as keys\n"
               "def f():\n"
               "    from omegaconf import (OmegaConf,\n"
               "                           DictConfig)\n"
               "    from pelab.encodings.config import pe_settings\n"
               "    return OmegaConf\n")
-    text, wanted = rewrite(source, {"pelab.model.span"})
-    assert text == ("from .pelab_model_span import Span, visible_keys as keys\n"
+    text, wanted = rewrite(source, {"pelab.model.attention.span"})
+    assert text == ("from .pelab_model_attention_span import Span, visible_keys as keys\n"
                     "def f():\n"
                     "    from .pelab_shims import OmegaConf, DictConfig\n"
                     "    from .pelab_shims import pe_settings\n"

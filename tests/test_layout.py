@@ -13,15 +13,15 @@ from attention_inputs import qkv, random_bias
 from pelab.encodings import build_encoding
 from pelab.errors import ConfigError
 from pelab.model import GPT, GPTConfig
-from pelab.model.attention import causal_attention
+from pelab.model.attention.dispatch import causal_attention
+from pelab.model.attention.logits import observed_attention
+from pelab.model.attention.span import Span
 from pelab.model.config import validate_layout
 from pelab.model.layout import LayerSpec, expand_layout, parse_layer
-from pelab.model.logits import observed_attention
-from pelab.model.span import Span
 
 
 def dense_allowed(T: int, kind: str, size: int) -> torch.Tensor:
-    """(T, T) True where query i may see key j: written out per pair, independently of pelab.model.span."""
+    """(T, T) True where query i may see key j: written out per pair, independently of pelab.model.attention.span."""
     allowed = torch.zeros(T, T, dtype=torch.bool)
     for i in range(T):
         for j in range(i + 1):
@@ -222,12 +222,12 @@ def test_flex_block_mask_of_a_span_matches_dense_mask(kind, size):
 
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    from pelab.model.flex import _mask_mod
+    from pelab.model.attention.flex import mask_mod
 
     T = 128  # one flex block: the eager path needs no partial-block handling
     q, k, v = qkv(T)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # flex_attention warns when it runs uncompiled
-        block_mask = create_block_mask(_mask_mod(Span(kind, size)), None, None, T, T, device="cpu")
+        block_mask = create_block_mask(mask_mod(Span(kind, size)), None, None, T, T, device="cpu")
         out = flex_attention(q, k, v, block_mask=block_mask)
     assert torch.allclose(out, reference(q, k, v, dense_allowed(T, kind, size)), atol=1e-5)

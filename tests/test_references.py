@@ -43,7 +43,7 @@ from pelab.encodings import build_encoding
 from pelab.encodings.bias import alibi_slopes, t5_causal_bucket
 from pelab.encodings.rotary import rope_attention_factor, rope_inv_freq
 from pelab.model import GPT, GPTConfig
-from pelab.model.stickbreaking import stickbreaking_attention
+from pelab.model.attention.stickbreaking import stickbreaking_attention
 
 # HF builds the frequencies in float32: base ** (2i/d) has a relative error up to ~ln(base) * 6e-8.
 FP32 = {"rtol": 2e-6, "atol": 0.0}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pelab.model.attention import causal_attention, reference_attention
+from pelab.model.attention.dispatch import causal_attention, reference_attention
 from pelab.score_bias import causal_bias
 
 

@@ -33,7 +33,7 @@ def run_case(a: argparse.Namespace) -> dict:
     import torch._inductor.config as inductor_config
 
     from pelab.encodings import default_pe_config
-    from pelab.model.attention import attention_paths
+    from pelab.model.attention.dispatch import attention_paths
     from pelab.training.module import LMModule
 
     if a.threads:

@@ -97,9 +97,9 @@ def attention_case(scheme: str, a, device) -> dict:
     import torch
 
     from pelab.encodings import build_encoding
-    from pelab.model.attention import reference_attention
-    from pelab.model.flex import _flex_biased_attention
-    from pelab.model.sdpa import chunked_biased_attention
+    from pelab.model.attention.dispatch import reference_attention
+    from pelab.model.attention.flex import flex_biased_attention
+    from pelab.model.attention.sdpa import chunked_biased_attention
 
     torch.manual_seed(0)
     B, H, T, Dh = a.batch, a.heads, a.seq, a.d // a.heads
@@ -119,7 +119,7 @@ def attention_case(scheme: str, a, device) -> dict:
             sdpa = chunked_biased_attention(qd, kd, vd, bias, chunk_size=a.chunk)
             out[f"sdpa_err_{dtype_name}"] = (sdpa.double() - ref).abs().max().item()
             if dtype_name in flex_dtypes:
-                flex = guarded("flex", lambda q_=qd, k_=kd, v_=vd: {"y": _flex_biased_attention(q_, k_, v_, bias, strict=True)[0]})
+                flex = guarded("flex", lambda q_=qd, k_=kd, v_=vd: {"y": flex_biased_attention(q_, k_, v_, bias, strict=True)[0]})
                 out[f"flex_err_{dtype_name}"] = (flex["y"].double() - ref).abs().max().item() if "y" in flex else None
                 if "error" in flex:
                     out[f"flex_error_{dtype_name}"] = flex["error"]
@@ -161,8 +161,8 @@ def bias_gradient_timing(pe, params, a, device) -> dict:
 def learned_bias_grads(pe, params, q, k, v, a, device) -> dict:
     import torch
 
-    from pelab.model.attention import reference_attention
-    from pelab.model.flex import _flex_biased_attention
+    from pelab.model.attention.dispatch import reference_attention
+    from pelab.model.attention.flex import flex_biased_attention
 
     T = q.shape[-2]
     pos = torch.arange(T, device=device)
@@ -170,7 +170,7 @@ def learned_bias_grads(pe, params, q, k, v, a, device) -> dict:
     ref = reference_attention(q, k, v, pe.score_bias(pos, pos))
     want = torch.autograd.grad((ref * w).sum(), params)
     qb, kb, vb = (t.bfloat16() for t in (q, k, v))
-    y, _ = _flex_biased_attention(qb, kb, vb, pe.bias(pos, consecutive=True), strict=True)
+    y, _ = flex_biased_attention(qb, kb, vb, pe.bias(pos, consecutive=True), strict=True)
     got = torch.autograd.grad((y.float() * w).sum(), params)
     rel = max(((g - r).norm() / r.norm().clamp_min(1e-30)).item() for g, r in zip(got, want))
     return {"flex_bf16_param_grad_rel_err": rel}
@@ -180,8 +180,8 @@ def attention_timing(pe, q, k, v, a, device) -> dict:
     """fwd+bwd ms at this shape in bf16: flex (CUDA kernel options) vs the SDPA path (what auto takes)."""
     import torch
 
-    from pelab.model.flex import _flex_biased_attention
-    from pelab.model.sdpa import chunked_biased_attention
+    from pelab.model.attention.flex import flex_biased_attention
+    from pelab.model.attention.sdpa import chunked_biased_attention
 
     T = q.shape[-2]
     pos = torch.arange(T, device=device)
@@ -191,7 +191,7 @@ def attention_timing(pe, q, k, v, a, device) -> dict:
         def run():
             bias = pe.bias(pos, consecutive=True)  # rebuilt per call, as per forward (learned: its gradient too)
             if path == "flex":
-                y = _flex_biased_attention(qb, kb, vb, bias, strict=True)[0]
+                y = flex_biased_attention(qb, kb, vb, bias, strict=True)[0]
             else:
                 y = chunked_biased_attention(qb, kb, vb, bias, chunk_size=a.chunk)
             y.sum().backward()

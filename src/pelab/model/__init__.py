@@ -10,7 +10,7 @@ from typing import Any
 from pelab.model.config import GPTConfig
 
 _LAZY = {"GPT": "gpt", "attention_paths": "attention", "causal_attention": "attention",
-         "reference_attention": "attention", "reset_attention_paths": "paths"}
+         "reference_attention": "attention", "reset_attention_paths": "attention"}
 
 
 def __getattr__(name: str) -> Any:

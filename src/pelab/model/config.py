@@ -41,7 +41,7 @@ class GPTConfig:
     # it fails
     attn_backend: str = "auto"
     # softmax: softmax(q k^T / sqrt(Dh) + bias) v, the kernels above. stickbreaking: stick-breaking attention
-    # (Tan et al. ICLR 2025; pelab.model.stickbreaking), weights broken off from the nearest key to the farthest, no
+    # (Tan et al. ICLR 2025; pelab.model.attention.stickbreaking), weights broken off from the nearest key to the farthest, no
     # softmax: a different model, so not a runtime key; its position signal is the order itself (pe=nope)
     attention: str = "softmax"
     # gpt2: N(0, 0.02) weights, residual projections scaled by 1/sqrt(2 * layers) (GPT-2, nanoGPT).

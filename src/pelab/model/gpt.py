@@ -19,12 +19,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pelab.encodings import PositionEncoding, PositionState, build_encoding
-from pelab.model.attention import causal_attention
+from pelab.model.attention.dispatch import causal_attention
+from pelab.model.attention.logits import observed_attention
+from pelab.model.attention.span import Span, visible_keys
+from pelab.model.attention.stickbreaking import stickbreaking_attention
 from pelab.model.config import GPTConfig
 from pelab.model.layout import LayerSpec
-from pelab.model.logits import observed_attention
-from pelab.model.span import Span, visible_keys
-from pelab.model.stickbreaking import stickbreaking_attention
 
 
 class CausalSelfAttention(nn.Module):

@@ -1,4 +1,4 @@
-"""How many CPU threads torch takes in this run, chosen once at its start and recorded (summary.json -> threads)."""
+"""How many CPU threads torch takes in this run: chosen once at its start, recorded (summary.json -> threads)."""
 
 from __future__ import annotations
 

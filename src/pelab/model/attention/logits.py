@@ -10,9 +10,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from pelab.model.paths import _note
-from pelab.model.sdpa import _bias_chunk
-from pelab.model.span import Span, span_mask, visible_keys
+from pelab.model.attention.record import note_call
+from pelab.model.attention.sdpa import bias_chunk
+from pelab.model.attention.span import Span, span_mask, visible_keys
 from pelab.score_bias import BiasFn, CausalBias, DistanceBias, causal_additive_mask, future_mask
 
 
@@ -30,7 +30,7 @@ def causal_scores(q: Tensor, k: Tensor, bias_fn: BiasFn | None, q0: int, q1: int
     if isinstance(bias_fn, DistanceBias):
         mask = bias_fn.chunk(q0, q1).flip(-2)  # rows back in query order
     else:
-        mask = _bias_chunk(bias_fn, q0, q1)
+        mask = bias_chunk(bias_fn, q0, q1)
         if not isinstance(bias_fn, CausalBias):
             mask = causal_additive_mask(mask, q0)
     scores = scores + mask.float()
@@ -55,7 +55,7 @@ def observed_attention(q: Tensor, k: Tensor, v: Tensor, bias_fn: BiasFn | None, 
     when one of the two is asked for at evaluation; otherwise ``causal_attention`` runs unchanged."""
     why = [w for w, on in (("logits scaled past the training length", scale_from is not None),
                            ("attention statistics observed", observer is not None)) if on]
-    _note(scheme, "explicit_logits", "evaluation: " + ", ".join(why), q, bias_fn)
+    note_call(scheme, "explicit_logits", "evaluation: " + ", ".join(why), q, bias_fn)
     T = q.shape[-2]
     outs = []
     for q0 in range(q_start, T, chunk_size):

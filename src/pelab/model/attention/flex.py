@@ -1,6 +1,6 @@
 """FlexAttention (model.attn_backend=flex): the score bias added by a compiled score_mod under a causal block
 mask (causal and a local span's for a local layer of model.layout: FlexAttention skips the blocks outside it);
-refused, or falling back to the SDPA path (``pelab.model.sdpa``), when it cannot run or disagrees with it."""
+refused, or falling back to the SDPA path (``pelab.model.attention.sdpa``), when it cannot run or disagrees with it."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from pelab.model.sdpa import chunked_biased_attention
-from pelab.model.span import Span
+from pelab.model.attention.sdpa import chunked_biased_attention
+from pelab.model.attention.span import Span
 from pelab.score_bias import BiasFn, CausalBias, DistanceBias
 
 # FlexAttention materialises a callable bias for the whole sequence; above this many elements
@@ -26,15 +26,15 @@ FLEX_MAX_SIGNATURES = 8
 # memory than an H200 has, these smaller ones compile and run there (experiments/benchmarks/README.md).
 FLEX_CUDA_KERNEL_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 1}
 
-_flex_state: dict = {"compiled": None, "error": None, "block_masks": {}, "verified": set()}
+flex_state: dict = {"compiled": None, "error": None, "block_masks": {}, "verified": set()}
 
 
 def _causal(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
 
 
-def _mask_mod(span: Span | None) -> Callable:
-    """The block mask's predicate: causal, and inside a local span (``pelab.model.span``: the same sets of keys)."""
+def mask_mod(span: Span | None) -> Callable:
+    """The block mask's predicate: causal, and inside a local span (``pelab.model.attention.span``: the same sets of keys)."""
     if span is None:
         return _causal
     size = span.size
@@ -94,7 +94,7 @@ def _flex_inputs(q: Tensor, bias_fn: BiasFn, strict: bool) -> tuple[Callable | N
     return _score_mod(bias), _flex_signature(q, bias, "pairs")
 
 
-def _flex_biased_attention(q: Tensor, k: Tensor, v: Tensor, bias_fn: BiasFn | None, strict: bool,
+def flex_biased_attention(q: Tensor, k: Tensor, v: Tensor, bias_fn: BiasFn | None, strict: bool,
                            span: Span | None = None) -> tuple[Tensor | None, str | None]:
     """FlexAttention with score + bias -> (output, None); or (None, why) for the caller to fall back to SDPA:
     refused (too large, too many compiled shapes), failed (a warning; flex is then off for this process)
@@ -112,33 +112,33 @@ def _flex_biased_attention(q: Tensor, k: Tensor, v: Tensor, bias_fn: BiasFn | No
     if span is not None:
         signature = (*signature, span)
     # past dynamo's recompile limit flex would run eagerly (slow, O(T^2) memory): use SDPA for new shapes
-    if not strict and len(_flex_state["verified"]) >= FLEX_MAX_SIGNATURES and signature not in _flex_state["verified"]:
+    if not strict and len(flex_state["verified"]) >= FLEX_MAX_SIGNATURES and signature not in flex_state["verified"]:
         return None, f"model.attn_backend=flex refused: {FLEX_MAX_SIGNATURES} input shapes compiled already"
     options = dict(FLEX_CUDA_KERNEL_OPTIONS) if q.is_cuda else None
     if torch.compiler.is_compiling():
         # inside a compiled model dynamo traces flex directly: no process-level caches or self-check here
-        block_mask = create_block_mask(_mask_mod(span), None, None, T, T, device=q.device)
+        block_mask = create_block_mask(mask_mod(span), None, None, T, T, device=q.device)
         return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, kernel_options=options), None
     try:
-        if _flex_state["compiled"] is None:
+        if flex_state["compiled"] is None:
             # static shapes: inductor's dynamic-shape CPU flex kernel fails to build (torch 2.13)
-            _flex_state["compiled"] = torch.compile(flex_attention, dynamic=False)
+            flex_state["compiled"] = torch.compile(flex_attention, dynamic=False)
         key = (T, str(q.device)) if span is None else (T, str(q.device), span)
-        block_mask = _flex_state["block_masks"].get(key)
+        block_mask = flex_state["block_masks"].get(key)
         if block_mask is None:
-            block_mask = create_block_mask(_mask_mod(span), None, None, T, T, device=q.device)
-            _flex_state["block_masks"][key] = block_mask
-        out = _flex_state["compiled"](q, k, v, score_mod=score_mod, block_mask=block_mask, kernel_options=options)
+            block_mask = create_block_mask(mask_mod(span), None, None, T, T, device=q.device)
+            flex_state["block_masks"][key] = block_mask
+        out = flex_state["compiled"](q, k, v, score_mod=score_mod, block_mask=block_mask, kernel_options=options)
     except Exception as err:  # any failure: disable flex for this process, use SDPA
         if strict:
             raise
         message = " ".join(f"{type(err).__name__}: {err}".split())[:500]
-        _flex_state["error"] = message
+        flex_state["error"] = message
         warnings.warn(f"FlexAttention failed ({message}); using chunked SDPA instead (recorded in "
                       "summary.json under attention)", stacklevel=3)
         return None, f"model.attn_backend=flex failed, fell back: {message}"
-    if not strict and not _flex_matches_sdpa(out, q, k, v, bias_fn, signature, span):
-        return None, f"model.attn_backend=flex fell back: {_flex_state['error']}"
+    if not strict and not flex_matches_sdpa(out, q, k, v, bias_fn, signature, span):
+        return None, f"model.attn_backend=flex fell back: {flex_state['error']}"
     return out, None
 
 
@@ -147,7 +147,7 @@ def _flex_signature(q: Tensor, bias: Tensor, form: str) -> tuple:
     return (tuple(q.shape), q.dtype, str(q.device), form, tuple(bias.shape[:-2]), bias.dtype)
 
 
-def _flex_matches_sdpa(out: Tensor, q: Tensor, k: Tensor, v: Tensor, bias_fn: BiasFn | None,
+def flex_matches_sdpa(out: Tensor, q: Tensor, k: Tensor, v: Tensor, bias_fn: BiasFn | None,
                        signature: tuple | None = None, span: Span | None = None) -> bool:
     """Check a compiled FlexAttention kernel once per input signature against the SDPA path.
 
@@ -156,16 +156,16 @@ def _flex_matches_sdpa(out: Tensor, q: Tensor, k: Tensor, v: Tensor, bias_fn: Bi
     host sync per new shape buys the guarantee that the fast path gives the reference numbers.
     """
     key = signature or _flex_inputs(q, bias_fn, strict=True)[1]
-    if key in _flex_state["verified"]:
+    if key in flex_state["verified"]:
         return True
     with torch.no_grad():
         expected = chunked_biased_attention(q, k, v, bias_fn, span=span)
     # bf16 / fp16: each path rounds on its own (~1e-2 apart at T = 1024); a wrong kernel is off by O(1)
     tol = 1e-4 if q.dtype in (torch.float32, torch.float64) else 6e-2
     if torch.allclose(out.detach().float(), expected.float(), atol=tol, rtol=tol):
-        _flex_state["verified"].add(key)
+        flex_state["verified"].add(key)
         return True
-    _flex_state["error"] = "its output disagreed with SDPA's on a new input signature"
+    flex_state["error"] = "its output disagreed with SDPA's on a new input signature"
     warnings.warn("FlexAttention disagrees with SDPA on this input; using chunked SDPA from now on (recorded in "
                   "summary.json under attention)", stacklevel=3)
     return False

@@ -1,6 +1,6 @@
 """The SDPA path of a score bias: SDPA with an additive float mask (bias + causal -inf), one query chunk at a
 time (memory O(H * chunk * T)); on CPU, a mask that needs a gradient goes through ``explicit_attention``
-instead. The path taken is recorded (``pelab.model.paths``)."""
+instead. The path taken is recorded (``pelab.model.attention.record``)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from pelab.model.paths import _note
-from pelab.model.span import Span, span_mask
+from pelab.model.attention.record import note_call
+from pelab.model.attention.span import Span, span_mask
 from pelab.score_bias import BiasFn, CausalBias, DistanceBias, causal_additive_mask
 
 
-def _bias_chunk(bias_fn: BiasFn, q0: int, q1: int) -> Tensor:
+def bias_chunk(bias_fn: BiasFn, q0: int, q1: int) -> Tensor:
     """Bias of queries q0..q1-1 against keys 0..q1-1: (..., q1-q0, q1)."""
     if isinstance(bias_fn, CausalBias):
         return bias_fn.mask[..., q0:q1, :q1]
@@ -35,7 +35,7 @@ def chunked_biased_attention(
 ) -> Tensor:
     """SDPA with mask = bias + causal, one query chunk at a time (memory O(H * chunk * T)); queries
     q_start..T-1 only -> (B, H, T - q_start, Dh). No bias (None): the mask is the causal -inf alone.
-    ``span`` (a local layer, ``pelab.model.span``): each chunk reads only the keys its queries can see, from
+    ``span`` (a local layer, ``pelab.model.attention.span``): each chunk reads only the keys its queries can see, from
     ``span.first_key(q0)`` (memory O(H * chunk * (chunk + span))), with -inf outside the span.
     The path ("sdpa_mask" or "explicit") is recorded under ``scheme`` with ``reason`` (see note_path)."""
     if chunk_size < 1:
@@ -55,7 +55,7 @@ def chunked_biased_attention(
         elif bias_fn is None:
             mask = causal_additive_mask(q.new_zeros(1, q1 - q0, q1 - k0), q0 - k0)  # (1, C, q1 - k0)
         else:
-            mask = _bias_chunk(bias_fn, q0, q1)[..., k0:]  # (H | B,H, C, q1 - k0)
+            mask = bias_chunk(bias_fn, q0, q1)[..., k0:]  # (H | B,H, C, q1 - k0)
             if not isinstance(bias_fn, CausalBias):
                 mask = causal_additive_mask(mask, q0 - k0)
         if span is not None:
@@ -66,7 +66,7 @@ def chunked_biased_attention(
         explicit = _needs_explicit(q, mask)
         if q0 == q_start:
             why = "CPU: the learned bias needs a mask gradient, which SDPA's fused CPU kernel does not give"
-            _note(scheme, "explicit" if explicit else "sdpa_mask",
+            note_call(scheme, "explicit" if explicit else "sdpa_mask",
                   "; ".join(filter(None, (reason, why if explicit else None))), q, bias_fn)
         out = (explicit_attention if explicit else _sdpa_masked)(qc, kc, vc, mask.to(q.dtype), dropout_p)
         outs.append(out.flip(-2) if flipped else out)

@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from pelab.model.logits import causal_scores
-from pelab.model.paths import _note
-from pelab.model.span import Span
+from pelab.model.attention.logits import causal_scores
+from pelab.model.attention.record import note_call
+from pelab.model.attention.span import Span
 from pelab.score_bias import BiasFn
 
 
@@ -57,7 +57,7 @@ def stickbreaking_attention(
     keys outside a local layer's span take nothing. Computed in fp32, returned in v's dtype."""
     if chunk_size < 1:
         raise ValueError(f"model.attn_chunk_size must be >= 1; got {chunk_size}")
-    _note(scheme, "stickbreaking", "model.attention=stickbreaking (naive O(T^2), in query chunks)", q, bias_fn)
+    note_call(scheme, "stickbreaking", "model.attention=stickbreaking (naive O(T^2), in query chunks)", q, bias_fn)
     T = q.shape[-2]
     outs = []
     for q0 in range(q_start, T, chunk_size):

@@ -1,6 +1,6 @@
 """Which attention path each scheme actually took, recorded per process, so that no fallback is silent:
 logged once per (scheme, path) at INFO and written to summary.json (``pelab.model.attention.attention_paths``
-adds FlexAttention's failure, if any). Every attention module records through ``_note``.
+adds FlexAttention's failure, if any). Every attention module records through ``note_call``.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from torch import Tensor
 
 from pelab.score_bias import BiasFn
 
-# The record's log lines keep the logger name they had when the dispatch and the record were one module.
-log = logging.getLogger("pelab.model.attention")
+log = logging.getLogger("pelab.model.attention")  # the package's name: one logger for every path
 
 _paths: dict[str, dict[str, dict]] = {}  # scheme -> path -> {"reason", "first_call", "compiled"}
 
@@ -43,7 +42,7 @@ def reset_attention_paths() -> None:
     _paths.clear()
 
 
-def _note(scheme: str | None, path: str, reason: str | None, q: Tensor, bias_fn: BiasFn | None) -> None:
+def note_call(scheme: str | None, path: str, reason: str | None, q: Tensor, bias_fn: BiasFn | None) -> None:
     if scheme is None:  # internal calls (e.g. the flex self-check) are not the model's attention
         return
     kind = "none" if bias_fn is None else type(bias_fn).__name__
