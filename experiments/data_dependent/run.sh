@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The data-dependent positions smoke comparison (README.md, issue 54), NOT RUN YET: RoPE, FoX, FoX + RoPE and
-# stick-breaking attention (pe=nope) on the main job's setting (`python train.py`: model=recall, d 128, 2 layers,
+# The data-dependent positions smoke comparison (README.md, issue 54; its runs are committed in runs/): RoPE, FoX,
+# FoX + RoPE and stick-breaking attention (pe=nope) on the main job's setting (`python train.py`: model=recall, d 128, 2 layers,
 # 2 heads of 64; bytes of the Python standard library, a quarter of the rows mqar; L = 128; 900 steps), seeds 0-2,
 # perplexity at 1-16 x L and mqar by depth x length (1-8 x L) on the test split. Three sweeps (plain: RoPE and FoX;
 # fox_rope; stickbreaking), one after another, each in its own folder shared by WORKERS workers (default 2) at one
@@ -8,20 +8,16 @@
 # ../pinned.sh). The arms that share a pe name are told apart by model.name (a label): recall-fox_rope,
 # recall-stickbreaking. Relaunch the same command to go on: finished jobs are skipped, an interrupted one resumes.
 # ARMS narrows the list (ARMS="stickbreaking").
-# Cost, estimated (not measured): the main job is 4-6 min on one thread beside another job; FoX steps are ~1.2 x
-# RoPE's, stick-breaking ~1.5 x (step_time.py) and its 16 x L evaluation slower (naive O(T^2)): about 6-9 min per
-# job, 12 jobs, about 1.5-2 CPU-hours (1 h wall at 2 workers).
+# Cost: 12 jobs, about 2 h wall at 2 workers on the 2-core VM beside other work (load 3-9; README.md).
 #   setsid nohup bash experiments/data_dependent/run.sh [root] > /dev/null 2>&1 &    (root: /work/studies/data_dependent)
-#   for s in <root>/sweep-*; do bash experiments/collect.sh "$s" experiments/data_dependent/runs; done
+#   for s in <root>/sweep-*; do python -m pelab.report collect "$s" experiments/data_dependent/runs; done
 #   python -m pelab.report experiments/data_dependent/runs --out experiments/data_dependent/report \
 #     --questions experiments/data_dependent/questions.yaml
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../pinned.sh"
 root=${1:-/work/studies/data_dependent}
-mkdir -p "$root"
-[ -s "$root/COMMIT" ] || git -C "$REPO" rev-parse HEAD > "$root/COMMIT"
-commit=$(cat "$root/COMMIT")
+commit=$(pinned_commit "$root")
 common=(seed=0,1,2 logger=csv "eval.lengths=[1,2,4,8,16]" "tags=[data_dependent,smoke]")
 arm_args() {  # <arm>: its train.py arguments besides the common ones
   case $1 in
