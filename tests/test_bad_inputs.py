@@ -51,6 +51,7 @@ BAD = [
     (["data.recall_mix=1.5"], "data.recall_mix"),
     (["data.recall_loss=values"], "data.recall_loss"),
     (["optim.betas=[0.9]"], "optim.betas"),
+    (["optim._target_=no_such_module.build"], "optim._target_"),
     (["trainer.val_check_interval=0.5"], "trainer.val_check_interval"),
     (["trainer.precision=bogus"], "trainer.precision"),
     (["trainer.devices=0"], "trainer.devices"),

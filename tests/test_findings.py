@@ -98,6 +98,39 @@ def test_a_pages_tables_are_the_reports_tables(page, args, body, report_of):
         assert claim in report.splitlines(), f"{page}: this claim is not what `python -m pelab.report {args}` says:\n{claim}"
 
 
+@pytest.mark.slow
+def test_new_runs_naming_the_optimizer_join_the_committed_runs_rows(tmp_path):
+    """Runs launched now record optim._target_, the committed runs do not: a study folder holding both builds the
+    tables its page quotes (experiments/corpora: each row's seed-0 run given the key the config names today)."""
+    import json
+    import shutil
+
+    from pelab.report.cli import main
+    from pelab.training.config import OPTIMIZER
+
+    page, args, body = next(b for b in generated_blocks() if b[0] == "experiments/corpora/README.md")
+    argv = shlex.split(args)
+    runs = tmp_path / "runs"
+    shutil.copytree(ROOT / argv[0], runs)
+    stamped = 0
+    for summary in runs.rglob("summary.json"):
+        record = json.loads(summary.read_text())
+        assert "_target_" not in record["config"]["optim"]
+        if record["config"]["seed"] == 0:
+            record["config"]["optim"] = {"_target_": OPTIMIZER, **record["config"]["optim"]}
+            summary.write_text(json.dumps(record, indent=2))
+            stamped += 1
+    assert stamped == 2  # one of each row's three seeds
+    i = argv.index("--out")
+    argv[i + 1] = str(tmp_path / "report")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)  # the other arguments are relative to the repository root
+        assert main([str(runs), *argv[1:], "--no-figures"]) == 0
+    report = (tmp_path / "report" / "report.md").read_text()
+    for table in tables(body):
+        assert table in report, f"{page}: a table changed once some runs name the optimizer:\n{table}"
+
+
 # The sections of a findings page that make claims, and what counts as a number in them: digits standing alone
 # ("1.28", "3 seeds", "8 ×", "−0.07"), not names that hold digits (t5_bias, v3, L128, s0), not text in backticks
 # (a setting: `trainer.max_steps=1500`) or in a link's target.

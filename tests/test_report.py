@@ -265,6 +265,21 @@ def test_report_rows_split_on_swept_settings_but_not_on_seeds(tmp_path):
     assert all(r.seeds == [0, 1] for r in grouping.rows)
 
 
+def test_report_fills_the_optimizer_older_runs_lack_and_splits_another(tmp_path):
+    """A run recorded before optim had a `_target_` ran conf/optim's optimizer: it joins the rows of new runs that
+    name it; a run with another optimizer is its own row."""
+    from pelab.training.config import OPTIMIZER
+
+    old = [_job(tmp_path, {"name": "rope"}, s, optim={"lr": 1e-3}) for s in (0, 1)]
+    new = [_job(tmp_path, {"name": "rope"}, s, optim={"_target_": OPTIMIZER, "lr": 1e-3}) for s in (2, 3)]
+    grouping = report.group_rows([*old, *new])
+    assert [(r.label, r.seeds) for r in grouping.rows] == [("rope", [0, 1, 2, 3])]
+    other = _job(tmp_path, {"name": "rope"}, 4, optim={"_target_": "my_optimizers.lion", "lr": 1e-3})
+    grouping = report.group_rows([*old, *new, other])
+    assert grouping.shown == ["pe.name", "optim._target_"]
+    assert sorted(r.seeds for r in grouping.rows) == [[0, 1, 2, 3], [4]]
+
+
 def test_report_labels_rows_by_the_shortest_of_keys_that_vary_together(tmp_path):
     """Two keys telling the same rows apart: the label names the one that prints shortest (the mix ratio,
     not the curriculum list that came with it)."""

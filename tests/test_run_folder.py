@@ -101,6 +101,28 @@ def test_remove_stale_temp_files_removes_the_writes_of_dead_processes_only(tmp_p
     assert remove_stale_temp_files(tmp_path) == []  # nothing left to remove
 
 
+@pytest.mark.slow
+def test_a_run_recorded_before_optim_named_its_target_resumes(tmp_path):
+    """optim._target_ is a key the committed runs and their checkpoints lack: a relaunch with ckpt_path=auto into
+    such a run's folder continues it (a key only one side has is no changed setting)."""
+    import json
+
+    import torch
+
+    args = [*FAST, "logger=csv", "evaluate_after_fit=false", "trainer.val_check_interval=10"]
+    train(compose([*args, "trainer.max_steps=10"], tmp_path))
+    summary = tmp_path / "summary.json"
+    record = json.loads(summary.read_text())
+    del record["config"]["optim"]["_target_"]
+    summary.write_text(json.dumps(record))
+    for path in (tmp_path / "checkpoints").glob("*.ckpt"):
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        del ckpt["hyper_parameters"]["cfg"]["optim"]["_target_"]
+        torch.save(ckpt, path)
+    resumed = train(compose([*args, "trainer.max_steps=12", "ckpt_path=auto"], tmp_path))
+    assert resumed["status"] == "ok" and resumed["global_step"] == 12 and resumed["resumed_from"]["step"] == 10
+
+
 def test_changed_settings_lists_the_defining_differences_only(config):
     import copy
 

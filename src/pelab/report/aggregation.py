@@ -74,10 +74,16 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def settings(job: Job) -> dict[str, Any]:
-    """The job's flattened config, with ``pe.*`` knobs it lacks filled by their defaults (runs made by
-    older code compare equal to new runs that leave those knobs alone)."""
+    """The job's flattened config, with the settings it lacks filled by their defaults: the ``pe.*`` knobs of its
+    encoding, and ``optim._target_`` (what builds the optimizer) where it records an optim group. Runs made by
+    older code compare equal to new runs that leave those alone; a run with another optimizer is its own row."""
+    from pelab.training.config import OPTIMIZER  # here, not at the top: `import pelab.report` stays light
+
     flat = flatten(job.config)
-    return {**pe_defaults(flat.get("pe.name")), **flat} if "pe.name" in flat else flat
+    filled = pe_defaults(flat.get("pe.name")) if "pe.name" in flat else {}
+    if any(k.startswith("optim.") for k in flat):
+        filled = {**filled, "optim._target_": OPTIMIZER}
+    return {**filled, **flat} if filled else flat
 
 
 def settings_frame(jobs: Sequence[Job]) -> pd.DataFrame:

@@ -18,6 +18,11 @@ from pelab.evaluation.config import EvalConfig, ProbesConfig
 from pelab.model.config import GPTConfig
 
 
+# What builds the optimizer and its schedule when a config names none (the records of runs and checkpoints
+# written before optim had a `_target_`, optim groups built by hand): conf/optim/adamw.yaml's.
+OPTIMIZER = "pelab.training.optimizer.adamw_cosine"
+
+
 @dataclass
 class OptimConfig:
     lr: float
@@ -30,6 +35,8 @@ class OptimConfig:
     nonfinite: str
     max_skips: int
     fused: bool | None  # null = on CUDA only
+    # (model, this config, device, max_steps) -> Lightning's configure_optimizers answer
+    _target_: str = OPTIMIZER
 
 
 @dataclass
@@ -75,6 +82,19 @@ def check_optim(o: DictConfig) -> None:
     need(o.grad_clip >= 0, "optim.grad_clip", o.grad_clip, "must be >= 0 (0 = no clipping).")
     need(o.nonfinite in ("stop", "skip"), "optim.nonfinite", o.nonfinite, "must be 'stop' or 'skip'.")
     need(o.max_skips >= 0, "optim.max_skips", o.max_skips, "must be >= 0.")
+    need(_importable(o._target_), "optim._target_", o._target_,
+         f"must name the function that builds the optimizer and its schedule (module.function), e.g. {OPTIMIZER}.")
+
+
+def _importable(target: str) -> bool:
+    """Whether `target`'s module (module.function) can be found, without importing the module itself (torch)."""
+    import importlib.util
+
+    module, _, name = target.rpartition(".")
+    try:
+        return bool(module and name) and importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package that does not exist
+        return False
 
 
 # Every precision Lightning 2.x accepts (the Literal types `lightning.fabric.connector._PRECISION_INPUT`), plus our

@@ -27,6 +27,7 @@ import lightning.pytorch as L
 import numpy as np
 import torch
 import torch.nn.functional as F
+from hydra.utils import get_method
 from omegaconf import OmegaConf
 from torchmetrics import CatMetric, SumMetric
 
@@ -37,7 +38,6 @@ from pelab.errors import NonFiniteError
 from pelab.evaluation import stats
 from pelab.model import GPT, build_model
 from pelab.training.config import OptimConfig
-from pelab.training.optimizer import adamw_cosine
 
 log = logging.getLogger(__name__)
 
@@ -281,4 +281,5 @@ class LMModule(L.LightningModule):
 
     # -- optimisation ----------------------------------------------------------------------------
     def configure_optimizers(self) -> dict:
-        return adamw_cosine(self.model, self.optim, self.device, self.trainer.max_steps)
+        build = get_method(self.optim._target_)  # conf/optim: adamw_cosine (pelab.training.optimizer) by default
+        return build(self.model, self.optim, self.device, self.trainer.max_steps)

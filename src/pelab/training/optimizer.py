@@ -1,5 +1,5 @@
-"""The optimizer of conf/optim/adamw.yaml: AdamW with decoupled weight decay on the matmul weights only, a
-linear warmup, then cosine decay (a per-step `LambdaLR`)."""
+"""The optimizer conf/optim/adamw.yaml names (its `_target_`): AdamW with decoupled weight decay on the matmul
+weights only, a linear warmup, then cosine decay (a per-step `LambdaLR`)."""
 
 from __future__ import annotations
 
