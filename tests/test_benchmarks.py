@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -24,26 +25,25 @@ TINY = [*TINY_ARGS.split(), "--peak-n", "256", "--peak-repeats", "2"]
 HAS_PEER = importlib.util.find_spec("x_transformers") is not None
 
 
-def _run(args: list[str], tmp_path: Path, block_peer: bool = False) -> tuple[str, dict]:
+def _run(args: list[str], tmp_path: Path, capsys, monkeypatch, block_peer: bool = False) -> tuple[str, dict]:
+    """throughput.py's main() with the tests' arguments, in this process (the script's own work; its command line is
+    argparse over the same list): what it printed, and the JSON it wrote. In-process rather than `python
+    throughput.py`: a subprocess re-imports torch and Lightning (~5 CPU-s each time) for the same rows."""
     out = tmp_path / "bench.json"
-    argv = [str(THROUGHPUT), *TINY, "--json", str(out), *args]
-    if block_peer:
-        # x_transformers as if not installed: sys.modules[name] = None makes `import` raise ImportError
-        shim = (
-            "import runpy, sys; sys.modules['x_transformers'] = None; sys.argv = sys.argv[1:]; "
-            "runpy.run_path(sys.argv[0], run_name='__main__')"
-        )
-        cmd = [sys.executable, "-c", shim, *argv]
-    else:
-        cmd = [sys.executable, *argv]
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout, json.loads(out.read_text())
+    if block_peer:  # x_transformers as if not installed: sys.modules[name] = None makes `import` raise ImportError
+        monkeypatch.setitem(sys.modules, "x_transformers", None)
+    lightning_log = logging.getLogger("lightning.pytorch")
+    level = lightning_log.level
+    try:
+        _load("throughput").main([*TINY, "--json", str(out), *args])
+    finally:
+        lightning_log.setLevel(level)  # the script quiets Lightning's banners for its own fits
+    return capsys.readouterr().out, json.loads(out.read_text())
 
 
 @pytest.mark.slow
-def test_throughput_runs_every_scheme_and_reports_tokens_and_mfu(tmp_path):
-    stdout, result = _run([], tmp_path)
+def test_throughput_runs_every_scheme_and_reports_tokens_and_mfu(tmp_path, capsys, monkeypatch):
+    stdout, result = _run([], tmp_path, capsys, monkeypatch)
     impls = ["plain", "lightning"] + (["x-transformers"] if HAS_PEER else [])
     rows = {(r["scheme"], r["impl"]): r for r in result["rows"]}
     assert set(rows) == {(s, i) for s in SCHEMES for i in impls}
@@ -65,8 +65,8 @@ def test_throughput_runs_every_scheme_and_reports_tokens_and_mfu(tmp_path):
 
 
 @pytest.mark.slow
-def test_throughput_without_x_transformers_skips_the_peer_column_and_says_so(tmp_path):
-    stdout, result = _run(["--pe", "nope", "alibi"], tmp_path, block_peer=True)
+def test_throughput_without_x_transformers_skips_the_peer_column_and_says_so(tmp_path, capsys, monkeypatch):
+    stdout, result = _run(["--pe", "nope", "alibi"], tmp_path, capsys, monkeypatch, block_peer=True)
     assert "x-transformers not importable" in stdout and "peer column skipped" in stdout
     assert result["peer"] is False
     assert {r["impl"] for r in result["rows"]} == {"plain", "lightning"}
