@@ -28,8 +28,8 @@ class _Recorder:
                 self.seen: list[torch.Tensor] = []
 
             def training_step(self, batch, batch_idx):
-                self.seen.append(batch.clone())
-                return self.emb(batch).pow(2).mean()
+                self.seen.append(batch.tokens.clone())
+                return self.emb(batch.tokens).pow(2).mean()
 
             def configure_optimizers(self):
                 return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -110,7 +110,7 @@ def test_from_hydra_config(text_dir, tmp_path):
     )
     dm = build_datamodule(cfg, cfg.data.batch_size)
     dm.setup()
-    assert dm.train_dataset().batch(0).shape == (3, 25) and dm.seed == 5
+    assert dm.train_dataset().batch(0).tokens.shape == (3, 25) and dm.seed == 5
     assert dm.vocab_size == 300 + 128 and dm.cache.path.is_relative_to(tmp_path)
     assert dm.fingerprint["corpus"]["glob"] == "**/*.txt"
 

@@ -41,7 +41,7 @@ def test_hf_json_with_only_a_train_split(hf_offline, tmp_path):
     assert docs == {s: list(build_corpus(src).documents(s)) for s in SPLITS}, "derived splits are stable"
     dm = LMDataModule(source=src, tokenizer="byte", seq_len=32, batch_size=2, cache_dir=str(tmp_path / "c"))
     dm.setup()
-    assert dm.train_dataset().batch(0).shape == (2, 33)
+    assert dm.train_dataset().batch(0).tokens.shape == (2, 33)
     assert dm.fingerprint["corpus"]["data_files"][1] == path.stat().st_size
 
 

@@ -13,7 +13,7 @@ import torch
 from scipy import stats
 
 from helpers.runs import run_cli, summary_of
-from pelab.data.batch import IGNORE_INDEX, inputs_and_targets
+from pelab.data.batch import IGNORE_INDEX
 from pelab.data.recall import make_probe_samples
 from pelab.data.recall.induction import INDUCTION_HEADS, VOCABULARY, InductionVocabulary, induction_rows
 from pelab.data.recall.induction_data import InductionDataModule
@@ -108,22 +108,23 @@ def datamodule(**data) -> InductionDataModule:
 
 def test_batches_are_a_function_of_seed_step_rank_and_resume_exactly():
     dm = datamodule()
-    stream = list(zip(range(5), dm.train_dataset(start_step=0, rank=0), strict=False))
-    resumed = list(zip(range(2), dm.train_dataset(start_step=3, rank=0), strict=False))
-    assert torch.equal(stream[3][1], resumed[0][1]) and torch.equal(stream[4][1], resumed[1][1])
-    assert not torch.equal(stream[0][1], stream[1][1])
-    assert not torch.equal(stream[0][1], next(iter(dm.train_dataset(start_step=0, rank=1))))
-    assert stream[0][1].shape == (4, 14) and dm.vocab_size == 16
-    _, y = inputs_and_targets(stream[0][1])
-    assert (y != IGNORE_INDEX).all()  # targets=all: every next token, as safari's labels
+    stream = [b.tokens for _, b in zip(range(5), dm.train_dataset(start_step=0, rank=0), strict=False)]
+    resumed = [b.tokens for _, b in zip(range(2), dm.train_dataset(start_step=3, rank=0), strict=False)]
+    assert torch.equal(stream[3], resumed[0]) and torch.equal(stream[4], resumed[1])
+    assert not torch.equal(stream[0], stream[1])
+    assert not torch.equal(stream[0], next(iter(dm.train_dataset(start_step=0, rank=1))).tokens)
+    assert stream[0].shape == (4, 14) and dm.vocab_size == 16
+    first = next(iter(dm.train_dataset(start_step=0, rank=0)))
+    assert (first.targets != IGNORE_INDEX).all()  # targets=all: every next token, as safari's labels
 
 
 def test_answer_only_targets_score_the_answer_alone():
-    rows = next(iter(datamodule(targets="answer").train_dataset(0, 0)))
-    plain = next(iter(datamodule().train_dataset(0, 0)))
-    x, y, answers = inputs_and_targets(rows, answers=True)
+    batch = next(iter(datamodule(targets="answer").train_dataset(0, 0)))
+    plain = next(iter(datamodule().train_dataset(0, 0))).tokens
+    x, y, answers = batch.inputs, batch.targets, batch.answer_targets
     assert torch.equal(x, plain[:, :-1])  # the same sequences are fed
-    assert (y[:, :-1] == IGNORE_INDEX).all() and torch.equal(y[:, -1], plain[:, -1]) and answers[:, -1].all()
+    assert (y[:, :-1] == IGNORE_INDEX).all() and torch.equal(y[:, -1], plain[:, -1])
+    assert answers[:, -1].all() and not answers[:, :-1].any()
 
 
 def test_evaluation_splits_are_fixed_documents():

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from helpers.runs import compose
-from pelab.data.batch import IGNORE_INDEX, inputs_and_targets
+from pelab.data.batch import IGNORE_INDEX
 from pelab.data.datamodule import LMDataModule
 from pelab.data.recall import make_probe_samples
 from pelab.errors import ConfigError
@@ -49,12 +49,11 @@ def test_answer_only_loss_scores_exactly_the_retrieved_values(small_texts, tmp_p
     answers, plain = dm.train_dataset(), _dm(small_texts, tmp_path, recall_loss="all").train_dataset()
     n_mixed = 0
     for step in range(6):
-        batch = answers.batch(step)  # (B, T+1), context-only tokens stored as -1 - id
-        x, y = inputs_and_targets(batch)
-        ref = plain.batch(step)
-        assert torch.equal(x, ref[:, :-1]), "the answer-only option changes the targets, never the tokens"
-        assert int(x.min()) >= 0
-        for row in range(batch.shape[0]):
+        batch = answers.batch(step)  # (B, T+1) tokens and masks
+        x, y = batch.inputs, batch.targets
+        ref = plain.batch(step).tokens
+        assert torch.equal(batch.tokens, ref), "the answer-only option changes the targets, never the tokens"
+        for row in range(x.shape[0]):
             text = dm.tokenizer.decode(ref[row].tolist())  # kv rows are ASCII: char index = token index
             scored = (y[row] != IGNORE_INDEX).nonzero().flatten().tolist()
             if "Key:" not in text:  # a text row: every token is a target
@@ -88,8 +87,8 @@ def test_preset_trains_and_probes_on_disjoint_kv_instances(small_texts, tmp_path
     ds = dm.train_dataset()
     train_keys: set[str] = set()
     for step in range(60):
-        for row in ds.batch(step):
-            text = dm.tokenizer.decode(inputs_and_targets(row[None])[0][0].tolist())
+        for row in ds.batch(step).inputs:
+            text = dm.tokenizer.decode(row.tolist())
             train_keys |= set(re.findall(r'"([0-9a-f]+)": "', text)) | set(QUERY.findall(text))
     key_len = int(cfg.probes.key_len)
     assert {len(k) for k in train_keys} == {key_len}
@@ -119,9 +118,10 @@ def test_mqar_rows_score_exactly_their_answers(small_texts, tmp_path, loss):
     K, M = dm.tokenizer.reserved_key_ids, dm.tokenizer.reserved_value_ids
     n_mixed = 0
     for step in range(5):
-        x, y, answers = inputs_and_targets(dm.train_dataset().batch(step), answers=True)
-        ref = plain.batch(step)
-        assert torch.equal(x, ref[:, :-1]) and torch.equal(inputs_and_targets(ref)[0], x)
+        batch = dm.train_dataset().batch(step)
+        x, y, answers = batch.inputs, batch.targets, batch.answer_targets
+        ref = plain.batch(step).tokens
+        assert torch.equal(batch.tokens, ref)
         for row in range(x.shape[0]):
             ids = ref[row].tolist()
             scored = (y[row] != IGNORE_INDEX).nonzero().flatten().tolist()
@@ -159,8 +159,8 @@ def test_curriculum_keeps_the_recall_in_the_first_span_tokens(small_texts, tmp_p
     K, M = dm.tokenizer.reserved_key_ids, dm.tokenizer.reserved_value_ids
     ds = dm.train_dataset()
     for step, span in [(0, 16), (2, 16), (3, 32), (9, 32)]:
-        x, y = inputs_and_targets(ds.batch(step))
-        for row, tgt in zip(x, y):
+        batch = ds.batch(step)
+        for row, tgt in zip(batch.inputs, batch.targets):
             last = max(i for i, t in enumerate(row.tolist()) if t in K or t in M)
             assert last == span - 1  # the span ends with the last answer: positions 0..span-1 ...
             assert (tgt[span - 1 :] == IGNORE_INDEX).all()  # ... and the text after it is not scored
@@ -176,15 +176,15 @@ def test_two_means_scores_the_text_after_the_span_and_a_stage_sets_the_share(sma
     ans = _mqar_dm(small_texts, tmp_path, recall_mix=0.5, recall_loss="answers", recall_curriculum=cur)
     K, M = two.tokenizer.reserved_key_ids, two.tokenizer.reserved_value_ids
     for step in (0, 1, 2):  # share 1.0, span 16: every row is recall, then text
-        x, y, is_answer = inputs_and_targets(two.train_dataset().batch(step), answers=True)
-        _, y_ans = inputs_and_targets(ans.train_dataset().batch(step))
+        batch = two.train_dataset().batch(step)
+        x, y, is_answer = batch.inputs, batch.targets, batch.answer_targets
+        y_ans = ans.train_dataset().batch(step).targets
         assert torch.equal(y_ans[:, 16:], torch.full_like(y_ans[:, 16:], IGNORE_INDEX))
-        assert torch.equal(y[:, 16:], two.train_dataset().batch(step)[:, 17:])  # raw ids: scored text
+        assert torch.equal(y[:, 16:], batch.tokens[:, 17:])  # scored text
         assert not any(t in K or t in M for t in x[:, 16:].flatten().tolist())  # real text, no reserved id
         assert torch.equal(y[:, :15] != IGNORE_INDEX, is_answer[:, :15])  # in the span: the answers only
         assert is_answer[:, :15].sum() == 4 * x.shape[0]  # 4 answers per row
-    rows = [inputs_and_targets(two.train_dataset().batch(s), answers=True)[2].any(1).sum().item()
-            for s in range(3, 103)]
+    rows = [two.train_dataset().batch(s).answer_targets.any(1).sum().item() for s in range(3, 103)]
     assert 0.2 < sum(rows) / (100 * 8) < 0.3  # share 0.25 from step 3 (not data.recall_mix=0.5)
 
 
@@ -217,7 +217,7 @@ def test_probe_instances_never_appear_in_training_batches(small_texts, tmp_path)
         return frozenset((a, b) for a, b in itertools.pairwise(r) if a in K and b in M)
 
     ds = dm.train_dataset()
-    train = {pair_set(row) for step in range(200) for row in inputs_and_targets(ds.batch(step))[0].tolist()}
+    train = {pair_set(row) for step in range(200) for row in ds.batch(step).inputs.tolist()}
     val = dm.eval_tokens("val")
     probes = {pair_set(s.input_ids + s.answer_ids) for d in (0.0, 0.5, 1.0) for kind in ("mqar", "kv_single")
               for s in make_probe_samples(kind, dm.tokenizer, 64, d, 50, 1234, filler_ids=val, pairs=4)}
@@ -255,7 +255,8 @@ def test_micro_model_learns_mqar_from_answer_only_rows(small_texts, tmp_path):
 
     ds, t0, acc, step = dm.train_dataset(), time.perf_counter(), 0.0, 0
     for step in range(1, 1501):
-        x, y = inputs_and_targets(ds.batch(step))
+        batch = ds.batch(step)
+        x, y = batch.inputs, batch.targets
         loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
         opt.zero_grad()
         loss.backward()

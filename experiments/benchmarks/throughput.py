@@ -45,6 +45,7 @@ from torch import Tensor, nn
 
 ROOT = Path(__file__).resolve().parents[2]
 
+from pelab.data.batch import Batch
 from pelab.encodings import default_pe_config
 from pelab.training.callbacks.throughput import TokenThroughput
 from pelab.training.module import LMModule, build_model, flops_per_token
@@ -251,8 +252,9 @@ def fit_lightning(scheme: str, batches: list[Tensor], a, device, peak, others: l
     module = LMModule(cfg, vocab_size=a.vocab)
     timer = make_interleaver(device, CLOCKS[a.clock], others)
     n = a.warmup + a.steps
-    # a list of ready (B, T+1) batches: batch_size=None hands them over as they are
-    loader = DataLoader([batches[i % len(batches)] for i in range(n)], batch_size=None, shuffle=False)
+    # a list of ready batches of (B, T+1) text rows: batch_size=None hands them over as they are
+    texts = [Batch.text(b) for b in batches]
+    loader = DataLoader([texts[i % len(texts)] for i in range(n)], batch_size=None, shuffle=False)
     trainer = L.Trainer(
         accelerator=device.type,
         devices=1,

@@ -169,7 +169,6 @@ def train(pe: str, overrides: list[str], out: Path, log_every: int = 100, unscal
 
     from omegaconf import OmegaConf
 
-    from pelab.data.batch import inputs_and_targets
     from pelab.runs.build import build_datamodule, data_record
     from pelab.summary import versions, write_summary
 
@@ -191,7 +190,8 @@ def train(pe: str, overrides: list[str], out: Path, log_every: int = 100, unscal
     curve: list[dict] = []
     model.train()
     for step in range(steps):
-        x, y = inputs_and_targets(stream.batch(step))  # (B, T) each, PELab's targets
+        batch = stream.batch(step)
+        x, y = batch.inputs, batch.targets  # (B, T) each, PELab's targets
         loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=-100)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -3,7 +3,7 @@
 The corpus (`pelab.data.sources`) is tokenized once into the token cache (`pelab.data.cache`) and served as the
 deterministic training stream and the fixed validation / test windows of `pelab.data.windows`; with
 `recall_mix > 0` a share of each batch's rows is synthetic recall (`pelab.data.mixer.RecallMixer`, unless a
-`mixer` is given), scored as `recall_loss` says (the batch format of `pelab.data.batch`).
+`mixer` is given), scored as `recall_loss` says (the loss masks of `pelab.data.batch.Batch`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import torch
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, IterableDataset
 
+from pelab.data.batch import Batch
 from pelab.data.cache import TokenCache, open_cache
 from pelab.data.config import LOADER_KEYS, check_reserved, loader_settings
 from pelab.data.corpora import SPLITS, to_plain
@@ -110,8 +111,7 @@ class LMDataModule(L.LightningDataModule):
         if self.recall_mix > 0 and self.mixer is None:
             self.mixer = RecallMixer(
                 self.tokenizer, self.recall_kinds, self.recall_key_len, self.recall_value_len,
-                answers=self.recall_loss in ("answers", "two_means"), pairs=self.recall_pairs,
-                curriculum=self.recall_curriculum, ruler=self.recall_ruler,
+                pairs=self.recall_pairs, curriculum=self.recall_curriculum, ruler=self.recall_ruler,
             )
             self.mixer.check(self.seq_len + 1)  # a kind too long for a span: one line, before the first step
         self.vocab_size: int = int(cache.meta["vocab_size"])
@@ -157,7 +157,7 @@ class LMDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        # batch_size=None: each item already is a whole (B, T+1) batch.
+        # batch_size=None: each item already is a whole batch (a Batch of (B, T+1) tensors).
         return DataLoader(
             self.train_dataset(),
             batch_size=None,
@@ -239,9 +239,9 @@ class RankUnion(IterableDataset):
     def __init__(self, parts: list[IterableDataset]):
         self.parts = parts
 
-    def __iter__(self) -> Iterator[torch.Tensor]:
-        for rows in zip(*self.parts):  # each (B/W, T+1)
-            yield torch.cat(rows)  # (B, T+1)
+    def __iter__(self) -> Iterator[Batch]:
+        for rows in zip(*self.parts):  # each of (B/W, T+1) tensors
+            yield Batch.cat(rows)  # (B, T+1) tensors
 
 
 class EmulatedWorldDataModule(LMDataModule):

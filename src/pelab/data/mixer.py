@@ -14,6 +14,7 @@ import numpy as np
 
 from pelab.data.recall import KV, PASSKEY, make_recall_batch
 from pelab.data.recall.ruler_options import RulerOptions
+from pelab.data.windows import MixedRows
 from pelab.errors import RecallLengthError
 
 
@@ -25,9 +26,9 @@ class RecallMixer:
     keys / values; pairs: N of mqar rows; curriculum: [[step, span], ...] or [[step, span, share], ...]
     (from `step` on, each recall sequence occupies only the first `span` tokens of its row, then the row's
     own text; before the first entry and with None: the whole row; `share`, where given, replaces
-    data.recall_mix from that step); ruler: the RULER-style kinds' difficulty (None: its defaults). With
-    `answers=True` it returns `(rows, answer_mask, text_mask)`, each (n, length): `text_mask` marks the row's own
-    text after the span (scored as text under two_means)."""
+    data.recall_mix from that step); ruler: the RULER-style kinds' difficulty (None: its defaults). It returns
+    `MixedRows`: the rows, their answer tokens and the row's own text after the span (scored as text under
+    two_means)."""
 
     def __init__(
         self,
@@ -35,13 +36,12 @@ class RecallMixer:
         kinds: Sequence[str] = (KV, PASSKEY),
         key_len: int = 3,
         value_len: int = 3,
-        answers: bool = False,
         pairs: int = 8,
         curriculum: Sequence[Sequence[int]] | None = None,
         ruler: RulerOptions | None = None,
     ):
         self.tokenizer, self.kinds = tokenizer, tuple(kinds)
-        self.key_len, self.value_len, self.answers = int(key_len), int(value_len), bool(answers)
+        self.key_len, self.value_len = int(key_len), int(value_len)
         self.pairs, self.ruler = int(pairs), ruler
         # (step, span, share or None), sorted by step
         self.curriculum = sorted(
@@ -85,17 +85,14 @@ class RecallMixer:
 
     def __call__(
         self, n: int, length: int, rng: np.random.Generator, step: int = 0, text: np.ndarray | None = None
-    ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    ) -> MixedRows:
         span = self.span(step)
         rows, mask = make_recall_batch(
             self.tokenizer, length - 1, n, int(rng.integers(2**62)), kinds=self.kinds,
             key_len=self.key_len, value_len=self.value_len, return_mask=True, pairs=self.pairs,
             span=span, text=text, ruler=self.ruler,
         )  # (n, length) each
-        rows = np.asarray(rows, dtype=np.int64)
-        if not self.answers:
-            return rows
         text_mask = np.zeros((n, length), dtype=bool)
         if span is not None and text is not None:
             text_mask[:, span + 1 :] = True  # real text after the span (its first token follows recall tokens)
-        return rows, mask.numpy(), text_mask
+        return MixedRows(np.asarray(rows, dtype=np.int64), mask.numpy(), text_mask)

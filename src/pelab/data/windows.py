@@ -1,8 +1,8 @@
 """The window datasets: the deterministic training stream (`TrainWindows`) and the fixed validation / test
 windows (`FixedWindows`, `fixed_windows`).
 
-Training batches are `(B, seq_len + 1)` LongTensors (inputs = [:, :-1], targets = [:, 1:]; the format of mixed
-recall rows is `pelab.data.batch`'s). Batch number `step` on rank `r` is a pure function of (seed, step, r): its
+Training batches are `pelab.data.batch.Batch`es of `(B, seq_len + 1)` tokens (inputs = [:, :-1], targets =
+[:, 1:]) with their loss masks. Batch number `step` on rank `r` is a pure function of (seed, step, r): its
 window starts come from `np.random.default_rng(SeedSequence([seed, step, r]))`. So
 - a run resumed at global step k sees exactly the batches an uninterrupted run sees
   (`train_dataloader()` starts at `trainer.global_step * accumulate_grad_batches`), and
@@ -13,26 +13,34 @@ The stream is an IterableDataset (not map-style + sampler) on purpose: Lightning
 in a DistributedSampler for iterable datasets, so the (seed, step, rank) scheme survives DDP
 untouched, and an infinite stream never ends an "epoch" mid-run (the trainer stops at max_steps).
 
-Recall mix hook: with `recall_mix = p > 0`, `mixer(n, length, rng, step, text) -> (n, length)` int array
-(or `(rows, answer_mask)`, or `(rows, answer_mask, text_mask)`) replaces the first n rows of each batch, where
-n ~ p * B (fractional part drawn from rng, so the expected fraction is exactly p). It receives the batch's own
-generator, the step (for a curriculum) and the (n, length) text rows it replaces (real training text, e.g.
-filler), so mixed batches are as deterministic as plain ones. The default mixer is
+Recall mix hook: with `recall_mix = p > 0`, `mixer(n, length, rng, step, text) -> MixedRows` replaces the first
+n rows of each batch, where n ~ p * B (fractional part drawn from rng, so the expected fraction is exactly p).
+It receives the batch's own generator, the step (for a curriculum) and the (n, length) text rows it replaces
+(real training text, e.g. filler), so mixed batches are as deterministic as plain ones. The default mixer is
 `pelab.data.mixer.RecallMixer`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from pelab.data.batch import ANSWER_FLAG
+from pelab.data.batch import Batch
 
-Mixer = Callable[..., Any]  # (n, length, rng, step, text) -> rows or (rows, answer_mask)
+
+class MixedRows(NamedTuple):
+    """What a mixer returns: its rows and which of their tokens are answers and the row's own text."""
+
+    tokens: np.ndarray  # (n, length) ids
+    answers: np.ndarray  # (n, length) bool: scored (and an answer) under recall_loss answers / two_means
+    text: np.ndarray  # (n, length) bool: real text (after a curriculum span): scored as text under two_means
+
+
+Mixer = Callable[..., MixedRows]  # (n, length, rng, step, text) -> MixedRows
 
 
 class TrainWindows(IterableDataset):
@@ -69,36 +77,35 @@ class TrainWindows(IterableDataset):
             self._mm = np.memmap(self.bin_path, dtype=self.dtype, mode="r", shape=(self.n_tokens,))
         return self._mm
 
-    def batch(self, step: int) -> torch.Tensor:
-        """(B, seq_len + 1) int64 windows for global micro-step `step` on this rank."""
+    def batch(self, step: int) -> Batch:
+        """The (B, seq_len + 1) windows for global micro-step `step` on this rank, with their loss masks."""
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, step, self.rank]))
         starts = rng.integers(0, self.n_tokens - self.seq_len, size=self.batch_size)  # (B,)
         idx = starts[:, None] + np.arange(self.seq_len + 1)  # (B, T+1)
         x = self.tokens[idx].astype(np.int64)
+        scored, answers = np.ones(x.shape, dtype=bool), np.zeros(x.shape, dtype=bool)  # (B, T+1) each
         if self.recall_mix > 0:
-            x = self._mix(x, rng, step)
-        return torch.from_numpy(x)
+            self._mix(x, scored, answers, rng, step)
+        return Batch.of(x, scored, answers)
 
-    def _mix(self, x: np.ndarray, rng: np.random.Generator, step: int) -> np.ndarray:
+    def _mix(self, x: np.ndarray, scored: np.ndarray, answers: np.ndarray, rng: np.random.Generator,
+             step: int) -> None:
+        """The mixer's rows into the first n rows of x, and their loss masks into scored / answers (in place)."""
         share = getattr(self.mixer, "share", None)  # a mixer may change the fraction per step (curriculum)
         p = share(step, self.recall_mix) if share is not None else self.recall_mix
         want = p * self.batch_size
         n = min(self.batch_size, int(want) + int(rng.random() < want - int(want)))
         if n:
-            out = self.mixer(n, self.seq_len + 1, rng, step=step, text=x[:n].copy())
-            rows, answers, text = (tuple(out) + (None,) * 2)[:3] if isinstance(out, tuple) else (out, None, None)
-            x[:n] = np.asarray(rows, dtype=np.int64)
-            if self.recall_loss in ("answers", "two_means") and answers is not None:
-                answers = np.asarray(answers, dtype=bool)  # (n, T+1)
-                context = ~answers
-                if self.recall_loss == "two_means" and text is not None:
-                    context &= ~np.asarray(text, dtype=bool)  # the row's own text after the span: scored as text
-                mixed = x[:n]  # a view
-                mixed[context] = -1 - mixed[context]
-                mixed[answers] += ANSWER_FLAG
-        return x
+            mixed = self.mixer(n, self.seq_len + 1, rng, step=step, text=x[:n].copy())
+            x[:n] = np.asarray(mixed.tokens, dtype=np.int64)
+            if self.recall_loss in ("answers", "two_means"):
+                answer = np.asarray(mixed.answers, dtype=bool)  # (n, T+1)
+                context = ~answer
+                if self.recall_loss == "two_means":
+                    context &= ~np.asarray(mixed.text, dtype=bool)  # the row's own text after the span: scored as text
+                scored[:n], answers[:n] = ~context, answer
 
-    def __iter__(self) -> Iterator[torch.Tensor]:
+    def __iter__(self) -> Iterator[Batch]:
         # Worker w of W takes steps start+w, start+w+W, ...; DataLoader returns them in order.
         info = get_worker_info()
         w, n_w = (info.id, info.num_workers) if info is not None else (0, 1)

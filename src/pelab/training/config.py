@@ -17,7 +17,6 @@ from pelab.errors import ConfigError
 from pelab.evaluation.config import EvalConfig, ProbesConfig
 from pelab.model.config import GPTConfig
 
-
 # What builds the optimizer and its schedule when a config names none (the records of runs and checkpoints
 # written before optim had a `_target_`, optim groups built by hand): conf/optim/adamw.yaml's.
 OPTIMIZER = "pelab.training.optimizer.adamw_cosine"

@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 from torchmetrics import CatMetric, SumMetric
 
 from pelab.checks import typed
-from pelab.data.batch import IGNORE_INDEX, inputs_and_targets
+from pelab.data.batch import IGNORE_INDEX, Batch
 from pelab.encodings.pose import pose_positions
 from pelab.errors import NonFiniteError
 from pelab.evaluation import stats
@@ -62,8 +62,8 @@ def flops_per_token(model: GPT, train_length: int) -> float:
 
 
 class LMModule(L.LightningModule):
-    """Trains `GPT` on `(B, T+1)` windows. `cfg` is the full resolved run config (saved in checkpoints: eval.py
-    rebuilds the model from it). Building the module reads only `data.seq_len`, `model` and `pe` (a benchmark runs
+    """Trains `GPT` on `(B, T+1)` windows: training batches are `Batch`es (ids and loss masks), validation batches
+    the ids alone. `cfg` is the full resolved run config (saved in checkpoints: eval.py rebuilds the model from it). Building the module reads only `data.seq_len`, `model` and `pe` (a benchmark runs
     a module built from those forward); training reads `optim` (typed, `OptimConfig`), `seed`, `compile`,
     `debug`, `data.batch_size` / `recall_loss` and `paths.output_dir`, each without a default: a run config
     has them all."""
@@ -133,12 +133,12 @@ class LMModule(L.LightningModule):
         # int() before the shift: numpy 1.x has no uint64 >> int
         torch.manual_seed(int(seq.generate_state(1, dtype=np.uint64)[0]) >> 1)
 
-    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        # (B, T) each; targets that are IGNORE_INDEX are not scored, `answers` marks recall answers (data.recall_loss)
-        x, y, answers = inputs_and_targets(batch, answers=True)
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        # (B, T) each; targets that are IGNORE_INDEX are not scored
+        x, y = batch.inputs, batch.targets
         logits = self(x, pos=self.training_positions(x))
         if self.cfg["data"]["recall_loss"] == "two_means":
-            text_loss, answer_loss = two_means(logits, y, answers)
+            text_loss, answer_loss = two_means(logits, y, batch.answer_targets)
             loss = text_loss + answer_loss
             self.log_dict({"train/loss_text": text_loss, "train/loss_answers": answer_loss})
         else:

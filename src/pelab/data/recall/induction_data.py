@@ -8,8 +8,8 @@ What the harness reads from a data module, for this source:
 * training batches (B, L + 2) int64, batch ``step`` on rank ``r`` drawn from SeedSequence([seed, step, r]) as the
   text stream's windows (`pelab.data.windows`): a resumed run sees the batches an uninterrupted run sees;
   ``data.targets``: ``all`` = every next token is a target (safari's labels: the L random draws are noise, the
-  answer is the one predictable target), ``answer`` = the answer only (the other tokens are fed, not scored,
-  in the batch format of `pelab.data.batch`);
+  answer is the one predictable target), ``answer`` = the answer only (the other tokens are fed, not scored:
+  the loss masks of `pelab.data.batch.Batch`);
 * validation: ``data.val_windows`` fixed sequences (every position scored: val/ppl, about 14 for any model,
   the random draws); the answer accuracy is the probe's (``callbacks.retrieval_criterion`` during training);
 * "text" of the val / test splits for the harness's perplexity evaluation: ``data.eval_rows`` fixed sequences
@@ -35,7 +35,7 @@ from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader, IterableDataset
 
 from pelab.conf_values import with_file_values
-from pelab.data.batch import ANSWER_FLAG
+from pelab.data.batch import Batch
 from pelab.data.config import loader_settings
 from pelab.data.corpora import SPLITS, to_plain
 from pelab.data.recall.factories import make_probe_samples
@@ -54,14 +54,14 @@ TARGETS = ("all", "answer")  # data.targets
 SPLIT_TAGS = {"val": 1, "test": 2}  # the fixed rows of a split: SeedSequence([tag, L]), whatever the run's seed
 
 
-def encode_targets(rows: np.ndarray, targets: str) -> np.ndarray:
-    """(n, L + 2) rows in the batch format of `pelab.data.batch`: as they are (``all``: every next token is a
-    target), or the inputs as ``-1 - id`` (fed, not scored) and the answer flagged (``answer``)."""
+def induction_batch(rows: np.ndarray, targets: str) -> Batch:
+    """(n, L + 2) rows as a training batch: every next token a target (``all``), or the answer only, marked as
+    the answer (``answer``: the other tokens are fed, not scored)."""
     if targets == "all":
-        return rows
-    out = -1 - rows
-    out[:, -1] = rows[:, -1] + ANSWER_FLAG
-    return out
+        return Batch.text(torch.from_numpy(rows))
+    last = np.zeros(rows.shape, dtype=bool)  # (n, L + 2)
+    last[:, -1] = True
+    return Batch.of(rows, last, last.copy())
 
 
 class InductionStream(IterableDataset):
@@ -72,13 +72,13 @@ class InductionStream(IterableDataset):
         self.length, self.batch_size, self.seed, self.rank = int(length), int(batch_size), int(seed), int(rank)
         self.start_step, self.max_steps, self.targets = int(start_step), max_steps, targets
 
-    def batch(self, step: int) -> torch.Tensor:
-        """(B, L + 2) int64 for global micro-step ``step`` on this rank."""
+    def batch(self, step: int) -> Batch:
+        """(B, L + 2) rows for global micro-step ``step`` on this rank, with their loss masks."""
         g = np.random.default_rng(np.random.SeedSequence([self.seed, int(step), self.rank]))
         rows, _ = induction_rows(g, self.batch_size, self.length)
-        return torch.from_numpy(encode_targets(rows, self.targets))
+        return induction_batch(rows, self.targets)
 
-    def __iter__(self) -> Iterator[torch.Tensor]:
+    def __iter__(self) -> Iterator[Batch]:
         step = self.start_step
         while self.max_steps is None or step < self.max_steps:
             yield self.batch(step)
@@ -158,7 +158,7 @@ class InductionDataModule(L.LightningDataModule):
                                self.targets)
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_dataset(), batch_size=None)  # each item is a whole (B, L + 2) batch
+        return DataLoader(self.train_dataset(), batch_size=None)  # each item is a whole Batch of (B, L + 2) rows
 
     def val_dataloader(self) -> DataLoader:
         rows = torch.from_numpy(self._split("val")[: self.val_windows])

@@ -11,13 +11,15 @@ from lightning.pytorch.callbacks import ThroughputMonitor
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities import rank_zero_only
 
-
-def _rows(batch: torch.Tensor) -> int:  # (B, T+1) windows
-    return batch.size(0)
+from pelab.data.batch import Batch
 
 
-def _tokens(batch: torch.Tensor) -> int:  # the inputs of a (B, T+1) batch: B*T tokens
-    return batch.size(0) * (batch.size(1) - 1)
+def _rows(batch: Batch) -> int:  # (B, T+1) windows
+    return batch.tokens.size(0)
+
+
+def _tokens(batch: Batch) -> int:  # the inputs of a (B, T+1) batch: B*T tokens
+    return batch.inputs.numel()
 
 
 class TokenThroughput(ThroughputMonitor):
