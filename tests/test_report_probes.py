@@ -238,3 +238,20 @@ def test_retrieval_only_runs_get_no_perplexity_sections_and_offset_intervals_ove
     assert "No run trained on text" in md and "## Perplexity" not in md
     _, rows = _table(md, f"{MQAR_OFFSET}: position vs distance")
     assert rows[0][2] == f"1.00 [{stats.wilson(20, 20)[0]:.2f}, 1.00] (2 seeds)" and rows[0][3].startswith("0.60 [")
+
+
+def test_a_kinds_tables_hold_only_the_runs_that_probed_it(tmp_path):
+    """Runs trained and probed on different kinds (one RULER kind per run): each kind's tables have the runs that
+    probed it, not a row of empty cells for every other run."""
+    _write(tmp_path / "0_mqar", "rope", _result({128: "1" * 9 + "0", 256: "1" * 5 + "0" * 5}))
+    single = ProbeResult(kinds=["niah_single"], depths=DEPTHS, lengths=[128, 256], train_length=128)
+    for L, b in {128: "1" * 10, 256: "1" * 7 + "000"}.items():
+        for d in DEPTHS:
+            c = single.cells[("niah_single", d, L)] = ProbeCell("niah_single", d, L, chance=1 / 64, chance_copy=1.0)
+            c.n, c.outcomes, c.acc = len(b), b, b.count("1") / len(b)
+            c.lo, c.hi = stats.wilson(b.count("1"), len(b))
+    _write(tmp_path / "1_niah", "alibi", single)
+    md = report.build_report([tmp_path], tmp_path / "out").markdown
+    for kind, pe, acc in (("mqar", "rope", "**0.90"), ("niah_single", "alibi", "**1.00")):
+        _, rows = _table(md, f"{kind}: accuracy (mean over depths)")
+        assert [r[0] for r in rows] == [pe] and rows[0][2].startswith(acc), (kind, rows)

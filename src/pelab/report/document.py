@@ -252,12 +252,13 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
         md.append("Not acquired in-window, so left out of the probe tables and figures: " + ", ".join(not_acquired)
                   + ".")
     for kind in probe_kinds(probed):
-        panels = [p for r in probed if (p := probe_panel(r, kind))]
+        kind_rows = [r for r in probed if probe_panel(r, kind)]  # a row that never probed this kind has no cell here
+        panels = [probe_panel(r, kind) for r in kind_rows]
         chance = [p["chance"] for p in panels if math.isfinite(p["chance"])]
         copy = [p["copy"] for p in panels if math.isfinite(p.get("copy", math.nan))]
         section(
             f"Probe: {kind}",
-            probe_tables(probed, kind),
+            probe_tables(kind_rows, kind),
             [f"probe_{kind}_vs_length"],
             (
                 f"Retrieval accuracy with the answer at each depth of contexts of each length; chance ≈ "
