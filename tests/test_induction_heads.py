@@ -12,7 +12,7 @@ import pytest
 import torch
 from scipy import stats
 
-from helpers.runs import run_cli, summary_of
+from helpers.runs import compose, summary_of
 from pelab.data.batch import IGNORE_INDEX
 from pelab.data.recall import make_probe_samples
 from pelab.data.recall.induction import INDUCTION_HEADS, VOCABULARY, InductionVocabulary, induction_rows
@@ -187,17 +187,20 @@ def test_d_ff_zero_is_an_attention_only_block_and_negative_is_refused():
 @pytest.mark.slow
 def test_the_experiment_trains_and_probes_every_length(tmp_path):
     """experiment=induction_heads at tiny shapes: fresh rows, the in-window check along training, a probe cell per
-    length with n instances and its interval."""
+    length with n instances and its interval. Through train() in this worker (real Hydra composition and Trainer; the
+    command line is tests/test_train.py's and the signal tests'): `python train.py` re-imported torch and Lightning."""
+    from pelab.tasks.train import train
+
     out = tmp_path / "run"
-    r = run_cli(["experiment=induction_heads", "data.seq_len=16", "model.d_model=16", "model.n_heads=2",
+    summary = train(compose(["experiment=induction_heads", "data.seq_len=16", "model.d_model=16", "model.n_heads=2",
                  "trainer.max_steps=6", "trainer.val_check_interval=3", "callbacks.checkpoint.every_n_steps=null",
                  "callbacks.retrieval_criterion.every_n_steps=3", "callbacks.retrieval_criterion.samples=8",
                  "callbacks.induction_curve.every_n_steps=3", "callbacks.induction_curve.lengths=[32]",
                  "callbacks.induction_curve.samples=4",
                  "callbacks.progress_bar=false", "eval.tokens=32", "probes.lengths=[0.5,1,2]", "probes.samples=6",
                  "data.long_probe_samples=4", "data.long_probe_from=32",
-                 "provenance.allow_dirty=true", f"hydra.run.dir={out}"], cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
+                 "provenance.allow_dirty=true"], out))
+    assert summary["status"] == "ok"
     s = summary_of(out)
     assert s["data"]["vocab_size"] == 16 and s["data"]["fingerprint"]["row_tokens"] == 18
     assert s["model"]["params"] == counted(16, 16, 2)

