@@ -252,8 +252,8 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
         md.append("Not acquired in-window, so left out of the probe tables and figures: " + ", ".join(not_acquired)
                   + ".")
     for kind in probe_kinds(probed):
-        kind_rows = [r for r in probed if probe_panel(r, kind)]  # a row that never probed this kind has no cell here
-        panels = [probe_panel(r, kind) for r in kind_rows]
+        pairs = [(r, p) for r in probed if (p := probe_panel(r, kind))]  # a row that never probed the kind has none
+        kind_rows, panels = [r for r, _ in pairs], [p for _, p in pairs]
         chance = [p["chance"] for p in panels if math.isfinite(p["chance"])]
         copy = [p["copy"] for p in panels if math.isfinite(p.get("copy", math.nan))]
         section(

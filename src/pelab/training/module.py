@@ -63,7 +63,8 @@ def flops_per_token(model: GPT, train_length: int) -> float:
 
 class LMModule(L.LightningModule):
     """Trains `GPT` on `(B, T+1)` windows: training batches are `Batch`es (ids and loss masks), validation batches
-    the ids alone. `cfg` is the full resolved run config (saved in checkpoints: eval.py rebuilds the model from it). Building the module reads only `data.seq_len`, `model` and `pe` (a benchmark runs
+    the ids alone. `cfg` is the full resolved run config (saved in checkpoints: eval.py rebuilds the model from
+    it). Building the module reads only `data.seq_len`, `model` and `pe` (a benchmark runs
     a module built from those forward); training reads `optim` (typed, `OptimConfig`), `seed`, `compile`,
     `debug`, `data.batch_size` / `recall_loss` and `paths.output_dir`, each without a default: a run config
     has them all."""
