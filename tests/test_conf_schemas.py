@@ -1,6 +1,6 @@
 """Every default is written once: the schemas with defaults (each encoding's PEConfig subclass, the model's
 GPTConfig) are Hydra config nodes (`pe/_RoPEConfig`, `model/_GPTConfig`; pelab.conf_values) that the YAML files
-compose first, and no YAML writes a value its schema already gives."""
+compose first, and no YAML writes a value its schema already gives; the tokenizer choices share one base."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from helpers.runs import compose
 from pelab import CONF_DIR
 from pelab.conf_values import group_yaml, schema_node
+from pelab.data.tokenizer import tokenizer_settings
 from pelab.encodings.settings import SCHEMAS
 from pelab.errors import ConfigError
 from pelab.model.config import GPTConfig
@@ -66,3 +67,23 @@ def test_group_yaml_reads_a_file_as_hydra_composes_it():
     for group in GROUPS:
         for path in (Path(CONF_DIR) / group).glob("*.yaml"):
             assert group_yaml(group, path.stem) == compose([f"{group}={path.stem}"])[group], path
+
+
+# Each tokenizer choice as composed (the token cache key and the run's record read it): the reserved ids come from
+# conf/tokenizer/_reserved.yaml, which every choice composes.
+TOKENIZERS = {
+    "byte": {"kind": "byte", "reserved_keys": 64, "reserved_values": 64},
+    "bpe": {"kind": "bpe", "vocab_size": 4096, "min_frequency": 2, "train_bytes": 8_000_000, "reserved_keys": 64,
+            "reserved_values": 64},
+    "pretrained": {"kind": "pretrained", "name": "???", "revision": None, "eot_token": None, "reserved_keys": 64,
+                   "reserved_values": 64},
+}
+
+
+@pytest.mark.parametrize("choice", TOKENIZERS)
+def test_every_tokenizer_choice_composes_the_shared_reserved_ids(choice):
+    choices = {p.stem for p in (Path(CONF_DIR) / "tokenizer").glob("*.yaml") if not p.stem.startswith("_")}
+    assert choices == set(TOKENIZERS)
+    assert OmegaConf.to_container(compose([f"tokenizer={choice}"]).tokenizer) == TOKENIZERS[choice]  # Hydra
+    assert OmegaConf.to_container(group_yaml("tokenizer", choice)) == TOKENIZERS[choice]  # the disk read
+    assert tokenizer_settings(choice) == TOKENIZERS[choice]  # a config built by hand

@@ -34,7 +34,7 @@ from pelab.errors import TokenizerError
 EOT = "<|endoftext|>"
 TOKENIZER_KINDS = ("bpe", "byte", "pretrained")
 _COMMON_EOS = (EOT, "</s>", "<eos>", "<|end_of_text|>", "<|eot_id|>", "[SEP]")
-RESERVED_DEFAULT = 64  # keys and values each: conf/tokenizer/*.yaml
+RESERVED_DEFAULT = 64  # keys and values each: conf/tokenizer/_reserved.yaml
 
 
 class _Reserved:
