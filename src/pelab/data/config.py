@@ -1,9 +1,12 @@
 """The data layer's config schema: the loader keys every data config composes (`conf/data/_loader.yaml`) and
 the keys every tokenizer config has, typed and range-checked before any data is built.
 
-The loader keys are declared here once (types); their values (defaults) live in `conf/data/_loader.yaml`,
-which is also what `LMDataModule` falls back to for a key its caller leaves out. A corpus config adds its
-own keys (path, name, ...) beside them; those are the corpus code's.
+The loader keys are declared here once (types); their values (defaults) live in `conf/data/_loader.yaml`, which
+Hydra composes into every data config. Code reads that file only as Hydra composes it (`pelab.conf_values.group_yaml`)
+and only where a data config lacks a key: one built by hand (`LMDataModule` given a corpus name, a benchmark), one
+recorded before the key existed (a checkpoint's: `pelab.tasks.evaluate.todays_form`), or one not read yet (eval.py
+types probes.* against today's values before it opens the checkpoint). A corpus config adds its own keys (path,
+name, ...) beside them; those are the corpus code's.
 """
 
 from __future__ import annotations
