@@ -153,7 +153,7 @@ def test_default_stdlib_cache_builds_then_is_reused_and_feeds_the_loader(tmp_pat
     speed (build < 60 s, load < 1 s, > 200 batches/s) is measured by experiments/benchmarks/timing_targets.py
     (default_cache), not asserted here: wall-clock limits fail on a loaded machine."""
     dm = LMDataModule(
-        source="stdlib",
+        data="stdlib",
         tokenizer={"kind": "bpe", "vocab_size": 4096},
         seq_len=256,
         batch_size=16,
@@ -161,7 +161,7 @@ def test_default_stdlib_cache_builds_then_is_reused_and_feeds_the_loader(tmp_pat
     )
     dm.prepare_data()  # builds it (a fresh folder)
     again = LMDataModule(
-        source="stdlib",
+        data="stdlib",
         tokenizer={"kind": "bpe", "vocab_size": 4096},
         seq_len=256,
         batch_size=16,

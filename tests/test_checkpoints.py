@@ -143,3 +143,33 @@ def test_a_checkpoint_whose_config_names_the_former_module_paths_still_loads(ref
     model = load_model(merged, load_checkpoint(old), int(ckpt["hyper_parameters"]["vocab_size"]))
     assert model.num_params() > 0
     assert check_resume_checkpoint(str(old), now, same_run=True)[0] == ckpt["global_step"]  # ckpt_path=auto
+
+
+def old_datamodule_key(cfg: dict) -> dict:
+    """`cfg` as recorded before the DataModule's data config was `datamodule.data`: it was `datamodule.source`."""
+    import copy
+
+    old = copy.deepcopy(cfg)
+    old["datamodule"] = {("source" if k == "data" else k): v for k, v in cfg["datamodule"].items()}
+    assert "source" in old["datamodule"] and "data" not in old["datamodule"]
+    return old
+
+
+def test_a_checkpoint_config_that_names_datamodule_source_builds_its_datamodule(reference, tmp_path):
+    """A run recorded before the rename names `datamodule.source`; what instantiates a checkpoint's own datamodule
+    again (pelab.lm_eval, pelab.export) reads it through `todays_form`, under today's key."""
+    from hydra.errors import InstantiationException
+    from omegaconf import OmegaConf
+
+    from pelab.runs.build import build_datamodule
+    from pelab.tasks.evaluate import todays_form
+
+    ckpt = load_checkpoint(reference / "checkpoints" / "last.ckpt")
+    now = ckpt["hyper_parameters"]["cfg"]
+    old = old_datamodule_key(now)
+    assert todays_form(old)["datamodule"] == todays_form(now)["datamodule"] == now["datamodule"]
+    with pytest.raises(InstantiationException, match="argument: .data."):  # the recorded key as it is
+        build_datamodule(OmegaConf.create(old), 1)
+    dm = build_datamodule(OmegaConf.create(todays_form(old)), 1)
+    dm.setup("validate")
+    assert dm.vocab_size == ckpt["hyper_parameters"]["vocab_size"]

@@ -41,7 +41,7 @@ def _fit(text_dir, cache, max_steps, accumulate=1, ckpt_in=None, ckpt_out=None):
     import lightning as L
 
     dm = LMDataModule(
-        source=text_source(text_dir), tokenizer="byte", seq_len=16, batch_size=2, seed=3, cache_dir=str(cache),
+        data=text_source(text_dir), tokenizer="byte", seq_len=16, batch_size=2, seed=3, cache_dir=str(cache),
         recall_mix=0.0,
     )
     trainer = L.Trainer(
@@ -122,7 +122,7 @@ def test_from_hydra_config(text_dir, tmp_path):
 def test_seq_len_must_be_positive(seq_len, text_dir, tmp_path):
     with pytest.raises(ConfigError, match="data.seq_len"):
         LMDataModule(
-            source=text_source(text_dir), tokenizer="byte", seq_len=seq_len, batch_size=2, cache_dir=str(tmp_path)
+            data=text_source(text_dir), tokenizer="byte", seq_len=seq_len, batch_size=2, cache_dir=str(tmp_path)
         )
 
 

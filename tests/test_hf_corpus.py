@@ -39,7 +39,7 @@ def test_hf_json_with_only_a_train_split(hf_offline, tmp_path):
     )
     assert all(docs[s] for s in SPLITS)
     assert docs == {s: list(build_corpus(src).documents(s)) for s in SPLITS}, "derived splits are stable"
-    dm = LMDataModule(source=src, tokenizer="byte", seq_len=32, batch_size=2, cache_dir=str(tmp_path / "c"))
+    dm = LMDataModule(data=src, tokenizer="byte", seq_len=32, batch_size=2, cache_dir=str(tmp_path / "c"))
     dm.setup()
     assert dm.train_dataset().batch(0).tokens.shape == (2, 33)
     assert dm.fingerprint["corpus"]["data_files"][1] == path.stat().st_size
@@ -61,7 +61,7 @@ def test_hf_parquet_with_native_splits(hf_offline, tmp_path):
     assert [len(list(corpus.documents(s))) for s in SPLITS] == [30, 5, 4]
     assert next(iter(corpus.documents("val"))) == pq.read_table(files["validation"])["body"][0].as_py()
     dm = LMDataModule(
-        source=src, tokenizer=BPE_SMALL, seq_len=32, batch_size=2, cache_dir=str(tmp_path / "c")
+        data=src, tokenizer=BPE_SMALL, seq_len=32, batch_size=2, cache_dir=str(tmp_path / "c")
     )
     dm.setup()
     assert dm.vocab_size == 320 + 128 and dm.fingerprint["splits"]["val"]["n_docs"] == 5

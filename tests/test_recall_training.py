@@ -38,7 +38,7 @@ def small_texts(tmp_path_factory) -> Path:
 def _dm(texts: Path, cache: Path, **kw) -> LMDataModule:
     kw = {"seq_len": 64, "batch_size": 8, "seed": 3, "val_windows": 4, "recall_mix": 0.5,
           "recall_kinds": ["kv"], "recall_key_len": 2, "recall_value_len": 1, "recall_curriculum": None, **kw}
-    dm = LMDataModule(source={"source": "text_dir", "path": str(texts), "glob": "*.txt"}, tokenizer="byte",
+    dm = LMDataModule(data={"source": "text_dir", "path": str(texts), "glob": "*.txt"}, tokenizer="byte",
                       cache_dir=str(cache), **kw)
     dm.setup("fit")
     return dm

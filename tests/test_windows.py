@@ -71,4 +71,4 @@ def test_recall_mix_hook_is_deterministic(text_dir, tmp_path):
         assert same(batch, dm.train_dataset().batch(step))
     assert seen[::2] == [(step, (2, 33)) for step in range(5)]  # the step and the text rows it replaces
     with pytest.raises(ConfigError, match="data.recall_mix"):
-        LMDataModule(source=text_source(text_dir), tokenizer="byte", seq_len=8, batch_size=2, recall_mix=1.5)
+        LMDataModule(data=text_source(text_dir), tokenizer="byte", seq_len=8, batch_size=2, recall_mix=1.5)

@@ -84,7 +84,7 @@ def cache_reuse(tmp: Path) -> dict:
 def default_cache(tmp: Path) -> dict:
     from pelab.data import LMDataModule
 
-    kw = {"source": "stdlib", "tokenizer": {"kind": "bpe", "vocab_size": 4096}, "seq_len": 256, "batch_size": 16,
+    kw = {"data": "stdlib", "tokenizer": {"kind": "bpe", "vocab_size": 4096}, "seq_len": 256, "batch_size": 16,
           "cache_dir": str(tmp / "cache")}
     t0 = time.perf_counter()
     LMDataModule(**kw).prepare_data()

@@ -168,10 +168,11 @@ def run_tokenizer(cfg: dict) -> Any:
     from pelab.data.disk import resolve_cache_root
     from pelab.data.tokenizer import make_tokenizer
     from pelab.runs.build import build_datamodule
+    from pelab.tasks.evaluate import todays_form
 
     if cfg["tokenizer"]["kind"] == "byte":
         return make_tokenizer(cfg["tokenizer"])
-    c = OmegaConf.create(cfg)
+    c = OmegaConf.create(todays_form(cfg))  # its datamodule is instantiated again: under today's key names
     c.paths.cache_dir = str(resolve_cache_root())
     datamodule = build_datamodule(c, 1)
     datamodule.setup("validate")

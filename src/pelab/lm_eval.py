@@ -51,12 +51,12 @@ def load_scoring_model(checkpoint: str | Path, pe_options: dict[str, Any] | None
     from pelab.encodings import resolve_pe_config
     from pelab.runs.build import build_datamodule
     from pelab.runs.folder import resolve_ckpt_path
-    from pelab.tasks.evaluate import load_model
+    from pelab.tasks.evaluate import load_model, todays_form
     from pelab.training.checkpoints import load_run_checkpoint
 
     path = resolve_ckpt_path(str(checkpoint), Path.cwd())
     ckpt = load_run_checkpoint(path, key="checkpoint")
-    cfg = OmegaConf.create(ckpt["hyper_parameters"]["cfg"])
+    cfg = OmegaConf.create(todays_form(ckpt["hyper_parameters"]["cfg"]))  # its datamodule is instantiated again
     for key, value in (pe_options or {}).items():
         OmegaConf.update(cfg, key, value, force_add=True)
     train_length = int(cfg.data.seq_len)

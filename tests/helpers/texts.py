@@ -40,7 +40,7 @@ def text_datamodule(text_dir: Path, cache: Path, tokenizer=BPE_SMALL, **kw) -> L
 
     # pure text unless a test asks for recall rows (32-token windows fit no kv / passkey row)
     kw = {"seq_len": 32, "batch_size": 4, "seed": 0, "val_windows": 8, "recall_mix": 0.0, **kw}
-    dm = LMDataModule(source=text_source(text_dir), tokenizer=tokenizer, cache_dir=str(cache), **kw)
+    dm = LMDataModule(data=text_source(text_dir), tokenizer=tokenizer, cache_dir=str(cache), **kw)
     dm.prepare_data()
     dm.setup("fit")
     return dm

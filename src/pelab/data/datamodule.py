@@ -34,7 +34,7 @@ from pelab.errors import ConfigError
 class LMDataModule(L.LightningDataModule):
     """Corpus + tokenizer + token cache, served as deterministic windows.
 
-    source:    the data config: `source` (stdlib | text_dir | hf | django_docs | shakespeare) plus that
+    data:      the data config: `source` (stdlib | text_dir | hf | django_docs | shakespeare) plus that
                source's knobs (path, glob, name, config, text_field, data_files, doc_split, max_bytes, ...) and the
                loader keys (`pelab.data.config.LoaderConfig`: seq_len, recall_mix, ...). A bare kind string
                works.
@@ -50,7 +50,7 @@ class LMDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        source: Mapping[str, Any] | str,
+        data: Mapping[str, Any] | str,
         tokenizer: Mapping[str, Any] | str,
         batch_size: int | None = None,
         seed: int = 0,
@@ -61,9 +61,9 @@ class LMDataModule(L.LightningDataModule):
     ):
         super().__init__()
         # The loader keys (pelab.data.config.LoaderConfig: seq_len, recall_mix, ...) come from the data config
-        # (`source`), then keyword arguments; conf/data/_loader.yaml fills the rest. `batch_size`: per device.
-        source = to_plain(source)
-        given = {**(source if isinstance(source, Mapping) else {}), **to_plain(loader)}
+        # (`data`), then keyword arguments; conf/data/_loader.yaml fills the rest. `batch_size`: per device.
+        data = to_plain(data)
+        given = {**(data if isinstance(data, Mapping) else {}), **to_plain(loader)}
         if batch_size is not None:
             given["batch_size"] = batch_size
         if isinstance(given.get("recall_kinds"), str):
@@ -81,7 +81,7 @@ class LMDataModule(L.LightningDataModule):
         self.recall_pairs = settings.recall_pairs
         self.recall_curriculum = to_plain(settings.recall_curriculum)
         self.recall_ruler = as_ruler(to_plain(settings.recall_ruler))
-        self.source_cfg, self.tokenizer_cfg = source, to_plain(tokenizer)
+        self.data_cfg, self.tokenizer_cfg = data, to_plain(tokenizer)
         self.seq_len, self.batch_size, self.seed = settings.seq_len, settings.batch_size, int(seed)
         self.cache_dir, self.val_windows = cache_dir, settings.val_windows
         self.val_batch_size = settings.val_batch_size or settings.batch_size
@@ -94,12 +94,12 @@ class LMDataModule(L.LightningDataModule):
     def prepare_data(self) -> None:
         """Build the cache (Lightning calls this on one process per node; a file lock guards
         against other nodes sharing the folder)."""
-        open_cache(build_corpus(self.source_cfg, self.cache_dir), self.tokenizer_cfg, self.cache_dir)
+        open_cache(build_corpus(self.data_cfg, self.cache_dir), self.tokenizer_cfg, self.cache_dir)
 
     def setup(self, stage: str | None = None) -> None:
         if self.cache is not None:
             return
-        cache = open_cache(build_corpus(self.source_cfg, self.cache_dir), self.tokenizer_cfg, self.cache_dir)
+        cache = open_cache(build_corpus(self.data_cfg, self.cache_dir), self.tokenizer_cfg, self.cache_dir)
         for split in SPLITS:
             if cache.n_tokens(split) < self.seq_len + 1:
                 raise ConfigError(

@@ -98,8 +98,8 @@ def _ignored(key: str) -> bool:
 
 
 # (prefix, switch): the settings under prefix act only where the switch is on (probes run, recall rows mixed in)
-SWITCHED = (("probes.", "probes.enabled"), ("data.recall_", "data.recall_mix"),
-            ("datamodule.source.recall_", "datamodule.source.recall_mix"))
+# (the datamodule node repeats data.* and is never a row key: IGNORED_KEYS)
+SWITCHED = (("probes.", "probes.enabled"), ("data.recall_", "data.recall_mix"))
 
 
 def _switched_off(frame: pd.DataFrame) -> list[str]:

@@ -95,16 +95,24 @@ def checkpoint_settings(train_cfg: dict, cfg: DictConfig, keys: list[str]
 # schema takes the checkpoint's value or, where it has none, the value of the file the group composes today.
 TODAYS_FILES = {"eval": (EvalConfig, "default"), "probes": (ProbesConfig, "default"), "data": (LoaderConfig, "_loader")}
 OPEN_GROUPS = ("data",)  # its other keys are the corpus's: kept
+# A key since renamed (group -> {recorded name: today's}): the DataModule's data config is `datamodule.data`, as
+# `data.source` names the corpus; a checkpoint instantiated again (pelab.lm_eval, pelab.export) passes it by name.
+RENAMED = {"datamodule": {"source": "data"}}
 
 
 def todays_form(train_cfg: dict) -> dict:
     """`train_cfg` (a checkpoint's training config, plain data) with its `eval`, `probes` and data loader keys in
-    today's form (see TODAYS_FILES); a config written now is returned as it is."""
+    today's form (see TODAYS_FILES) and the keys renamed since under today's names (RENAMED); a config written now
+    is returned as it is."""
     out = copy.deepcopy(train_cfg)
     for group, (schema, option) in TODAYS_FILES.items():
         filled = with_file_values(train_cfg.get(group) or {}, group, option)
         known = {f.name for f in fields(schema)}
         out[group] = {k: v for k, v in filled.items() if k in known or group in OPEN_GROUPS}
+    for group, names in RENAMED.items():
+        node = out.get(group)
+        if isinstance(node, dict):
+            out[group] = {names.get(k, k): v for k, v in node.items()}
     return out
 
 

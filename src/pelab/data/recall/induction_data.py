@@ -87,20 +87,20 @@ class InductionStream(IterableDataset):
 
 class InductionDataModule(L.LightningDataModule):
     """Fresh induction-heads sequences of task length ``data.seq_len`` (see the module doc). The arguments are
-    those `pelab.runs.build.build_datamodule` passes any data module: ``source`` the data config (the loader
+    those `pelab.runs.build.build_datamodule` passes any data module: ``data`` the data config (the loader
     keys of conf/data/_loader.yaml plus ``targets``, ``eval_rows``, ``long_probe_samples`` and ``long_probe_from``),
     ``tokenizer`` (not read), the per-device
     ``batch_size``, ``seed``, ``cache_dir`` (nothing is cached) and ``max_steps``."""
 
-    def __init__(self, source: Mapping[str, Any], tokenizer: Any = None, batch_size: int | None = None,
+    def __init__(self, data: Mapping[str, Any], tokenizer: Any = None, batch_size: int | None = None,
                  seed: int = 0, cache_dir: str | None = None, max_steps: int | None = None, **loader: Any):
         super().__init__()
-        source = to_plain(source)
-        if not isinstance(source, Mapping) or source.get("source") != INDUCTION_HEADS:
+        data = to_plain(data)
+        if not isinstance(data, Mapping) or data.get("source") != INDUCTION_HEADS:
             raise ConfigError(f"datamodule=induction serves data.source={INDUCTION_HEADS}; use data=induction_heads "
                               "(experiment=induction_heads), or datamodule=lm for a text corpus.")
         # a key the config lacks (one built by hand) comes from conf/data/induction_heads.yaml
-        given = with_file_values({**source, **to_plain(loader)}, "data", INDUCTION_HEADS)
+        given = with_file_values({**data, **to_plain(loader)}, "data", INDUCTION_HEADS)
         if batch_size is not None:
             given["batch_size"] = batch_size
         check_length(given["seq_len"], "data.seq_len")
