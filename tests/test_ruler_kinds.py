@@ -11,12 +11,15 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import torch
+from torch import nn
 
 from helpers.runs import compose
 from pelab.data.recall import make_probe_samples, make_recall_batch
 from pelab.data.recall.ruler_options import MINIMUMS, RulerOptions, check_ruler
 from pelab.data.tokenizer import ByteTokenizer
 from pelab.errors import ConfigError
+from pelab.evaluation.probes import score_samples
 
 TOK = ByteTokenizer()
 KEYS, VALUES = TOK.reserved_key_ids, TOK.reserved_value_ids
@@ -244,3 +247,38 @@ def test_the_config_refuses_less_than_the_minimum_before_any_data(tmp_path):
     OmegaConf.update(cfg, "probes.ruler", {**RulerOptions().__dict__, "words": 9}, merge=False)
     with pytest.raises(ConfigError, match=r"^probes\.ruler\.words=9 is below the minimum 10: [^\n]*$"):
         validate(cfg, overrides)
+
+
+class Scripted(nn.Module):
+    """Hand-built logits: after each sample's prompt, all mass on the tokens of its script, one per position, whatever
+    the tokens fed after the prompt (teacher-forced or generated); elsewhere flat."""
+
+    def __init__(self, scripts):  # {prompt tuple: answer tokens to emit}
+        super().__init__()
+        self.scripts = scripts
+        self.dummy = nn.Parameter(torch.zeros(()))
+
+    def forward(self, idx, pos=None, start=0):
+        out = torch.zeros(*idx.shape, TOK.vocab_size)
+        for r, row in enumerate(idx.tolist()):
+            prompt = next(p for p in self.scripts if tuple(row[: len(p)]) == p)
+            for j, t in enumerate(self.scripts[prompt][: len(row) - len(prompt) + 1]):
+                out[r, len(prompt) - 1 + j, t] = 1e4
+        return out
+
+
+@pytest.mark.parametrize(("kind", "script", "error"), [
+    ("niah_multiquery", lambda a: a, "ok"),
+    ("niah_multiquery", lambda a: a[::-1], "ok"),                     # RULER's scoring: the values in any order
+    ("niah_multiquery", lambda a: [a[0]] * len(a), "not_in_context"),  # the same value twice is not the set
+    ("niah_multivalue", lambda a: a, "ok"),
+    ("niah_multivalue", lambda a: a[::-1], "other_in_context"),       # context order, as stated (docs/ruler.md)
+])
+def test_multi_query_answers_are_right_in_any_order_and_the_other_kinds_in_theirs(kind, script, error):
+    ss = samples(kind, 128, n=8)
+    assert all(s.any_order == (kind == "niah_multiquery") for s in ss)
+    assert all(len(set(s.answer_ids)) == len(s.answer_ids) > 1 for s in ss)
+    model = Scripted({tuple(s.input_ids): script(s.answer_ids) for s in ss})
+    records = score_samples(model, ss, batch_size=3)  # greedy decoding batched across samples too
+    assert [r.correct for r in records] == [error == "ok"] * len(ss)
+    assert [r.error for r in records] == [error] * len(ss)

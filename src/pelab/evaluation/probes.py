@@ -9,6 +9,9 @@ runs on the last rows only (``GPT.hidden(from_index=...)``: the answers end each
 * **correct** (exact match) = the argmax at every answer position equals the gold answer token. This is
   greedy decoding of ``len(answer)`` tokens: if greedy decoding reproduces the answer, each step sees
   exactly the gold prefix, so the teacher-forced argmaxes are the greedy choices. (Ties resolve like argmax.)
+  A sample with ``any_order`` (RULER's scoring of a set of answers) that misses the gold order is decoded
+  greedily, one forward per answer token, and is correct when the tokens generated are the answer's in any
+  order; its other fields stay those of the gold order.
 * **logprob** = mean over answer tokens of ``log_softmax`` (fp32) at the gold token; informative even when
   accuracy sits at chance.
 * **rank** of the gold among the distinct candidate values of the context (``RecallSample.candidates``,
@@ -31,7 +34,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -180,7 +183,33 @@ def score_samples(
                 records = _records(chunk, logits, gold.to(logits.device))
                 for i, r in zip(idxs[b0 : b0 + per_batch], records):
                     out[i] = r
+        missed = [i for i, s in enumerate(samples) if s.any_order and not out[i].correct]  # type: ignore[union-attr]
+        for i, found in zip(missed, _any_order_found(model, [samples[i] for i in missed], device, batch_size)):
+            if found:
+                out[i] = replace(out[i], correct=True, error="ok")  # type: ignore[arg-type]
     return out  # type: ignore[return-value]
+
+
+def _any_order_found(model: nn.Module, samples: Sequence[RecallSample], device: torch.device,
+                     batch_size: int) -> list[bool]:
+    """Per sample: do ``len(answer)`` greedy steps from its prompt generate its answer tokens in some order
+    (a multiset match)? Samples of one prompt length share each step's forward."""
+    found = [False] * len(samples)
+    by_len: dict[int, list[int]] = {}
+    for i, s in enumerate(samples):
+        by_len.setdefault(len(s.input_ids), []).append(i)
+    for P, idxs in by_len.items():
+        for b0 in range(0, len(idxs), batch_size):
+            chunk = [samples[i] for i in idxs[b0 : b0 + batch_size]]
+            x = torch.tensor(np.array([s.input_ids for s in chunk], dtype=np.int64), device=device)  # (B, P)
+            rows = torch.arange(len(chunk), device=device)
+            for _ in range(max(len(s.answer_ids) for s in chunk)):
+                cols = torch.full_like(rows, x.shape[1] - 1)
+                step = stoppable_forward(partial(answer_logits, model, rows=rows, cols=cols), x)  # (B, V)
+                x = torch.cat([x, step.argmax(-1, keepdim=True)], dim=1)
+            for i, s, row in zip(idxs[b0 : b0 + batch_size], chunk, x[:, P:].tolist()):
+                found[i] = sorted(row[: len(s.answer_ids)]) == sorted(s.answer_ids)
+    return found
 
 
 def lim_gap(depths: Sequence[float], accs: Sequence[float]) -> float:

@@ -54,6 +54,7 @@ class Instance:
     items: list[int]
     answer_space: int
     spans: list[tuple[int, int]] = field(default_factory=list)
+    any_order: bool = False  # a probe scores the answer in any order (RecallSample.any_order)
 
     def answer_spans(self) -> list[tuple[int, int]]:
         return self.spans or [(len(self.ids), len(self.ids) + len(self.answer))]
@@ -114,6 +115,7 @@ def _sample(inst: Instance, name: str, length: int, depth: float, n_items: int) 
     s.candidates = [inst.ids[j] for j in inst.items]
     s.candidate_depths = [j / (len(inst.ids) - 1) for j in inst.items]
     s.gold_distance = len(inst.ids) - inst.gold_index
+    s.any_order = inst.any_order
     return s
 
 

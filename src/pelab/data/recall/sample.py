@@ -24,7 +24,8 @@ class RecallSample:
     the gold value / passkey inside the context. ``n_items``: pairs in the context (1 for passkey).
     ``answer_space``: number of possible answers in the sample's space (for the chance level).
     ``candidates`` / ``candidate_depths`` / ``gold_distance``: see README.md (Candidates). ``prefix``: filler
-    tokens before the window (mqar_offset: ``prefix_multiple * window``; 0 otherwise)."""
+    tokens before the window (mqar_offset: ``prefix_multiple * window``; 0 otherwise). ``any_order``: a
+    multi-token answer scored RULER's way, right in any order (greedy decoding; niah_multiquery)."""
 
     input_ids: list[int]
     answer_ids: list[int]
@@ -38,6 +39,7 @@ class RecallSample:
     candidate_depths: list[float] = field(default_factory=list)
     gold_distance: int = 0
     prefix: int = 0
+    any_order: bool = False
 
 
 def with_mask(ids: list[int], answer: list[int], spans: list[tuple[int, int]]) -> tuple[list[int], list[bool]]:
