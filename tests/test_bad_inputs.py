@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from hydra.errors import MissingConfigException
 
-from helpers.runs import CONF_DIR, FAST, compose, run_cli
+from helpers.runs import CONF_DIR, FAST, STUDY_PRESETS, compose, run_cli, study_preset
 from pelab.data.config import LOADER_KEYS
 from pelab.errors import ConfigError, is_user_error
 from pelab.tasks.config import validate
@@ -220,10 +220,12 @@ REQUIRED = {"text_dir": ["data.path={texts}"], "hf": ["data.name=org/corpus"]}
 
 
 @pytest.mark.parametrize("choice", [f"{g}={o}" for g in ("model", "data", "trainer", "pe", "experiment")
-                                    for o in _options(g)])
+                                    for o in _options(g)] + [f"experiment={o}" for o in STUDY_PRESETS])
 def test_every_shipped_config_passes_validation(choice, tmp_path):
     (tmp_path / "a.txt").write_text("some text")
-    validate_config(compose([choice, *(o.format(texts=tmp_path) for o in REQUIRED.get(choice.split("=")[1], []))]))
+    option = choice.split("=")[1]
+    chosen = study_preset(option) if choice.startswith("experiment=") and option in STUDY_PRESETS else [choice]
+    validate_config(compose([*chosen, *(o.format(texts=tmp_path) for o in REQUIRED.get(option, []))]))
 
 
 @pytest.mark.parametrize("corpus", [o for o in _options("data") if o != "stdlib"])

@@ -128,3 +128,23 @@ def test_hydras_errors_end_on_one_line_through_both_entry_points(tmp_path):
         out = run_cli([*args], cwd=tmp_path, timeout=120, script=script)
         assert out.returncode == 1 and out.stderr.strip().splitlines()[-1].startswith("Error: "), out.stderr[-2000:]
         assert text in out.stderr and "HYDRA_FULL_ERROR" not in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("flag", [["-cd", "{dir}"], ["--config-dir", "{dir}"], ["--config-dir={dir}"]])
+def test_a_frozen_study_preset_is_found_in_the_folder_the_command_line_adds(flag, monkeypatch):
+    """`python train.py -cd experiments/<study>/conf experiment=<study>_v2`: the group choices are looked up in
+    conf/ and in the folder Hydra's --config-dir adds; a choice in neither is still named with the options of both."""
+    from helpers.runs import STUDY_PRESETS
+    from pelab import CONF_DIR
+    from pelab.errors import ConfigError
+    from pelab.tasks.preflight import check_command_line
+
+    folder = STUDY_PRESETS["length_extrapolation_v1"].relative_to(ROOT)
+    added = [f.format(dir=folder) for f in flag]
+    monkeypatch.chdir(ROOT)  # a relative folder, as the study READMEs write it, is Hydra's from the current one
+    check_command_line([*added, "-m", "experiment=length_extrapolation_v1", "pe=rope,alibi"], CONF_DIR)
+    with pytest.raises(ConfigError, match=r"^no config for experiment=length_extrapolation_v1 \(known "):
+        check_command_line(["experiment=length_extrapolation_v1"], CONF_DIR)  # without the folder
+    with pytest.raises(ConfigError, match=r"no config for experiment=length_extrapolation_v9 \(known experiment: "
+                                          r".*length_extrapolation, length_extrapolation_v1, lost_in_the_middle"):
+        check_command_line([*added, "experiment=length_extrapolation_v9"], CONF_DIR)

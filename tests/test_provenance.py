@@ -151,3 +151,22 @@ def test_provenance_state_tells_clean_dirty_verified_with_diff_and_unverified(tm
     (folder / "provenance-2.diff").write_bytes(diff + b"+changed since\n")
     assert provenance_state(summary, folder) == "dirty-unverified"
     assert provenance_state({"provenance": {"code": {"git": "not a git checkout"}}}, folder) == "unknown"
+
+
+def test_verify_reruns_a_frozen_study_preset_from_the_checkouts_own_folder(tmp_path):
+    """A run launched as `python train.py -cd experiments/<study>/conf experiment=<study>_v2`: the rerun adds the
+    same folder of the clean checkout, and the folder is no override."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("verify", ROOT / "experiments" / "provenance" / "verify.py")
+    verify = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(verify)
+    tree = tmp_path / "verify-abc"
+    summary = {"command": "train.py -cd experiments/length_extrapolation/conf experiment=length_extrapolation_v2 "
+                          "pe=rope hydra.mode=RUN hydra.run.dir=x"}
+    assert verify.config_dirs(summary, tree) == ["-cd", str(tree / "experiments/length_extrapolation/conf")]
+    assert verify.job_overrides(tmp_path, summary) == ["experiment=length_extrapolation_v2", "pe=rope"]
+    absolute = {"command": f"train.py --config-dir={ROOT}/experiments/lost_in_the_middle/conf -m "
+                           "experiment=lost_in_the_middle_v2"}
+    assert verify.config_dirs(absolute, tree) == ["-cd", str(tree / "experiments/lost_in_the_middle/conf")]
+    assert verify.config_dirs({"command": "train.py experiment=length_extrapolation pe=rope"}, tree) == []

@@ -13,7 +13,7 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from helpers.runs import CONF_DIR, ROOT, compose
+from helpers.runs import CONF_DIR, ROOT, compose, config_dir
 from pelab.tasks.evaluate import OVERRIDABLE, OWN_KEYS
 from pelab.tasks.train import validate_config
 
@@ -37,7 +37,8 @@ def shell_commands(text: str) -> list[str]:
 def readme_commands() -> list[tuple[str, str, list[str]]]:
     """(page, script, overrides) of every `python train.py` / `python eval.py` in README.md and docs/. Placeholders
     (`<...>`) become a dummy path segment; a multirun (`-m`) is represented by its first job: each swept
-    override takes its first value."""
+    override takes its first value. A folder added with `-cd` / `--config-dir` (a study's frozen presets) is added
+    to the composition's search path."""
     out = []
     parser = OverridesParser.create()
     for page, line in [(page, line) for page, text in PAGES.items() for line in shell_commands(text)]:
@@ -48,8 +49,13 @@ def readme_commands() -> list[tuple[str, str, list[str]]]:
                 words = words[1:]
             if len(words) < 2 or words[0] not in ("python", "python3") or words[1] not in ("train.py", "eval.py"):
                 continue
-            overrides = []
-            for o in parser.parse_overrides([w for w in words[2:] if w not in ("-m", "--multirun")]):
+            overrides, args = [], []
+            for i, w in enumerate(words[2:], start=2):
+                if w in ("-cd", "--config-dir") or w.startswith("--config-dir="):
+                    overrides.append(config_dir(w.partition("=")[2] or words[i + 1]))
+                elif words[i - 1] not in ("-cd", "--config-dir") and w not in ("-m", "--multirun"):
+                    args.append(w)
+            for o in parser.parse_overrides(args):
                 first = next(iter(o.sweep_string_iterator())) if o.is_sweep_override() else None
                 overrides.append(o.input_line if first is None else f"{o.get_key_element()}={first}")
             out.append((page, words[1], overrides))

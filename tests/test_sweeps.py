@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers.runs import CONF_DIR, FAST, ROOT, compose, run_cli, summaries
+from helpers.runs import CONF_DIR, FAST, ROOT, STUDY_PRESETS, compose, run_cli, study_preset, summaries
 
 # The frozen studies' own list, as they ran it (a scheme added later changes nothing they run).
 ELEVEN = ["sinusoidal", "learned", "rope", "xpos", "t5_bias", "alibi", "kerple", "sandwich", "fire", "cope", "nope"]
@@ -171,9 +171,9 @@ def test_length_extrapolation_experiment_sweeps_all_encodings_and_seeds():
     assert list(params) == ["trainer.max_steps", "seed", "pe"]  # the short budget first: all its jobs run first
     assert params["trainer.max_steps"] == "1500,6000" and params["seed"] == "0,1,2"
     assert params["pe"].split(",") == ["nope", "sinusoidal", "rope", "t5_bias", "alibi", "fire"]
-    v2 = _compose_hydra(["experiment=length_extrapolation_v2"])  # the second study, kept reproducible
+    v2 = _compose_hydra(study_preset("length_extrapolation_v2"))  # the second study, kept reproducible
     assert v2.hydra.sweeper.params["pe"].split(",") == ELEVEN and v2.eval.split == "val"
-    v1 = _compose_hydra(["experiment=length_extrapolation_v1"])  # the first study, kept reproducible
+    v1 = _compose_hydra(study_preset("length_extrapolation_v1"))  # the first study, kept reproducible
     assert v1.model.d_model == 256 and v1.data.recall_mix == 0.1 and list(v1.eval.lengths) == [1, 2, 4, 8, 16]
     assert v1.hydra.sweeper.params["pe"].split(",") == ELEVEN
 
@@ -184,7 +184,7 @@ def test_lost_in_the_middle_v3_trains_every_scheme_the_same_steps():
     assert cfg.eval.split == "test" and list(cfg.probes.kinds) == ["mqar", "mqar_offset"] and cfg.probes.samples == 200
     params = cfg.hydra.sweeper.params
     assert params["seed"] == "0,1" and len(params["pe"].split(",")) == 9 and set(params["pe"].split(",")) <= ENCODINGS
-    v2 = _compose_hydra(["experiment=lost_in_the_middle_v2"])  # the criterion-stopped study, kept reproducible
+    v2 = _compose_hydra(study_preset("lost_in_the_middle_v2"))  # the criterion-stopped study, kept reproducible
     assert v2.callbacks.retrieval_criterion.get("stop", True) is True  # the callback's default: stop at 0.95
 
 
@@ -203,6 +203,19 @@ def test_context_extension_v3_children_keep_the_parents_tokens_per_step():
     assert child.eval.lengths == parent.eval.lengths and child.probes == parent.probes
 
 
+def test_the_frozen_study_presets_sit_beside_their_studies():
+    """The versions pinned for committed studies are in the study's own folder (`-cd <folder>` adds it), not
+    among the presets of conf/experiment/."""
+    assert {name: str(folder.relative_to(ROOT)) for name, folder in STUDY_PRESETS.items()} == {
+        "length_extrapolation_v1": "experiments/length_extrapolation/v1/conf",
+        "length_extrapolation_v2": "experiments/length_extrapolation/conf",
+        "lost_in_the_middle_v2": "experiments/lost_in_the_middle/conf",
+        "context_extension_v2": "experiments/context_extension/conf"}
+    assert not set(STUDY_PRESETS) & {p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml")}
+    v2 = _compose_hydra(study_preset("context_extension_v2"))  # the parent of the second study, kept reproducible
+    assert v2.model.name == "micro" and v2.tokenizer.kind == "byte" and v2.data.recall_mix == 0
+
+
 @pytest.mark.parametrize("pe", ["t5_bias", "cope"])
 def test_length_extrapolation_preset_is_the_setting_of_the_committed_study(pe):
     """experiment=length_extrapolation_v2 composes to the settings the committed runs of
@@ -213,7 +226,7 @@ def test_length_extrapolation_preset_is_the_setting_of_the_committed_study(pe):
     from pelab.report.aggregation import flatten
 
     ran = json.loads((ROOT / f"experiments/peer/results/seeds/pelab_{pe}_s1/summary.json").read_text())["config"]
-    cfg = compose(["experiment=length_extrapolation_v2", f"pe={pe}", "seed=1"], Path("/tmp/unused"))
+    cfg = compose([*study_preset("length_extrapolation_v2"), f"pe={pe}", "seed=1"], Path("/tmp/unused"))
     for section in ("model", "data", "tokenizer", "optim", "pe", "eval", "probes"):
         preset, committed = flatten(OmegaConf.to_container(cfg[section], resolve=True)), flatten(ran[section])
         assert {k: preset.get(k) for k in committed} == committed, section

@@ -17,6 +17,7 @@ own summary.json, whose `provenance.code` is the recorded commit, clean.
 
 The job's overrides are its `.hydra/overrides.yaml`, or, for a single run whose folder lacks it (context_extension
 v3 parents/s2), the recorded command's arguments without `hydra.*` (a RUN-mode command is the job's overrides).
+A folder the command added with `-cd` (a study's frozen presets) is added again, as the checkout's same folder.
 A context-extension child (`extend.from`) needs its parent's weights, which are not committed: the parent's
 committed folder (found by the recorded paths: the child's output_dir and extend.from share the study folder) is
 rerun and compared first, and the child starts from that rerun's checkpoint. A multirun job is rerun as a one-job
@@ -95,15 +96,36 @@ def is_multirun(summary: dict) -> bool:
     return not any(w in ("hydra.mode=RUN",) or w.startswith("hydra.run.dir=") for w in words)
 
 
+# Hydra's flags that take the next word as their value (train.py's command line)
+FLAG_VALUES = ("--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp", "--config-dir",
+               "-cd", "--info", "-i", "--experimental-rerun")
+
+
 def job_overrides(folder: Path, summary: dict) -> list[str]:
-    """The job's own overrides: .hydra/overrides.yaml, else a single run's command line without hydra.*."""
+    """The job's own overrides: .hydra/overrides.yaml, else a single run's command line without hydra.* and flags."""
     saved = folder / ".hydra" / "overrides.yaml"
     if saved.is_file():
         return [str(o) for o in yaml.safe_load(saved.read_text())]
     if is_multirun(summary):
         raise ValueError("a multirun job without .hydra/overrides.yaml: its own values of the sweep are unknown")
     words = shlex.split(summary["command"])[1:]
-    return [w for w in words if not w.lstrip("+~").startswith("hydra.") and not w.startswith("-")]
+    return [w for i, w in enumerate(words) if not w.lstrip("+~").startswith("hydra.") and not w.startswith("-")
+            and not (i > 0 and words[i - 1] in FLAG_VALUES)]
+
+
+def config_dirs(summary: dict, tree: Path) -> list[str]:
+    """The recorded command's `-cd <folder>` (Hydra's --config-dir: a study's frozen presets beside it) as the same
+    folder of the clean checkout `tree`: the job's overrides may choose a preset found only there."""
+    words, out = shlex.split(summary["command"]), []
+    for i, w in enumerate(words):
+        given = w.partition("=")[2] if w.startswith("--config-dir=") else (
+            words[i + 1] if w in ("-cd", "--config-dir") and i + 1 < len(words) else None)
+        if given:
+            path = Path(given)
+            path = path.relative_to(REPO) if path.is_absolute() and path.is_relative_to(REPO) else path
+            # a relative folder is the launch folder's: a study launches from the repository root
+            out += ["-cd", str(path if path.is_absolute() else tree / path)]
+    return out
 
 
 def committed_parent(folder: Path, summary: dict) -> Path | None:
@@ -175,7 +197,7 @@ def rerun(folder: Path, summary: dict, replace: dict[str, str]) -> tuple[Path, d
     where = [f"hydra.mode={'MULTIRUN' if multirun else 'RUN'}", f"hydra.{'sweep' if multirun else 'run'}.dir='{out}'"]
     overrides = [o for o in job_overrides(folder, summary) if o.split("=", 1)[0] not in replace]
     overrides += [f"{k}='{v}'" for k, v in replace.items()]
-    cmd = [sys.executable, "-S", str(tree / "train.py"), *overrides, *where]
+    cmd = [sys.executable, "-S", str(tree / "train.py"), *config_dirs(summary, tree), *overrides, *where]
     ran = {"python": sys.executable, "command": shlex.join(cmd[1:]), "cwd": str(tree), "code": code,
            "env": {k: env[k] for k in ("PYTHONPATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PELAB_CACHE_DIR")}}
     done = finished(out)

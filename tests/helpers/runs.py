@@ -18,6 +18,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = str(ROOT / "conf")  # the configs of this checkout (pelab.CONF_DIR in an editable install)
 TESTS = ROOT / "tests"
+# The frozen presets of committed studies live beside them, in a folder the command line adds to the config
+# search path: `python train.py -cd experiments/<study>/conf experiment=<study>_v2`. Preset name -> that folder.
+STUDY_PRESETS = {p.stem: p.parent.parent for p in sorted((ROOT / "experiments").glob("*/conf/experiment/*.yaml"))
+                 + sorted((ROOT / "experiments").glob("*/v*/conf/experiment/*.yaml"))}
+
+
+def config_dir(folder: Path | str) -> str:
+    """The override adding `folder` to the config search path in a composition of our own, as `-cd folder`
+    (Hydra's --config-dir) does on the command line."""
+    path = (ROOT / folder).resolve()
+    assert path.is_dir(), f"no folder {path}"  # Hydra refuses a --config-dir that is not there
+    return f"hydra.searchpath=[file://{path}]"
+
+
+def study_preset(name: str) -> list[str]:
+    """The overrides composing the frozen study preset `name` (STUDY_PRESETS): its folder, then the choice."""
+    return [config_dir(STUDY_PRESETS[name]), f"experiment={name}"]
 
 # Small, fast settings for end-to-end runs: micro model, byte tokenizer, a capped stdlib corpus.
 FAST = [

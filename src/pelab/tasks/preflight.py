@@ -56,20 +56,26 @@ def check_writable(path: Path, setting: str, what: str) -> None:
 
 def check_command_line(argv: list[str], conf_dir: str) -> None:
     """Group choices of the command line: every value of a sweep (Hydra names only the first it misses).
-    Reads the conf/ folders, composes nothing."""
+    Reads the conf/ folders (and those `--config-dir` / `-cd` adds: a study's frozen presets), composes nothing."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     takes_value = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp",
                    "--config-dir", "-cd", "--info", "-i", "--experimental-rerun"}
-    args, skip = [], False
+    args, dirs, flag = [], [Path(conf_dir)], None
     for a in argv:
-        if skip or a.startswith("-"):
-            skip = not skip and a in takes_value
-            continue
-        args.append(a)
-    if any(a.startswith(("hydra.searchpath", "+hydra.searchpath")) for a in args):
-        return  # groups outside conf/: leave their lookup to Hydra
+        if flag is not None:  # the value of the flag before it
+            dirs += [Path(a)] if flag in ("--config-dir", "-cd") else []
+            flag = None
+        elif a.startswith("--config-dir="):
+            dirs.append(Path(a.partition("=")[2]))
+        elif a.startswith("-"):
+            flag = a if a in takes_value else None
+        else:
+            args.append(a)
+    if any(a.startswith(("hydra.searchpath", "+hydra.searchpath")) for a in args) or not all(
+            d.is_dir() for d in dirs):
+        return  # groups outside these folders, or a folder that is not there: Hydra's own lookup and message
     try:
         parsed = OverridesParser.create().parse_overrides(args)
     except HydraException:
@@ -78,13 +84,16 @@ def check_command_line(argv: list[str], conf_dir: str) -> None:
     for o in parsed:
         key = o.key_or_group
         values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
-        group = Path(conf_dir) / Path(*key.lstrip("+~").split("/"))
-        if group.is_dir() and not o.is_delete():
-            missing += [f"{key}={v}" for v in values if isinstance(v, str) and not (group / f"{v}.yaml").is_file()]
+        groups = [d / Path(*key.lstrip("+~").split("/")) for d in dirs]
+        if any(g.is_dir() for g in groups) and not o.is_delete():
+            missing += [f"{key}={v}" for v in values
+                        if isinstance(v, str) and not any((g / f"{v}.yaml").is_file() for g in groups)]
     if missing:
-        options = {m.split("=")[0] for m in missing}
-        known = "; ".join(f"{g}: {', '.join(sorted(p.stem for p in (Path(conf_dir) / g).glob('*.yaml') if not p.stem.startswith('_')))}"
-                          for g in sorted(options))
+        def options(group: str) -> str:
+            return ", ".join(sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml")
+                                     if not p.stem.startswith("_")}))
+
+        known = "; ".join(f"{g}: {options(g)}" for g in sorted({m.split("=")[0] for m in missing}))
         raise ConfigError(f"no config for {', '.join(missing)} (known {known}).")
 
 
