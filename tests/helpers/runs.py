@@ -36,6 +36,7 @@ def study_preset(name: str) -> list[str]:
     """The overrides composing the frozen study preset `name` (STUDY_PRESETS): its folder, then the choice."""
     return [config_dir(STUDY_PRESETS[name]), f"experiment={name}"]
 
+
 # Small, fast settings for end-to-end runs: micro model, byte tokenizer, a capped stdlib corpus.
 FAST = [
     "debug=fast",  # the smoke settings users get too (conf/debug/fast.yaml): micro model, 32 tokens, 30 steps
