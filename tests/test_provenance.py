@@ -162,9 +162,9 @@ def test_verify_reruns_a_frozen_study_preset_from_the_checkouts_own_folder(tmp_p
     verify = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(verify)
     tree = tmp_path / "verify-abc"
-    summary = {"command": "train.py -cd experiments/length_extrapolation/conf experiment=length_extrapolation_v2 "
+    summary = {"command": "train.py -cd experiments/length_extrapolation/v2/conf experiment=length_extrapolation_v2 "
                           "pe=rope hydra.mode=RUN hydra.run.dir=x"}
-    assert verify.config_dirs(summary, tree) == ["-cd", str(tree / "experiments/length_extrapolation/conf")]
+    assert verify.config_dirs(summary, tree) == ["-cd", str(tree / "experiments/length_extrapolation/v2/conf")]
     assert verify.job_overrides(tmp_path, summary) == ["experiment=length_extrapolation_v2", "pe=rope"]
     absolute = {"command": f"train.py --config-dir={ROOT}/experiments/lost_in_the_middle/conf -m "
                            "experiment=lost_in_the_middle_v2"}

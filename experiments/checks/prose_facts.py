@@ -343,7 +343,7 @@ def ce() -> None:
 def v2_convergence() -> None:
     section("length extrapolation v2 (peer/results/seeds/pelab_*) and the 3,000-step check: late val change")
     for root, budget in ((EXP / "peer" / "results" / "seeds", 1500),
-                         (EXP / "length_extrapolation" / "steps3000", 3000)):
+                         (EXP / "length_extrapolation" / "v2" / "steps3000", 3000)):
         ch = []
         for p in sorted(root.glob("*/metrics.csv")) + sorted(root.glob("*/csv/metrics.csv")):
             folder = p.parent if p.parent.name != "csv" else p.parent.parent

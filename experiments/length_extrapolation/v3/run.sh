@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Study v3 (experiments/length_extrapolation/README.md): the main sweep, then the learning-rate check, then the
+# Study v3 (experiments/length_extrapolation/v3/README.md): the main sweep, then the learning-rate check, then the
 # model.init check, each a resumable multirun shared by two workers at one thread each (2-core CPU). Relaunch
 # the same command to go on after an interruption: finished jobs are skipped, interrupted ones resumed.
 #   bash experiments/length_extrapolation/v3/run.sh [root folder of the sweeps, default outputs/studies/v3]

@@ -28,7 +28,7 @@ class Sinusoidal(PositionEncoding):
     per-channel RMS (0.71 * scale) then stands to the token vectors as in fairseq's baseline of the ALiBi
     paper (embeddings N(0, D^-0.5) scaled by sqrt(D): RMS 1 against 0.71). At scale 1.0 the sinusoid
     swamps the 0.02-std token embeddings and training stalls near the unigram perplexity (measured:
-    experiments/length_extrapolation/README.md).
+    experiments/length_extrapolation/v2/README.md).
 
     ``learn_scale``: the multiplier is one learned scalar initialised at ``scale`` (x-transformers'
     ``ScaledSinusoidalEmbedding``, init D^-0.5; a ``pe.*`` parameter, so never weight-decayed).

@@ -229,7 +229,7 @@ class SinusoidalConfig(PEConfig):
     base: float = 10000.0
     # Multiplier on the added vector. 0.02 = the token embeddings' init std, so sinusoid and token vectors start
     # in the same ratio as in fairseq's baseline of the ALiBi paper (see the class docstring). 1.0 = the raw
-    # formula, which swamps 0.02-std token embeddings (measured: experiments/length_extrapolation/README.md).
+    # formula, which swamps 0.02-std token embeddings (measured: experiments/length_extrapolation/v2/README.md).
     scale: float = 0.02
     learn_scale: bool = False  # the multiplier is a learned scalar initialised at `scale`
 
