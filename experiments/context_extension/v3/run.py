@@ -1,4 +1,4 @@
-"""Context extension study v3 (experiments/context_extension/README.md): per seed, a rope parent at L = 128
+"""Context extension study v3 (experiments/context_extension/v3/README.md): per seed, a rope parent at L = 128
 (experiment=context_extension, the default run), then from its weights
 
   - the four scalings (none / linear = PI / ntk / yarn, factor 4) fine-tuned at 512 tokens for each of --steps
@@ -9,7 +9,7 @@
 Each seed is one stream of jobs (parent, then its children); --workers streams run side by side. A relaunch with
 the same --out skips what finished and resumes what was interrupted. Then the report reads the folder:
 
-    OMP_NUM_THREADS=1 python experiments/context_extension/run.py --out outputs/context_extension_v3
+    OMP_NUM_THREADS=1 python experiments/context_extension/v3/run.py --out outputs/context_extension_v3
     python -m pelab.report outputs/context_extension_v3 --out experiments/context_extension/v3/report
 
 Extra arguments after `--` go to every train.py command (e.g. `-- model=micro` for a smoke run).
@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SCALINGS = "none,linear,ntk,yarn"
 CONTROL = ["data.seq_len=128", "data.batch_size=32", "pe.scaling.type=none"]  # the parent's length and batch
 
