@@ -39,7 +39,7 @@ def test_the_studies_findings_are_generated():
     """The length-extrapolation, retrieval and context-extension findings: the summary page and each study's own."""
     blocks = generated_blocks()
     assert {"experiments/README.md", "experiments/length_extrapolation/v3/README.md",
-            "experiments/lost_in_the_middle/README.md", "experiments/context_extension/v3/README.md"} <= {
+            "experiments/lost_in_the_middle/v3/README.md", "experiments/context_extension/v3/README.md"} <= {
         page for page, _, _ in blocks}
     summary = " ".join(args for page, args, _ in blocks if page == "experiments/README.md")
     for runs in ("length_extrapolation/v3/runs", "lost_in_the_middle/v3/runs", "context_extension/v3/runs"):

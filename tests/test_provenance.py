@@ -166,7 +166,7 @@ def test_verify_reruns_a_frozen_study_preset_from_the_checkouts_own_folder(tmp_p
                           "pe=rope hydra.mode=RUN hydra.run.dir=x"}
     assert verify.config_dirs(summary, tree) == ["-cd", str(tree / "experiments/length_extrapolation/v2/conf")]
     assert verify.job_overrides(tmp_path, summary) == ["experiment=length_extrapolation_v2", "pe=rope"]
-    absolute = {"command": f"train.py --config-dir={ROOT}/experiments/lost_in_the_middle/conf -m "
+    absolute = {"command": f"train.py --config-dir={ROOT}/experiments/lost_in_the_middle/v2/conf -m "
                            "experiment=lost_in_the_middle_v2"}
-    assert verify.config_dirs(absolute, tree) == ["-cd", str(tree / "experiments/lost_in_the_middle/conf")]
+    assert verify.config_dirs(absolute, tree) == ["-cd", str(tree / "experiments/lost_in_the_middle/v2/conf")]
     assert verify.config_dirs({"command": "train.py experiment=length_extrapolation pe=rope"}, tree) == []

@@ -209,7 +209,7 @@ def test_the_frozen_study_presets_sit_beside_their_studies():
     assert {name: str(folder.relative_to(ROOT)) for name, folder in STUDY_PRESETS.items()} == {
         "length_extrapolation_v1": "experiments/length_extrapolation/v1/conf",
         "length_extrapolation_v2": "experiments/length_extrapolation/v2/conf",
-        "lost_in_the_middle_v2": "experiments/lost_in_the_middle/conf",
+        "lost_in_the_middle_v2": "experiments/lost_in_the_middle/v2/conf",
         "context_extension_v2": "experiments/context_extension/v2/conf"}
     assert not set(STUDY_PRESETS) & {p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml")}
     v2 = _compose_hydra(study_preset("context_extension_v2"))  # the parent of the second study, kept reproducible
