@@ -145,31 +145,54 @@ def test_a_checkpoint_whose_config_names_the_former_module_paths_still_loads(ref
     assert check_resume_checkpoint(str(old), now, same_run=True)[0] == ckpt["global_step"]  # ckpt_path=auto
 
 
-def old_datamodule_key(cfg: dict) -> dict:
-    """`cfg` as recorded before the DataModule's data config was `datamodule.data`: it was `datamodule.source`."""
+def old_datamodule_group(cfg: dict, key: str = "source") -> dict:
+    """`cfg` as recorded before the data group named its DataModule: a `datamodule` group held the `_target_`, the
+    data config under `key` (`source` before 84642c5, then `data`) and the tokenizer; `data` had no `_target_`."""
     import copy
 
     old = copy.deepcopy(cfg)
-    old["datamodule"] = {("source" if k == "data" else k): v for k, v in cfg["datamodule"].items()}
-    assert "source" in old["datamodule"] and "data" not in old["datamodule"]
+    data = {k: v for k, v in old["data"].items() if k != "_target_"}
+    old["datamodule"] = {"_target_": old["data"]["_target_"], key: copy.deepcopy(data),
+                         "tokenizer": copy.deepcopy(old["tokenizer"])}
+    old["data"] = data
     return old
 
 
-def test_a_checkpoint_config_that_names_datamodule_source_builds_its_datamodule(reference, tmp_path):
-    """A run recorded before the rename names `datamodule.source`; what instantiates a checkpoint's own datamodule
-    again (pelab.lm_eval, pelab.export) reads it through `todays_form`, under today's key."""
-    from hydra.errors import InstantiationException
+@pytest.mark.parametrize("key", ["source", "data"])
+def test_a_checkpoint_config_with_a_datamodule_group_builds_its_datamodule(reference, key):
+    """A run recorded before the data group named its DataModule has a `datamodule` group (its data config under
+    `source`, later `data`) and no data._target_; what builds a checkpoint's own DataModule again (eval.py,
+    pelab.lm_eval, pelab.export) reads it through `todays_form`, which moves the `_target_` into `data`."""
     from omegaconf import OmegaConf
 
+    from pelab.errors import ConfigError
     from pelab.runs.build import build_datamodule
     from pelab.tasks.evaluate import todays_form
 
     ckpt = load_checkpoint(reference / "checkpoints" / "last.ckpt")
     now = ckpt["hyper_parameters"]["cfg"]
-    old = old_datamodule_key(now)
-    assert todays_form(old)["datamodule"] == todays_form(now)["datamodule"] == now["datamodule"]
-    with pytest.raises(InstantiationException, match="argument: .data."):  # the recorded key as it is
+    assert "datamodule" not in now and now["data"]["_target_"] == "pelab.data.datamodule.LMDataModule"
+    old = old_datamodule_group(now, key)
+    assert todays_form(old) == todays_form(now) == now
+    with pytest.raises(ConfigError, match=r"data\._target_ is not set"):  # the recorded config as it is
         build_datamodule(OmegaConf.create(old), 1)
     dm = build_datamodule(OmegaConf.create(todays_form(old)), 1)
     dm.setup("validate")
     assert dm.vocab_size == ckpt["hyper_parameters"]["vocab_size"]
+
+
+def test_todays_form_takes_the_datamodule_of_the_recorded_group_else_the_loader_files():
+    """An induction-heads run's recorded `datamodule._target_` is kept (not conf/data/_loader.yaml's); a record
+    with no datamodule group at all takes the file's."""
+    from omegaconf import OmegaConf
+
+    from pelab.tasks.evaluate import todays_form
+
+    cfg = compose(["experiment=induction_heads"])
+    now = {group: OmegaConf.to_container(cfg[group], resolve=True) for group in ("data", "tokenizer")}
+    assert now["data"]["_target_"] == "pelab.data.recall.induction_data.InductionDataModule"
+    old = old_datamodule_group(now)
+    assert todays_form(old)["data"] == todays_form(now)["data"] == now["data"]
+    assert "datamodule" not in todays_form(old)
+    older = {k: v for k, v in old.items() if k != "datamodule"}
+    assert todays_form(older)["data"]["_target_"] == "pelab.data.datamodule.LMDataModule"

@@ -92,7 +92,7 @@ def test_probe_instances_are_fixed_exact_and_need_the_tasks_vocabulary():
     capped = make_probe_samples(INDUCTION_HEADS, InductionVocabulary(long_samples=2, long_from=64), 64, 0.5, 5, 7)
     assert [s.input_ids for s in capped] == [s.input_ids for s in a[:2]]  # the first instances
     assert len(make_probe_samples(INDUCTION_HEADS, InductionVocabulary(2, 128), 64, 0.5, 5, 7)) == 5
-    with pytest.raises(RecallLengthError, match="datamodule=induction"):
+    with pytest.raises(RecallLengthError, match="data=induction_heads"):
         make_probe_samples(INDUCTION_HEADS, ByteTokenizer(0, 0), 64, 0.5, 1, seed=7)
     with pytest.raises(RecallLengthError, match="length >= 3"):
         make_probe_samples(INDUCTION_HEADS, VOCABULARY, 2, 0.5, 1, seed=7)

@@ -137,16 +137,17 @@ def test_a_bad_model_arg_is_one_line_naming_it(reference):
         PELabLM(checkpoint=str(reference), temperature=2)
 
 
-def test_a_checkpoint_that_names_datamodule_source_loads(reference, tmp_path):
-    """A checkpoint recorded before the DataModule's data config was `datamodule.data` scores as it did."""
+def test_a_checkpoint_with_a_datamodule_group_loads(reference, tmp_path):
+    """A checkpoint recorded before the data group named its DataModule (a `datamodule` group with
+    `datamodule.source`, no data._target_) scores as it did."""
     from helpers.runs import load_checkpoint
     from pelab.lm_eval import load_scoring_model
-    from test_checkpoints import old_datamodule_key
+    from test_checkpoints import old_datamodule_group
 
     ckpt = load_checkpoint(reference / "checkpoints" / "last.ckpt")
-    ckpt["hyper_parameters"]["cfg"] = old_datamodule_key(ckpt["hyper_parameters"]["cfg"])
+    ckpt["hyper_parameters"]["cfg"] = old_datamodule_group(ckpt["hyper_parameters"]["cfg"])
     old = tmp_path / "old.ckpt"
     torch.save(ckpt, old)
     _, tok, cfg = load_scoring_model(old)
-    assert "data" in cfg.datamodule and "source" not in cfg.datamodule
+    assert "datamodule" not in cfg and cfg.data._target_ == "pelab.data.datamodule.LMDataModule"
     assert tok.encode("ab") == PELabLM(checkpoint=str(reference), device="cpu").tokenizer.encode("ab")

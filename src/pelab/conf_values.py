@@ -62,3 +62,17 @@ def with_file_values(values: Mapping[str, Any], group: str, option: str) -> dict
     """`values` (a config of `group`, plain data) with each key it lacks taken from conf/<group>/<option>.yaml
     (`group_yaml`); its own keys kept as they are."""
     return {**OmegaConf.to_container(group_yaml(group, option)), **values}
+
+
+def with_data_target(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """`cfg` (a run's config, plain data) with its data group naming the DataModule to build (`data._target_`). A
+    config recorded before conf/data/ named it had a group `datamodule` of its own (its `_target_`; its other keys
+    repeated data.* and tokenizer.*): its `_target_` moves into `data` and the group is dropped. A data group that
+    names neither takes conf/data/_loader.yaml's."""
+    out = dict(cfg)
+    old = out.pop("datamodule", None)
+    data = out.get("data")
+    if isinstance(data, Mapping) and "_target_" not in data:
+        target = old.get("_target_") if isinstance(old, Mapping) else None
+        out["data"] = {"_target_": target or group_yaml("data", "_loader")["_target_"], **data}
+    return out

@@ -172,7 +172,7 @@ def run_tokenizer(cfg: dict) -> Any:
 
     if cfg["tokenizer"]["kind"] == "byte":
         return make_tokenizer(cfg["tokenizer"])
-    c = OmegaConf.create(todays_form(cfg))  # its datamodule is instantiated again: under today's key names
+    c = OmegaConf.create(todays_form(cfg))  # its DataModule is built again: named as today (data._target_)
     c.paths.cache_dir = str(resolve_cache_root())
     datamodule = build_datamodule(c, 1)
     datamodule.setup("validate")

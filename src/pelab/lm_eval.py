@@ -56,7 +56,7 @@ def load_scoring_model(checkpoint: str | Path, pe_options: dict[str, Any] | None
 
     path = resolve_ckpt_path(str(checkpoint), Path.cwd())
     ckpt = load_run_checkpoint(path, key="checkpoint")
-    cfg = OmegaConf.create(todays_form(ckpt["hyper_parameters"]["cfg"]))  # its datamodule is instantiated again
+    cfg = OmegaConf.create(todays_form(ckpt["hyper_parameters"]["cfg"]))  # its DataModule is built again
     for key, value in (pe_options or {}).items():
         OmegaConf.update(cfg, key, value, force_add=True)
     train_length = int(cfg.data.seq_len)

@@ -6,7 +6,8 @@ Hydra composes into every data config. Code reads that file only as Hydra compos
 and only where a data config lacks a key: one built by hand (`LMDataModule` given a corpus name, a benchmark), one
 recorded before the key existed (a checkpoint's: `pelab.tasks.evaluate.todays_form`), or one not read yet (eval.py
 types probes.* against today's values before it opens the checkpoint). A corpus config adds its own keys (path,
-name, ...) beside them; those are the corpus code's.
+name, ...) beside them; those are the corpus code's. `_target_` names the DataModule that reads them
+(`pelab.runs.build.build_datamodule`): not a loader key, and not in the token cache key.
 """
 
 from __future__ import annotations
@@ -65,8 +66,10 @@ class TokenizerConfig:
 
 @cache
 def loader_defaults() -> dict[str, Any]:
-    """conf/data/_loader.yaml: the loader values a data config composes (the one place they are written)."""
-    return OmegaConf.to_container(group_yaml("data", "_loader"))
+    """conf/data/_loader.yaml's loader values, which a data config composes (the one place they are written); its
+    `_target_` (the DataModule) is no loader key."""
+    values = OmegaConf.to_container(group_yaml("data", "_loader"))
+    return {k: v for k, v in values.items() if k in LOADER_KEYS}
 
 
 def loader_settings(values: Mapping[str, Any]) -> DictConfig:

@@ -36,8 +36,8 @@ class LMDataModule(L.LightningDataModule):
 
     data:      the data config: `source` (stdlib | text_dir | hf | django_docs | shakespeare) plus that
                source's knobs (path, glob, name, config, text_field, data_files, doc_split, max_bytes, ...) and the
-               loader keys (`pelab.data.config.LoaderConfig`: seq_len, recall_mix, ...). A bare kind string
-               works.
+               loader keys (`pelab.data.config.LoaderConfig`: seq_len, recall_mix, ...); conf/data/ without its
+               `_target_` (which names this class). A bare kind string works.
     tokenizer: the tokenizer config: `kind` (bpe | byte | pretrained) plus its knobs.
     batch_size: rows per step on this device (the harness divides the global data.batch_size); None = the
                data config's.

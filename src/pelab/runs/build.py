@@ -2,7 +2,7 @@
 callbacks and loggers, and the resume point. Used by `pelab.tasks.train` and `pelab.tasks.evaluate`.
 
 The Trainer, its callbacks and loggers, and the DataModule are instantiated from their `_target_` configs
-(conf/trainer, conf/callbacks, conf/logger, conf/datamodule).
+(conf/trainer, conf/callbacks, conf/logger, conf/data).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from pelab.data.datamodule import EmulatedWorldDataModule
-from pelab.errors import CheckpointError
+from pelab.errors import CheckpointError, ConfigError
 from pelab.training.config import TrainerConfig, TrainSettings, check_world, explicit_world_size
 from pelab.training.job import JobRecord
 
@@ -92,17 +92,23 @@ def data_record(datamodule: Any) -> dict:
 
 
 def build_datamodule(cfg: DictConfig, batch_size: int, emulate_world_size: int | None = None) -> Any:
-    """`cfg.datamodule` serving `batch_size` rows per step and device (also eval.py's); `emulate_world_size`:
-    debug.emulate_world_size of a training run."""
-    # `data` and `tokenizer` are passed as they are (not walked): the data code names a value left unset
-    # (`???`) by its key, e.g. data.path.
-    kwargs: dict[str, Any] = {"batch_size": batch_size, "seed": int(cfg.seed), "cache_dir": cfg.paths.cache_dir,
+    """The DataModule `cfg.data._target_` names, given the rest of `cfg.data` as `data`, `cfg.tokenizer`, the seed
+    and the token cache folder, serving `batch_size` rows per step and device (also eval.py's);
+    `emulate_world_size`: debug.emulate_world_size of a training run."""
+    # resolved but not walked: the data code names a value left unset (`???`) by its key, e.g. data.path
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    target = data.pop("_target_", None)
+    if not target:  # a config recorded before the data group named it: pelab.tasks.evaluate.todays_form reads it
+        raise ConfigError("data._target_ is not set: the data config names the DataModule to build "
+                          "(conf/data/_loader.yaml).")
+    kwargs: dict[str, Any] = {"data": data, "tokenizer": OmegaConf.to_container(cfg.tokenizer, resolve=True),
+                              "batch_size": batch_size, "seed": int(cfg.seed), "cache_dir": cfg.paths.cache_dir,
                               "_recursive_": False}
     emulate = emulate_world_size or 1
     if emulate > 1:  # one process draws the rows of `emulate` ranks per step (see EmulatedWorldDataModule)
         target = f"{EmulatedWorldDataModule.__module__}.{EmulatedWorldDataModule.__qualname__}"
-        kwargs.update(_target_=target, world=emulate, batch_size=batch_size // emulate)
-    return instantiate(cfg.datamodule, **kwargs)
+        kwargs.update(world=emulate, batch_size=batch_size // emulate)
+    return instantiate({"_target_": target}, **kwargs)
 
 
 def build_module(summary: dict, vocab_size: int) -> Any:

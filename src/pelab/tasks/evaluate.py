@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pelab import CONF_DIR
 from pelab.checks import need, resolved_value, typed_group
-from pelab.conf_values import group_yaml, with_file_values
+from pelab.conf_values import group_yaml, with_data_target, with_file_values
 from pelab.data.config import LoaderConfig
 from pelab.encodings import pe_schema, pe_variant, resolve_pe_config
 from pelab.errors import ConfigError
@@ -94,25 +94,19 @@ def checkpoint_settings(train_cfg: dict, cfg: DictConfig, keys: list[str]
 # data loader keys the probes follow -- are brought to today's form here, in one place: each key of the group's
 # schema takes the checkpoint's value or, where it has none, the value of the file the group composes today.
 TODAYS_FILES = {"eval": (EvalConfig, "default"), "probes": (ProbesConfig, "default"), "data": (LoaderConfig, "_loader")}
-OPEN_GROUPS = ("data",)  # its other keys are the corpus's: kept
-# A key since renamed (group -> {recorded name: today's}): the DataModule's data config is `datamodule.data`, as
-# `data.source` names the corpus; a checkpoint instantiated again (pelab.lm_eval, pelab.export) passes it by name.
-RENAMED = {"datamodule": {"source": "data"}}
+OPEN_GROUPS = ("data",)  # its other keys are the corpus's (and its DataModule's `_target_`): kept
 
 
 def todays_form(train_cfg: dict) -> dict:
     """`train_cfg` (a checkpoint's training config, plain data) with its `eval`, `probes` and data loader keys in
-    today's form (see TODAYS_FILES) and the keys renamed since under today's names (RENAMED); a config written now
-    is returned as it is."""
-    out = copy.deepcopy(train_cfg)
+    today's form (see TODAYS_FILES) and its DataModule named by `data._target_`, as a config recorded with a
+    `datamodule` group of its own gets it (`pelab.conf_values.with_data_target`: eval.py, pelab.lm_eval and
+    pelab.export build the checkpoint's own DataModule); a config written now is returned as it is."""
+    out = copy.deepcopy(with_data_target(train_cfg))
     for group, (schema, option) in TODAYS_FILES.items():
-        filled = with_file_values(train_cfg.get(group) or {}, group, option)
+        filled = with_file_values(out.get(group) or {}, group, option)
         known = {f.name for f in fields(schema)}
         out[group] = {k: v for k, v in filled.items() if k in known or group in OPEN_GROUPS}
-    for group, names in RENAMED.items():
-        node = out.get(group)
-        if isinstance(node, dict):
-            out[group] = {names.get(k, k): v for k, v in node.items()}
     return out
 
 
@@ -159,7 +153,6 @@ def merged_config(train_cfg: dict, cfg: DictConfig, keys: list[str]) -> DictConf
         OmegaConf.update(merged, key, OmegaConf.to_container(value, resolve=True)
                          if OmegaConf.is_config(value) else value, force_add=True)
     merged.paths = cfg.paths  # this job's folders
-    merged.datamodule = cfg.datamodule  # its interpolations now read the checkpoint's data and tokenizer
     try:  # the encoding's own schema checks the pe.* overrides (a knob this encoding lacks is named)
         resolve_pe_config(merged.pe, d_model=merged.model.d_model, n_heads=merged.model.n_heads,
                           train_length=int(merged.data.seq_len))

@@ -110,7 +110,7 @@ def induction_probe(pc: object, kind: str, length: int, depth: float, n: int, se
     vocab = getattr(pc, "tok", pc)
     if not isinstance(vocab, InductionVocabulary):
         raise RecallLengthError("induction_heads has its own 16-token vocabulary: probe it in a run with "
-                                "datamodule=induction (experiment=induction_heads), not with this tokenizer")
+                                "data=induction_heads (experiment=induction_heads), not with this tokenizer")
     L = check_length(length)
     tag = zlib.crc32(kind.encode())
     out = []

@@ -1,7 +1,7 @@
 """The induction-heads task (pelab.data.recall.induction) as a training source: a LightningDataModule that serves
 fresh sequences every step on the task's own 16-token vocabulary (Gu & Dao 2023, App. E.1: "randomly generating
-data every step"), selected by ``datamodule=induction`` (conf/datamodule/induction.yaml, with
-conf/data/induction_heads.yaml).
+data every step"), selected by ``data=induction_heads`` (conf/data/induction_heads.yaml names it as its
+``_target_``).
 
 What the harness reads from a data module, for this source:
 
@@ -97,8 +97,8 @@ class InductionDataModule(L.LightningDataModule):
         super().__init__()
         data = to_plain(data)
         if not isinstance(data, Mapping) or data.get("source") != INDUCTION_HEADS:
-            raise ConfigError(f"datamodule=induction serves data.source={INDUCTION_HEADS}; use data=induction_heads "
-                              "(experiment=induction_heads), or datamodule=lm for a text corpus.")
+            raise ConfigError(f"InductionDataModule serves data.source={INDUCTION_HEADS}; use data=induction_heads "
+                              "(experiment=induction_heads), or another data config for a text corpus.")
         # a key the config lacks (one built by hand) comes from conf/data/induction_heads.yaml
         given = with_file_values({**data, **to_plain(loader)}, "data", INDUCTION_HEADS)
         if batch_size is not None:
