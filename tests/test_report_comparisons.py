@@ -280,3 +280,24 @@ def test_a_report_whose_pairs_share_two_seeds_says_no_difference_could_be_tested
     md = report.build_report([tmp_path], tmp_path / "out", compare=["extrap/ppl_ratio"]).markdown
     assert "No difference could be tested: every pair shares fewer than 3 seeds" in md
     assert "0 of 0" not in md and "Bonferroni over the 0" not in md
+
+
+def test_runs_recorded_with_a_datamodule_group_share_rows_with_runs_naming_data_target(tmp_path):
+    """Runs launched now name their DataModule as data._target_; committed runs named it in a `datamodule` group
+    (its data config under `source`, later `data`), or, the oldest, nowhere: the same rows, no data._target_ label
+    (pelab.conf_values.with_data_target)."""
+    lm = "pelab.data.datamodule.LMDataModule"
+    forms = {0: {"data": {"_target_": lm, "seq_len": 128}},
+             1: {"data": {"seq_len": 128}, "datamodule": {"_target_": lm, "source": {"seq_len": 128}, "tokenizer": {}}},
+             2: {"data": {"seq_len": 128}, "datamodule": {"_target_": lm, "data": {"seq_len": 128}, "tokenizer": {}}},
+             3: {"data": {"seq_len": 128}}}
+    for pe in ("rope", "alibi"):
+        for s, form in forms.items():
+            folder = tmp_path / f"{pe}_s{s}"
+            run(folder, pe, s, 2.0)
+            data = json.loads((folder / "summary.json").read_text())
+            data["config"].update(form)
+            write_summary(folder, data)
+    rows, shown = rows_of(tmp_path)
+    assert sorted(r.label for r in rows) == ["alibi", "rope"] and shown == ["pe.name"]
+    assert all(len(r.jobs) == 4 for r in rows)

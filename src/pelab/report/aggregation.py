@@ -41,7 +41,6 @@ IGNORED_KEYS = (
     "threads",
     "model.attn_backend",  # the attention path: same math, tested against the reference attention
     "evaluate_after_fit",
-    "datamodule.",  # the DataModule's arguments repeat data.*
     # a child's parent by identity (one per seed): the seed is aggregated over; the parent's step and length stay
     "extend.from",
     "extend.eval_before",  # an evaluation of the parent's weights, kept as its own job (training_free_job)
@@ -75,11 +74,13 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 def settings(job: Job) -> dict[str, Any]:
     """The job's flattened config, with the settings it lacks filled by their defaults: the ``pe.*`` knobs of its
-    encoding, and ``optim._target_`` (what builds the optimizer) where it records an optim group. Runs made by
+    encoding, ``optim._target_`` (what builds the optimizer) where it records an optim group, and ``data._target_``
+    (the DataModule: a run recorded with a ``datamodule`` group named it there; `with_data_target`). Runs made by
     older code compare equal to new runs that leave those alone; a run with another optimizer is its own row."""
+    from pelab.conf_values import with_data_target
     from pelab.training.config import OPTIMIZER  # here, not at the top: `import pelab.report` stays light
 
-    flat = flatten(job.config)
+    flat = flatten(with_data_target(job.config))
     filled = pe_defaults(flat.get("pe.name")) if "pe.name" in flat else {}
     if any(k.startswith("optim.") for k in flat):
         filled = {**filled, "optim._target_": OPTIMIZER}
@@ -98,7 +99,6 @@ def _ignored(key: str) -> bool:
 
 
 # (prefix, switch): the settings under prefix act only where the switch is on (probes run, recall rows mixed in)
-# (the datamodule node repeats data.* and is never a row key: IGNORED_KEYS)
 SWITCHED = (("probes.", "probes.enabled"), ("data.recall_", "data.recall_mix"))
 
 
