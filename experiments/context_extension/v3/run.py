@@ -7,7 +7,8 @@
   - the control arm: the parent trained on for the same steps at its own length (no scaling).
 
 Each seed is one stream of jobs (parent, then its children); --workers streams run side by side. A relaunch with
-the same --out skips what finished and resumes what was interrupted. Then the report reads the folder:
+the same --out skips what finished and resumes what was interrupted (every job is a multirun job: the sweep's own
+skip). Then the report reads the folder:
 
     OMP_NUM_THREADS=1 python experiments/context_extension/v3/run.py --out outputs/context_extension_v3
     python -m pelab.report outputs/context_extension_v3 --out experiments/context_extension/v3/report
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import json
 import subprocess
 import sys
 import time
@@ -29,11 +29,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 SCALINGS = "none,linear,ntk,yarn"
 CONTROL = ["data.seq_len=128", "data.batch_size=32", "pe.scaling.type=none"]  # the parent's length and batch
-
-
-def finished(folder: Path) -> bool:
-    summary = folder / "summary.json"
-    return summary.is_file() and json.loads(summary.read_text()).get("status") == "ok"
 
 
 def train(args: list[str], log: Path) -> None:
@@ -51,9 +46,9 @@ def stream(out: Path, seed: int, steps: list[int], extra: list[str]) -> str:
     t0 = time.time()
     log = out / f"s{seed}.log"
     parent = out / "parents" / f"s{seed}"
-    if not finished(parent):
-        train(["experiment=context_extension", "hydra.mode=RUN", f"seed={seed}", f"hydra.run.dir={parent}",
-               "ckpt_path=auto", *extra], log)
+    # a one-job multirun into that folder: a relaunch skips it once finished, as it skips the children
+    train(["-m", "experiment=context_extension", f"seed={seed}", f"hydra.sweep.dir={parent.parent}",
+           f"hydra.sweep.subdir={parent.name}", *extra], log)
     child = ["experiment=context_extension_child", f"extend.from={parent}", f"seed={seed}"]
     longest, shorter = max(steps), sorted(set(steps) - {max(steps)})
     train([*child, f"trainer.max_steps={longest}", f"hydra.sweep.dir={out / 'children' / f's{seed}'}", *extra], log)
