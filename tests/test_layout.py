@@ -182,6 +182,17 @@ def test_rotate_heads_needs_a_rotary_encoding_and_enough_heads():
         _logits(["rope", "alibi+rotate_heads:1"])
 
 
+@pytest.mark.parametrize("pe", [{"name": "fope", "train_length": 24},  # crashed mid-forward on its per-head series
+                                {"name": "rope", "train_length": 24, "scaling": {"type": "rerope", "window": 8}}])
+def test_rotate_heads_refuses_an_encoding_that_positions_every_head(pe):
+    """ReRoPE's far-pair scores reach every head (it ran, the unrotated head not position-free): refused, as FoPE."""
+    config = GPTConfig(vocab_size=32, n_layers=1, n_heads=2, d_model=16, layout=[f"{pe['name']}+rotate_heads:1"])
+    with pytest.raises(ValueError, match=f"rotates the last n heads only, but pe {pe['name']} positions every head"):
+        GPT(config, build_encoding(pe, 16, 2))
+    rope = GPTConfig(vocab_size=32, n_layers=1, n_heads=2, d_model=16, layout=["rope+rotate_heads:1"])
+    GPT(rope, build_encoding({"name": "rope", "train_length": 24, "scaling": {"type": "yarn", "factor": 2.0}}, 16, 2))
+
+
 def test_the_command_line_refuses_a_bad_layout_before_any_data():
     from helpers.runs import compose
     from pelab.tasks.config import validate

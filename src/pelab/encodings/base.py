@@ -76,6 +76,12 @@ class PositionEncoding(nn.Module):
     # one value per distance, (H, 2T-1), instead of one per (query, key) pair, (H, T, T).
     bias_translation_invariant: ClassVar[bool] = False
 
+    @property
+    def rotates_head_subset(self) -> bool:
+        """Can ``rotate`` act on some heads alone (a layout's ``+rotate_heads:<n>``, the last n heads)? Not when the
+        rotation or a score it adds spans every head."""
+        return self.has_rotate
+
     def __init__(
         self,
         d_model: int,

@@ -67,6 +67,10 @@ class FoPE(PositionEncoding):
         self.cos_coef, self.sin_coef = (nn.Parameter(self._init_coef(n_heads, M, P, init_gain), requires_grad=learnable)
                                         for _ in range(2))
 
+    @property
+    def rotates_head_subset(self) -> bool:
+        return False  # the series' coefficients are per head, (H, M, P)
+
     @staticmethod
     def _init_coef(H: int, M: int, P: int, gain: float) -> Tensor:
         coef = torch.empty(H, M, P)

@@ -206,6 +206,10 @@ class RoPE(PositionEncoding):
         # same class serves every scaling type, switchable at evaluation)
         self.has_content_bias = self.scaling["type"] in PIECEWISE_TYPES
 
+    @property
+    def rotates_head_subset(self) -> bool:
+        return not self.has_content_bias  # a piecewise type's far-pair scores come for every head
+
     def _scaled_inv_freq(self) -> Tensor:
         """(d/2,) fp32 inverse frequencies under the scaling (dynamic_ntk: its l <= L value), p-RoPE applied."""
         s = self.scaling

@@ -200,6 +200,11 @@ class GPT(nn.Module):
         if unrotated:
             raise ValueError(f"model.layout: +rotate_heads needs a rotary encoding; pe {unrotated[0]} does not rotate "
                              "q and k (use rope or xpos, or drop +rotate_heads)")
+        whole = sorted({s.pe for s in self.layer_specs if s.rotate_heads and not self.encodings()[s.pe].rotates_head_subset}
+                       - set(unrotated))
+        if whole:  # FoPE's per-head series, a piecewise scaling's far-pair scores: every head would get positions
+            raise ValueError(f"model.layout: +rotate_heads rotates the last n heads only, but pe {whole[0]} positions every "
+                             "head (FoPE's per-head coefficients, or a piecewise pe.scaling.type); drop +rotate_heads")
         for block, spec in zip(self.blocks, self.layer_specs, strict=True):  # last: other encodings' draws unchanged
             if self.encodings()[spec.pe].has_layer_input_bias:
                 block.attn.input_bias = self.encodings()[spec.pe].layer_input_bias()
