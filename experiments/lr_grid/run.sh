@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The v4 studies' learning-rate grid (README.md, issue 59): each scheme at optim.lr in {1e-3, 2e-3, 4e-3, 8e-3} on
+# each corpus (data=stdlib, code; data=django_docs, prose), one seed, at the length-extrapolation setting
+# (experiment=length_extrapolation: byte level, d = 128, 4 layers, 4 heads, L = 128) and the v4 budget of 1,500 steps.
+# The choice reads in-window validation perplexity only: no final evaluation (evaluate_after_fit=false), no
+# mid-run evaluation (eval.at=[]), validation on 512 fixed windows (data.val_windows=512) every 250 steps.
+# Four sweeps (plain: NoPE, sinusoidal, RoPE, T5, ALiBi, FIRE; fox; irope; rnope_swa), one after another, each in its
+# own folder shared by WORKERS workers (default 2) at one thread each under nice 10, from a clean worktree of the
+# commit pinned at the first launch (<root>/COMMIT; ../pinned.sh). A layout arm names its model tiny-<preset>, as in
+# experiments/layouts. Relaunch the same command to go on: finished jobs are skipped, an interrupted one resumes from
+# its last checkpoint. ARMS narrows the list (ARMS="fox irope").
+#   setsid nohup bash experiments/lr_grid/run.sh [root] > /dev/null 2>&1 &    (root: /work/studies/lr_grid)
+#   for s in <root>/sweep-*; do python -m pelab.report collect "$s" experiments/lr_grid/runs; done
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../pinned.sh"
+root=${1:-/work/studies/lr_grid}
+commit=$(pinned_commit "$root")
+common=(experiment=length_extrapolation trainer.max_steps=1500 seed=0 optim.lr=1e-3,2e-3,4e-3,8e-3
+        data=stdlib,django_docs data.val_windows=512 evaluate_after_fit=false "eval.at=[]" "tags=[lr_grid,v4]")
+arm_args() {  # <arm>: its train.py arguments besides the common ones
+  case $1 in
+    plain) echo "pe=nope,sinusoidal,rope,t5_bias,alibi,fire" ;;
+    fox) echo "pe=fox" ;;
+    irope) echo "pe=rope layout=irope model.name=tiny-irope" ;;
+    rnope_swa) echo "pe=rope layout=rnope_swa model.name=tiny-rnope_swa" ;;
+  esac
+}
+for arm in ${ARMS:-plain fox irope rnope_swa}; do
+  echo "$(date -u +%FT%TZ) launch $arm: commit $commit, ${WORKERS:-2} worker(s)" >> "$root/launches.log"
+  for w in $(seq 1 "${WORKERS:-2}"); do
+    # shellcheck disable=SC2046  # the arm's arguments are words
+    pinned_train "$commit" -m "${common[@]}" $(arm_args "$arm") hydra.sweep.dir="$root/sweep-$arm" \
+      >> "$root/worker$w.log" 2>&1 &
+    sleep 30  # the next worker starts on the next job
+  done
+  wait
+  echo "$(date -u +%FT%TZ) $arm done" >> "$root/launches.log"
+done
