@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from attention_inputs import qkv, random_bias
-from pelab.encodings import build_encoding
+from pelab.encodings import available_encodings, build_encoding
+from pelab.encodings.config import default_pe_config, pe_settings
 from pelab.errors import ConfigError
 from pelab.model import GPT, GPTConfig
 from pelab.model.attention.dispatch import causal_attention
@@ -60,19 +61,39 @@ def test_bad_layer_is_one_line_naming_the_key(text, says):
     assert says in str(err.value) and "\n" not in str(err.value)
 
 
+def run_pe(name: str, length: int | None, **knobs):
+    """The run's typed pe settings, as pelab.tasks.config passes them to validate_layout."""
+    return pe_settings({**default_pe_config(name), **knobs}, d_model=16, n_heads=2, train_length=length)
+
+
 def test_layout_checks_against_the_run():
     config = GPTConfig(vocab_size=8, n_layers=4, n_heads=2, d_model=16, layout=["rope@chunk:32", "nope"])
-    assert len(validate_layout(config, "rope", 128)) == 4
+    assert len(validate_layout(config, run_pe("rope", 128), 128)) == 4
+    rerope = {"scaling": {"type": "rerope", "window": 8}}
     for layout, pe, length, says in [
-        (["rope@chunk:32", "nope"], "alibi", 128, "names no layer with the run's encoding pe=alibi"),
-        (["rope@chunk:32", "nopee"], "rope", 128, "'nopee' is not an encoding"),
-        (["rope@window:128", "nope"], "rope", 128, "not shorter than the training length 128"),
-        (["rope", "nope", "rope"], "rope", 128, "3 entries for model.n_layers=4"),
-        (["rope", "fire"], "rope", None, r"model\.layout: the layers of pe fire .*pe\.init_L"),  # not the run's pe.*
+        (["rope@chunk:32", "nope"], run_pe("alibi", 128), 128, "names no layer with the run's encoding pe=alibi"),
+        (["rope@chunk:32", "nopee"], run_pe("rope", 128), 128, "'nopee' is not an encoding"),
+        (["rope@window:128", "nope"], run_pe("rope", 128), 128, "not shorter than the training length 128"),
+        (["rope", "nope", "rope"], run_pe("rope", 128), 128, "3 entries for model.n_layers=4"),
+        (["rope", "fire"], run_pe("rope", None), None, r"model\.layout: the layers of pe fire .*pe\.init_L"),  # not the run's pe.*
+        (["rope", "alibi+rotate_heads:1"], run_pe("rope", 128), 128, r"\[1\]: \+rotate_heads needs a rotary encoding; pe alibi"),
+        (["rope", "fope+rotate_heads:1"], run_pe("rope", 128), 128, r"\[1\]: .*but pe fope positions every head"),
+        (["rope+rotate_heads:1"], run_pe("rope", 128, **rerope), 128, r"\[0\]: .*but pe rope positions every head"),
     ]:
         config.layout = layout
         with pytest.raises(ConfigError, match=says):
             validate_layout(config, pe, length)
+    config.layout = ["rope+rotate_heads:1", "xpos+rotate_heads:1", "fox", "nope"]
+    validate_layout(config, run_pe("rope", 128, scaling={"type": "yarn", "factor": 2.0}), 128)
+
+
+def test_the_settings_capabilities_are_the_encodings():
+    """validate_layout reads rotates / rotates_head_subset from the settings, the model from the encodings."""
+    for name, knobs in [*((n, {}) for n in available_encodings()), ("fox", {"rope": True}),
+                        ("rope", {"scaling": {"type": "rerope", "window": 8}})]:
+        settings = run_pe(name, 128, **knobs)
+        pe = build_encoding({**default_pe_config(name), **knobs, "train_length": 128}, 16, 2)
+        assert (settings.rotates, settings.rotates_head_subset) == (pe.has_rotate, pe.rotates_head_subset), name
 
 
 # -- local spans against a dense mask -----------------------------------------------------------------------

@@ -208,7 +208,7 @@ class RoPE(PositionEncoding):
 
     @property
     def rotates_head_subset(self) -> bool:
-        return not self.has_content_bias  # a piecewise type's far-pair scores come for every head
+        return self.has_rotate and not self.has_content_bias  # a piecewise type's far-pair scores reach every head
 
     def _scaled_inv_freq(self) -> Tensor:
         """(d/2,) fp32 inverse frequencies under the scaling (dynamic_ntk: its l <= L value), p-RoPE applied."""

@@ -60,6 +60,17 @@ class PEConfig:
         run fine-tuned from a parent that leaves ``train_length`` null means the parent's training length."""
         return False
 
+    @property
+    def rotates(self) -> bool:
+        """The encoding rotates q and k (its PositionEncoding.has_rotate; tests/test_layout.py checks they agree)."""
+        return False
+
+    @property
+    def rotates_head_subset(self) -> bool:
+        """A layout's ``+rotate_heads:<n>`` can rotate the last n heads alone, the others left position-free
+        (PositionEncoding.rotates_head_subset): not when a per-head table or an added score spans every head."""
+        return self.rotates
+
     def variant(self, name: str) -> PEConfig:
         """These settings under the encoding's context-extension variant ``name`` (``supports_scaling``
         encodings; e.g. RoPE's scaling types), for eval.py's ``scaling_sweep``."""
@@ -134,6 +145,14 @@ class RoPEConfig(PEConfig):
 
     supports_scaling: ClassVar[bool] = True
     runtime_keys: ClassVar[tuple[str, ...]] = ("scaling",)  # frequencies are not in the state dict
+
+    @property
+    def rotates(self) -> bool:
+        return True
+
+    @property
+    def rotates_head_subset(self) -> bool:
+        return self.rotates and self.scaling.type not in PIECEWISE_TYPES  # far-pair scores reach every head
     # The piecewise types merge two scores through the content-bias hook: not for an encoding that rotates q and k
     # otherwise (xPos's decay) or already has a bias hook (FoX's forget gate)
     piecewise_scaling: ClassVar[bool] = True
@@ -371,6 +390,10 @@ class FoXConfig(RoPEConfig):
     def extends_context(self) -> bool:
         return self.rope and super().extends_context
 
+    @property
+    def rotates(self) -> bool:
+        return self.rope
+
     def validate(self, d_model: int, n_heads: int) -> None:
         super().validate(d_model, n_heads)
         need(self.rope or self.scaling.type == "none", "pe.scaling.type", self.scaling.type,
@@ -385,6 +408,14 @@ class FoPEConfig(PEConfig):
     base: float = 10000.0
     init_gain: float = 0.3  # xavier-normal gain of the series' off-diagonal coefficients (the reference: 0.3-0.6)
     learnable: bool = False  # the coefficients are trained (the reference's default: frozen)
+
+    @property
+    def rotates(self) -> bool:
+        return True
+
+    @property
+    def rotates_head_subset(self) -> bool:
+        return False  # the series' coefficients are per head, (H, M, P)
 
     def validate(self, d_model: int, n_heads: int) -> None:
         super().validate(d_model, n_heads)

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pelab.checks import typed_group
 from pelab.conf_values import store_defaults
 from pelab.errors import ConfigError
 from pelab.model.layout import LayerSpec, check_spans, expand_layout
+
+if TYPE_CHECKING:
+    from pelab.encodings.settings import PEConfig
 
 ATTN_BACKENDS = ("auto", "sdpa", "flex")  # model.attn_backend
 ATTENTIONS = ("softmax", "stickbreaking")  # model.attention
@@ -158,19 +161,29 @@ class GPTConfig:
 store_defaults("model", GPTConfig, leave_out=GPTConfig.FILLED_KEYS)
 
 
-def validate_layout(model: GPTConfig, pe_name: str, train_length: int | None) -> list[LayerSpec]:
-    """`model.layout` against the encodings of conf/pe and the run's `pe` (one-line ConfigErrors, no torch): each
-    layer's encoding exists, the run's is one of them, every other one's defaults are valid at the model's sizes,
-    and local spans are shorter than the training length."""
+def validate_layout(model: GPTConfig, pe: PEConfig, train_length: int | None) -> list[LayerSpec]:
+    """`model.layout` against the encodings of conf/pe and the run's settings `pe` (one-line ConfigErrors, no
+    torch): each layer's encoding exists, the run's is one of them, every other one's defaults are valid at the
+    model's sizes, local spans are shorter than the training length, and `+rotate_heads` layers rotate per head."""
     from pelab.encodings.config import available_encodings, default_pe_config, pe_settings
     from pelab.model.layout import check_layout
 
-    specs = check_layout(model.layout, model.n_layers, pe_name, available_encodings(), train_length)
-    for name in sorted({s.pe for s in specs} - {pe_name}):
+    specs = check_layout(model.layout, model.n_layers, pe.name, available_encodings(), train_length)
+    settings = {pe.name: pe}
+    for name in sorted({s.pe for s in specs} - {pe.name}):
         try:
-            pe_settings(default_pe_config(name), d_model=model.d_model, n_heads=model.n_heads,
-                        train_length=train_length)
+            settings[name] = pe_settings(default_pe_config(name), d_model=model.d_model, n_heads=model.n_heads,
+                                         train_length=train_length)
         except ConfigError as err:  # its knobs are conf/pe/<name>.yaml's, not the run's pe.*: say so
             raise ConfigError(f"model.layout: the layers of pe {name} (conf/pe/{name}.yaml's defaults; only the "
-                              f"run's pe={pe_name} takes pe.* knobs): {err}") from None
+                              f"run's pe={pe.name} takes pe.* knobs): {err}") from None
+    for i, spec in enumerate(specs):
+        s = settings[spec.pe]
+        if spec.rotate_heads and not s.rotates:
+            raise ConfigError(f"model.layout[{i}]: +rotate_heads needs a rotary encoding; pe {spec.pe} does not "
+                              "rotate q and k (use rope or xpos, or drop +rotate_heads)")
+        if spec.rotate_heads and not s.rotates_head_subset:
+            raise ConfigError(f"model.layout[{i}]: +rotate_heads rotates the last n heads only, but pe {spec.pe} "
+                              "positions every head (FoPE's per-head coefficients, or a piecewise pe.scaling.type); "
+                              "drop +rotate_heads")
     return specs

@@ -186,7 +186,7 @@ def validate(cfg: DictConfig, overrides: list[str] | None = None) -> TrainSettin
     check_ckpt_path(cfg)
     check_extend(cfg)
     pe = pe_settings(cfg.pe, d_model=t["model"].d_model, n_heads=t["model"].n_heads, train_length=t["data"].seq_len)
-    validate_layout(t["model"], pe.name, t["data"].seq_len)
+    validate_layout(t["model"], pe, t["data"].seq_len)
     typed = {g: OmegaConf.to_object(v) for g, v in t.items() if g not in ("model", "callbacks")}
     return TrainSettings(**typed, model=t["model"], pe=pe,
                          callbacks={k: OmegaConf.to_object(v) for k, v in t["callbacks"].items()})
