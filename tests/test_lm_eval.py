@@ -9,15 +9,15 @@ import pytest
 
 pytest.importorskip("lm_eval", reason="the lmeval extra (lm-eval) is not installed")
 
-import torch  # noqa: E402
-from lm_eval.api.instance import Instance  # noqa: E402
+import torch
+from lm_eval.api.instance import Instance
 
-from pelab.evaluation.extrapolation import Window, score_windows, window_plan  # noqa: E402
-from pelab.lm_eval import PELabLM, main  # noqa: E402
+from pelab.evaluation.extrapolation import Window, score_windows, window_plan
+from pelab.lm_eval import PELabLM, main
 
 # Python source, as the reference run was trained on: 3 windows of 32 tokens and a part (lm-eval's last window)
-TEXTS = ["def add(a, b):\n    return a + b\n\n\nclass Box:\n    def __init__(self, x):\n        self.x = x\n"
-         "        self.y = None\n",
+TEXTS = [("def add(a, b):\n    return a + b\n\n\nclass Box:\n    def __init__(self, x):\n        self.x = x\n"
+          "        self.y = None\n"),
          "import os\nprint(os.path.join('a', 'b'))\n"]
 
 

@@ -58,7 +58,7 @@ def _env(**extra: str) -> dict:
 def _texts(root: Path, n: int = 40, seed: int = 0) -> Path:
     """n generated text documents (~2.5 KB each, some non-ASCII) in 3 sub-folders."""
     rng = random.Random(seed)
-    words = ("the of and to in is was for on that with as by at from an were are which this be or has "
+    words = ("the of and to in is was for on that with as by at from an were are which this be or has "  # noqa: SIM905
              "naïve café 日本語 🙂 def return self None True x1 y_2 (a, b) [0] {k: v} # -> == !=").split(" ")
     for i in range(n):
         sub = root / f"part{i % 3}"

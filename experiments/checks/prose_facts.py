@@ -258,7 +258,7 @@ def litm() -> None:
     cur = sorted(c["data"]["recall_curriculum"])
     text = 0.0
     for step in range(steps):  # the share of rows that are recall, and the recall span in them (the rest is text)
-        start, span, share = max((e for e in cur if e[0] <= step), key=lambda e: e[0])
+        _, span, share = max((e for e in cur if e[0] <= step), key=lambda e: e[0])
         text += 1 - share * min(span, T) / T
     print(f"text tokens the mixed model trained on, relative to its pure-text twin (same batch {B} x {T}, "
           f"{steps} steps, data.recall_curriculum {cur}): {text / steps:.3f} (expected value of the rows mixed in)")

@@ -60,12 +60,12 @@ def neox_config(cfg: Any, vocab_size: int, eot_id: int) -> dict:
     if scaling["type"] == "yarn":
         rope.update(beta_fast=float(scaling["beta_fast"]), beta_slow=float(scaling["beta_slow"]),
                     original_max_position_embeddings=int(cfg["data"]["seq_len"]))
-    return dict(vocab_size=vocab_size, hidden_size=model["d_model"], num_hidden_layers=model["n_layers"],
-                num_attention_heads=model["n_heads"], intermediate_size=d_ff, hidden_act="gelu",
-                use_parallel_residual=False, attention_bias=True, layer_norm_eps=1e-5, attention_dropout=0.0,
-                hidden_dropout=0.0, max_position_embeddings=int(cfg["data"]["seq_len"]),
-                tie_word_embeddings=bool(model.get("tie_embeddings")), rope_parameters=rope,
-                bos_token_id=eot_id, eos_token_id=eot_id)
+    return {"vocab_size": vocab_size, "hidden_size": model["d_model"], "num_hidden_layers": model["n_layers"],
+            "num_attention_heads": model["n_heads"], "intermediate_size": d_ff, "hidden_act": "gelu",
+            "use_parallel_residual": False, "attention_bias": True, "layer_norm_eps": 1e-5, "attention_dropout": 0.0,
+            "hidden_dropout": 0.0, "max_position_embeddings": int(cfg["data"]["seq_len"]),
+            "tie_word_embeddings": bool(model.get("tie_embeddings")), "rope_parameters": rope,
+            "bos_token_id": eot_id, "eos_token_id": eot_id}
 
 
 def neox_state_dict(state: dict[str, torch.Tensor], n_layers: int, n_heads: int) -> dict[str, torch.Tensor]:
