@@ -4,6 +4,7 @@
 # finder, which would map pelab.conf to the main checkout) with the worktree's src first, then the venv's packages.
 #   pinned_train <commit> <train.py arguments ...>     (one thread, nice 10)
 #   pinned_eval <commit> <eval.py arguments ...>       (the same for an evaluation of a checkpoint)
+#   pinned_sweeps <root> <commit> <arm ...>            (the arms' sweeps, WORKERS workers each: layouts, lr_grid, ...)
 REPO=$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --show-toplevel)
 VENV_PY=${VENV_PY:-$REPO/.venv/bin/python}
 PINNED_ROOT=${PINNED_ROOT:-/work/studies/code}  # one worktree per pinned commit, shared by the studies
@@ -34,3 +35,21 @@ pinned_script() {  # <commit> <train.py | eval.py> <its arguments ...>
 
 pinned_train() { local commit=$1; shift; pinned_script "$commit" train.py "$@"; }  # <commit> <train.py arguments>
 pinned_eval() { local commit=$1; shift; pinned_script "$commit" eval.py "$@"; }  # <commit> <eval.py arguments>
+
+pinned_sweeps() {  # <root> <commit> <arm ...>: the arms one after another, each a Hydra sweep in <root>/sweep-<arm>
+  # shared by WORKERS (default 2) workers: train.py -m "${common[@]}" $(arm_args <arm>), the caller's array and
+  # function; a job held by one worker (its folder's lock) is left to it. Launches and ends in <root>/launches.log.
+  local root=$1 commit=$2 arm w
+  shift 2
+  for arm in "$@"; do
+    echo "$(date -u +%FT%TZ) launch $arm: commit $commit, ${WORKERS:-2} worker(s)" >> "$root/launches.log"
+    for w in $(seq 1 "${WORKERS:-2}"); do
+      # shellcheck disable=SC2046  # the arm's arguments are words
+      pinned_train "$commit" -m "${common[@]}" $(arm_args "$arm") hydra.sweep.dir="$root/sweep-$arm" \
+        >> "$root/worker$w.log" 2>&1 &
+      sleep 30  # the next worker starts on the next job
+    done
+    wait
+    echo "$(date -u +%FT%TZ) $arm done" >> "$root/launches.log"
+  done
+}

@@ -26,14 +26,5 @@ arm_args() {  # <arm>: its train.py arguments besides the common ones
     rnope_swa) echo "pe=rope layout=rnope_swa model.name=tiny-rnope_swa" ;;
   esac
 }
-for arm in ${ARMS:-plain fox irope rnope_swa}; do
-  echo "$(date -u +%FT%TZ) launch $arm: commit $commit, ${WORKERS:-2} worker(s)" >> "$root/launches.log"
-  for w in $(seq 1 "${WORKERS:-2}"); do
-    # shellcheck disable=SC2046  # the arm's arguments are words
-    pinned_train "$commit" -m "${common[@]}" $(arm_args "$arm") hydra.sweep.dir="$root/sweep-$arm" \
-      >> "$root/worker$w.log" 2>&1 &
-    sleep 30  # the next worker starts on the next job
-  done
-  wait
-  echo "$(date -u +%FT%TZ) $arm done" >> "$root/launches.log"
-done
+# shellcheck disable=SC2086  # ARMS is a list of words
+pinned_sweeps "$root" "$commit" ${ARMS:-plain fox irope rnope_swa}
