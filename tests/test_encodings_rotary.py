@@ -255,3 +255,29 @@ def test_xpos_decay_tables_computed_once_per_forward(monkeypatch):
     assert len(calls) == 1  # shared by both layers
     torch.testing.assert_close(model(idx), out)
     assert len(calls) == 2  # a new forward (new positions tensor) recomputes
+
+
+@pytest.mark.parametrize("pe", [{"name": "rope", "rotary_fraction": 0.5}, {"name": "xpos"}])
+def test_rotation_under_vmap_is_each_models_own(pe):
+    """Models stacked over seeds (torch.func: stack_module_state, functional_call, vmap; the GPU plan of
+    experiments/gpu/induction_heads.py) rotate as each model alone, forward and backward: the rotation's own vmap
+    rule, with its tables batched (xPos's stacked buffers) or not, and a partial rotation's pass-through channels."""
+    from torch.func import functional_call, stack_module_state, vmap
+
+    shape = {"n_layers": 2, "n_heads": 2, "d_model": 16, "d_ff": 0, "bias": True}
+    models = []
+    for seed in (0, 1, 2):
+        torch.manual_seed(seed)
+        models.append(build_model(shape, pe, 16))
+    params, buffers = stack_module_state(models)
+    with torch.device("meta"):
+        base = build_model(shape, pe, 16)
+    x = torch.randint(0, 16, (3, 2, 12))
+    out = vmap(lambda p, b, xi: functional_call(base, (p, b), (xi,)))(params, buffers, x)  # (3, 2, 12, 16)
+    out.square().sum().backward()
+    for i, m in enumerate(models):
+        ref = m(x[i])
+        torch.testing.assert_close(out[i], ref, rtol=1e-5, atol=1e-6)
+        ref.square().sum().backward()
+        for name, p in m.named_parameters():
+            torch.testing.assert_close(params[name].grad[i], p.grad, rtol=1e-4, atol=1e-6, msg=name)

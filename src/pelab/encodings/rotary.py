@@ -153,12 +153,31 @@ def _rotate_functional(x: Tensor, cos: Tensor, sin: Tensor, h: int) -> Tensor:
 
 class _Rotary(torch.autograd.Function):
     """_rotate with an explicit backward: the gradient of a rotation is the inverse rotation (sin -> -sin),
-    so neither pass saves x or any intermediate."""
+    so neither pass saves x or any intermediate. Under ``torch.func.vmap`` (models stacked over seeds,
+    experiments/gpu/induction_heads.py) the rule below applies it once to the whole batch."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        ctx.save_for_backward(cos, sin)
+    def forward(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         return _rotate(x, cos, sin)
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple[Tensor, Tensor, Tensor], output: Tensor) -> None:
+        _, cos, sin = inputs
+        ctx.save_for_backward(cos, sin)
+
+    @staticmethod
+    def vmap(info, in_dims: tuple[int | None, ...], x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, int]:
+        # vmapped dims first; x (N, ..., T, Dh), cos / sin (T, h) or (N, T, h) viewed as (N, 1, ..., T, h) so
+        # that they broadcast over x's dims as they do per model
+        x = x.movedim(in_dims[0], 0) if in_dims[0] is not None else x.expand(info.batch_size, *x.shape)
+
+        def batched(t: Tensor, d: int | None) -> Tensor:
+            if d is None:
+                return t
+            t = t.movedim(d, 0)
+            return t.reshape(t.shape[0], *([1] * (x.dim() - t.dim())), *t.shape[1:])
+
+        return _Rotary.apply(x, batched(cos, in_dims[1]), batched(sin, in_dims[2])), 0
 
     @staticmethod
     @once_differentiable
