@@ -200,3 +200,32 @@ def test_a_seed_missing_at_one_budget_is_left_out_of_the_average_and_said(study)
         "; left out: seed 3 (not run at every declared budget)")
     assert avg.p == pytest.approx(scipy.stats.ttest_1samp([(STEADY[100][s] + STEADY[400][s]) / 2 for s in SEEDS],
                                                           0).pvalue)
+
+
+def test_retrieval_runs_all_compares_the_runs_that_missed_the_criterion_and_names_them(tmp_path):
+    """A probe question compares the acquired seeds only (the others left out, named); `retrieval_runs: all` compares
+    every finished run and names the ones that did not acquire the task in-window (induction heads: 0.98 in-window is
+    learned, and misses the criterion of 1.000)."""
+    acc = {"a": [0.70, 0.60, 0.75], "b": [0.40, 0.45, 0.30]}
+    for pe, accs in acc.items():
+        for s in SEEDS:
+            reached = not (pe == "b" and s == 1)  # seed 1 of b never met its criterion
+            cfg = {"pe": {"name": pe}, "model": {"name": "tiny"}, "data": {"seq_len": 128}, "seed": s,
+                   "trainer": {"max_steps": 100}, "optim": {"lr": 2e-3}}
+            metrics = {"probe/mqar/acc@512": accs[s], "train/retrieval_acc": 1.0 if reached else 0.98,
+                       "train/steps_to_criterion": 50.0 if reached else float("nan")}
+            write_summary(tmp_path / f"{pe}_s{s}", {"status": "ok", "config": cfg, "metrics": metrics,
+                                                    "data": {"fingerprint": {"key": "c"}}})
+    body = "  - {pair: a/b, metric: probe/mqar/acc@512, estimand: at, smallest_effect: 0.1}\n"
+    g = group_rows([j for j in find_jobs([tmp_path]) if j.status == "ok"])
+    acquired = answer_all(load_questions(questions(tmp_path, body)), g.rows)[0]
+    assert acquired.seeds == [0, 2] and "b seed 1 (retrieval not acquired in-window)" in acquired.verdict()
+    path = tmp_path / "all.yaml"
+    path.write_text(f"declared: before the runs\nretrieval_runs: all\nquestions:\n{body}")
+    every = answer_all(load_questions(path), g.rows)[0]
+    assert every.seeds == [0, 1, 2] and not every.left_out
+    np.testing.assert_allclose(every.contrasts[:, 0], np.subtract(acc["a"], acc["b"]))
+    assert "not acquired in-window (retrieval_runs: all): b seed 1" in every.verdict()
+    path.write_text(f"declared: before the runs\nretrieval_runs: some\nquestions:\n{body}")
+    with pytest.raises(ReportError, match="all.yaml: retrieval_runs: one of acquired, all"):
+        load_questions(path)

@@ -14,6 +14,7 @@ them: then every verdict is labelled post hoc)::
         smallest_effect: 1.05          # the smallest effect of interest: a ratio A / B (log-scale metrics) or an
                                        # accuracy difference (probe/...), for --plan and the equivalence reading
         expected: higher               # optional: A higher / lower than B
+    retrieval_runs: acquired           # optional: acquired (default) | all, below
 
 Each question is a contrast per seed (log(A / B), or A - B for an accuracy; runs of one seed at several budgets
 share initialisation and data order, so the seed is the unit), tested by a one-sample t over the seeds
@@ -22,6 +23,11 @@ share initialisation and data order, so the seed is the unit), tested by a one-s
 * *at*: the contrast at the one declared budget;
 * *averaged*: each seed's mean contrast over the declared budgets, then the t over seeds (df = seeds - 1);
 * *every*: the intersection-union test (p = the largest per-budget p; 1 where the budgets disagree in sign).
+
+A retrieval (probe) question compares the seeds whose runs acquired the task in-window (their in-window criterion
+met), and names the others; ``retrieval_runs: all`` compares every finished run instead (declared before the runs,
+for a criterion that runs which learned the task may miss, e.g. induction heads' 1.000 at 0.98), the ones that did not
+acquire it still named.
 
 The budget interaction (does the contrast move with the budget? a t on each seed's between-budget difference) is
 reported on its own line, outside the family. Holm over the declared questions only; the interval beside each
@@ -61,6 +67,7 @@ from pelab.report.comparisons import contrasts, log_scale, unpaired_because
 ESTIMANDS = {"at": "at one budget", "averaged": "averaged over the budgets", "every": "at every budget"}
 EXPECTED = ("higher", "lower")
 POWER = 0.8
+RETRIEVAL_RUNS = ("acquired", "all")
 QUESTION_KEYS = {"pair", "metric", "budgets", "estimand", "smallest_effect", "expected", "name"}
 
 
@@ -95,6 +102,7 @@ class Declaration:
     budget: str = "trainer.max_steps"
     alpha: float = 0.05
     path: str = ""
+    retrieval_runs: str = "acquired"  # RETRIEVAL_RUNS: which runs a retrieval question compares
 
     @property
     def post_hoc(self) -> bool:
@@ -124,6 +132,9 @@ def load_questions(path: str | Path) -> Declaration:
     alpha = raw.get("alpha", 0.05)
     if not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
         raise _bad(path, "alpha", f"a level in (0, 1), got {alpha!r}")
+    runs = str(raw.get("retrieval_runs", "acquired"))
+    if runs not in RETRIEVAL_RUNS:
+        raise _bad(path, "retrieval_runs", f"one of {', '.join(RETRIEVAL_RUNS)}, got {runs!r}")
     questions = [_question(path, i, q) for i, q in enumerate(raw["questions"])]
     seen: dict[tuple, int] = {}
     for i, q in enumerate(questions):
@@ -134,7 +145,8 @@ def load_questions(path: str | Path) -> Declaration:
             raise _bad(path, f"questions[{i}]", f"asks what questions[{seen[key]}] asks ({q.metric} of {q.a}/{q.b}; "
                        "ppl@L and ppl_ratio@L are one question): a question is tested once, with one estimand")
         seen[key] = i
-    return Declaration(questions, declared, str(raw.get("budget") or "trainer.max_steps"), float(alpha), str(path))
+    return Declaration(questions, declared, str(raw.get("budget") or "trainer.max_steps"), float(alpha), str(path),
+                       runs)
 
 
 def _question(path: Path, i: int, q: Any) -> Question:
@@ -205,6 +217,7 @@ class Answer:
     interaction: SeedTest | None = None
     note: str = ""  # why the question could not be tested
     left_out: list[str] = field(default_factory=list)  # runs that did not acquire retrieval in-window
+    not_acquired: list[str] = field(default_factory=list)  # the same, compared all the same (retrieval_runs: all)
     alpha: float = 0.05
     post_hoc: bool = False
 
@@ -244,7 +257,9 @@ class Answer:
         return "; ".join(label + one(t) for label, t in self.intervals())
 
     def verdict(self) -> str:
-        return self._verdict() + (f"; left out: {', '.join(self.left_out)}" if self.left_out else "")
+        return (self._verdict() + (f"; left out: {', '.join(self.left_out)}" if self.left_out else "")
+                + (f"; compared though retrieval was not acquired in-window (retrieval_runs: all): "
+                   f"{', '.join(self.not_acquired)}" if self.not_acquired else ""))
 
     def _verdict(self) -> str:
         if self.note:
@@ -288,7 +303,7 @@ def learned(row: Row) -> Row:
     return kept[0] if kept else Row(row.label, row.train_length, [])
 
 
-def answer(q: Question, rows: Sequence[Row], budget: str) -> Answer:
+def answer(q: Question, rows: Sequence[Row], budget: str, retrieval_runs: str = "acquired") -> Answer:
     """The per-seed contrasts of a question on its rows (the family is finished by `answer_all`)."""
     ans = Answer(q)
     at_a, at_b = rows_at(rows, q.a, budget), rows_at(rows, q.b, budget)
@@ -312,12 +327,16 @@ def answer(q: Question, rows: Sequence[Row], budget: str) -> Answer:
         if why := unpaired_because(a, b):
             ans.note = f"not tested: {why}"
             return ans
-        if not q.log:  # retrieval: only the seeds whose runs acquired it in-window
+        if not q.log:  # retrieval: only the seeds whose runs acquired it in-window (retrieval_runs: all: every one)
             for r in (a, b):
                 if lost := sorted(set(r.seeds) - set(learned(r).seeds), key=str):
-                    ans.left_out.append(f"{r.label} seed {', '.join(map(str, lost))} (retrieval not acquired "
-                                        "in-window)")
-            a, b = (learned(a), learned(b))
+                    said = f"{r.label} seed {', '.join(map(str, lost))}"
+                    if retrieval_runs == "acquired":
+                        ans.left_out.append(f"{said} (retrieval not acquired in-window)")
+                    else:
+                        ans.not_acquired.append(said)
+            if retrieval_runs == "acquired":
+                a, b = (learned(a), learned(b))
         per.append(contrasts(a, b, q.metric))
     seeds = sorted(set.intersection(*(set(d) for d in per)), key=str)
     # A seed missing at one budget is left out of every budget (the seed is the unit), and said. (A mixed model over
@@ -357,7 +376,7 @@ def finish_answers(answers: Sequence[Answer], alpha: float) -> None:
 
 def answer_all(decl: Declaration, rows: Sequence[Row]) -> list[Answer]:
     """Every declared question answered: one family, Holm over the tested ones."""
-    answers = [answer(q, rows, decl.budget) for q in decl.questions]
+    answers = [answer(q, rows, decl.budget, decl.retrieval_runs) for q in decl.questions]
     for a in answers:
         a.alpha, a.post_hoc = decl.alpha, decl.post_hoc
     finish_answers(answers, decl.alpha)
@@ -384,7 +403,7 @@ def plan(decl: Declaration, rows: Sequence[Row], power: float = POWER) -> list[P
     by the noncentral t, from the sd of per-seed contrasts pooled over every pair and budget of that metric among
     the questions (the runs at hand are the pilot). `averaged` uses that per-budget sd as is (conservative: budgets
     of one seed are correlated); `every` asks power^(1/k) at each of its k budgets."""
-    answers = [answer(q, rows, decl.budget) for q in decl.questions]
+    answers = [answer(q, rows, decl.budget, decl.retrieval_runs) for q in decl.questions]
     m = len(decl.questions)
     alpha = decl.alpha / m
     pools: dict[str, list] = {}
