@@ -116,3 +116,25 @@ def test_bad_settings_are_one_line(gpu_plan, tmp_path):
         gpu_plan.Stacked.build(gpu_plan.compose_row("rope", [*SMALL, "optim.weight_decay=0.1"]), [0],
                                torch.device("cpu"))
     assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize("row", ["nope", "learned", "t5_bias", "alibi", "kerple_power", "sandwich", "fire", "cope",
+                                 "p_rope", "fox"])
+def test_every_schemes_stacked_loss_and_gradient_are_each_models(gpu_plan, row):
+    """Issue 52's rows (and FoX) through the stacked step: each seed's loss and gradient equal its own model's, so
+    the GPU plan can train every scheme (randomized positions draw per seed under vmap, checked in the smoke)."""
+    overrides = ["pe=fox"] if row == "fox" else gpu_plan.ROWS[row]
+    from helpers.runs import compose as hydra_compose
+
+    cfg = hydra_compose(["experiment=induction_heads", *overrides, *SMALL])
+    stacked = gpu_plan.Stacked.build(cfg, [0, 1], torch.device("cpu"))
+    rows = gpu_plan.Chunks(cfg, [0, 1], 1)[0][0]  # (S, B, L + 2)
+    losses = stacked.losses(rows)
+    losses.sum().backward()
+    for i, seed in enumerate([0, 1]):
+        model = stacked.load_into(gpu_plan.build_model(cfg.model, cfg.pe, 16, 16), i)
+        loss = torch.nn.functional.cross_entropy(model(rows[i, :, :-1])[:, -1], rows[i, :, -1])
+        torch.testing.assert_close(losses[i], loss, rtol=1e-5, atol=1e-6)
+        loss.backward()
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(stacked.params[name].grad[i], p.grad, rtol=1e-4, atol=1e-6, msg=name)

@@ -13,6 +13,7 @@ few stacked steps give each seed the weights `train()` under Lightning gives it.
     python experiments/gpu/induction_heads.py --probe --out outputs/gpu/induction_heads    # <= 1 min: rate, plan
     python experiments/gpu/induction_heads.py --out outputs/gpu/induction_heads --minutes 9  # train; relaunch continues
     python experiments/gpu/induction_heads.py --cpu-smoke --out /tmp/ih_smoke              # the machinery, tiny, on CPU
+    python experiments/gpu/induction_heads.py --rows schemes --probe --out outputs/gpu/induction_schemes  # issue 52's rows
     python experiments/induction_heads/compare.py outputs/gpu/induction_heads/runs            # the paper's table
 
 Along training, every `--check-every` steps (500, the study's) the in-window check (256 fixed instances at 2^8) and
@@ -22,6 +23,12 @@ same instances). Each seed gets a folder <out>/runs/<row>-s<seed>/ with summary.
 shape compare.py reads, so the paper comparison and its plateau criterion are the CPU study's. The state
 (<out>/state/<row>.pt: stacked weights, optimizer, step, the curve) is saved every --save-every steps and when
 --minutes runs out; a relaunch continues it exactly (the data is a function of the step).
+
+The stacked step runs SDPA's math form (plain ops that vmap batches; the fused CPU kernel has no batching rule and no
+gradient for a learned bias under vmap), so every scheme trains stacked: issue 52's rows (`--rows schemes`: NoPE,
+learned, T5, ALiBi, KERPLE log / power, Sandwich, FIRE, CoPE, p-RoPE, randomized positions) as the paper's three;
+tests/test_induction_gpu.py checks each seed's loss and gradient against its own model. The evaluation runs each
+seed's own GPT with the CPU runs' kernels.
 
 Status: unrun on a GPU (none lent so far); the CPU smoke and the Lightning equivalence run in the tests.
 """
@@ -42,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch.func import functional_call, stack_module_state, vmap
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import pelab.training.config  # noqa: F401 - stores the schemas (pe/_RoPEConfig, ...) that the composition uses
 from pelab import CONF_DIR
@@ -52,9 +60,18 @@ from pelab.metric_keys import metric_key
 from pelab.model import build_model
 from pelab.provenance import code_version
 
-# the row's overrides of experiment=induction_heads (as experiments/induction_heads/run.sh) and the paper's steps
-ROWS = {"sinusoidal": ["pe=sinusoidal", "pe.scale=0.125"], "rope": ["pe=rope"], "xpos": ["pe=xpos"]}
+# each row's overrides of experiment=induction_heads: the paper's three (as experiments/induction_heads/run.sh), then
+# issue 52's every scheme (experiments/induction_schemes), trained for the paper's rotary count unless the paper says;
+# the learned table holds the 257 positions a training row reaches (2^8 + 1): past them its cells are n/a
+PAPER_ROWS = {"sinusoidal": ["pe=sinusoidal", "pe.scale=0.125"], "rope": ["pe=rope"], "xpos": ["pe=xpos"]}
+SCHEME_ROWS = {"nope": ["pe=nope"], "learned": ["pe=learned", "pe.max_position=257"], "t5_bias": ["pe=t5_bias"], "alibi": ["pe=alibi"],
+               "kerple_log": ["pe=kerple", "pe.variant=log"], "kerple_power": ["pe=kerple", "pe.variant=power"],
+               "sandwich": ["pe=sandwich"], "fire": ["pe=fire"], "cope": ["pe=cope"],
+               "p_rope": ["pe=rope", "pe.frequency_fraction=0.75"],
+               "randomized": ["pe=rope", "pe.randomized.max_position=16384"]}
+ROWS = {**PAPER_ROWS, **SCHEME_ROWS}
 PAPER_STEPS = {"sinusoidal": 204_800, "rope": 409_600, "xpos": 409_600}
+STEPS = 409_600  # a row the paper does not have
 RECORDED = ("model", "pe", "data", "optim", "probes", "trainer")
 SMOKE = ["data.seq_len=16", "model.d_model=16", "model.n_heads=2", "probes.lengths=[0.5,1,2]", "probes.samples=6",
          "data.long_probe_samples=4", "data.long_probe_from=32"]
@@ -111,7 +128,12 @@ class Stacked:
         def logits(p: dict, b: dict, x1: torch.Tensor) -> torch.Tensor:  # one seed: (B, L + 1) -> (B, L + 1, V)
             return functional_call(self.base, (p, b), (x1,))
 
-        z = vmap(logits)(self.params, self.buffers, x)[:, :, -1]  # (S, B, V): the query's
+        # SDPA's math form: plain ops that vmap batches (the fused CPU kernel has no batching rule and no gradient
+        # for a learned bias under vmap); at T = 257 and 137K parameters its cost is the kernels' count, not size
+        with sdpa_kernel(SDPBackend.MATH):
+            # randomness "different": a randomized-positions row draws each seed's own positions (not the CPU
+            # run's draws, which seed torch per step: the same distribution)
+            z = vmap(logits, randomness="different")(self.params, self.buffers, x)[:, :, -1]  # (S, B, V): the query's
         return F.cross_entropy(z.flatten(0, 1).float(), answer.flatten(), reduction="none").view(answer.shape).mean(1)
 
     def step(self, rows: torch.Tensor) -> torch.Tensor:
@@ -432,7 +454,8 @@ def probe(s: Settings, seconds_per_row: float = 15.0) -> dict:
 def parse(argv: list[str] | None = None) -> tuple[Settings, argparse.Namespace]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="state, plan.json and runs/ (compare.py reads runs/)")
-    ap.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    ap.add_argument("--rows", nargs="+", default=list(PAPER_ROWS), choices=[*ROWS, "schemes"],
+                    help="the paper's three (default), named rows, or 'schemes': issue 52's every scheme")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     ap.add_argument("--steps", type=int, default=None, help="every row's steps (default: the paper's per row)")
     ap.add_argument("--minutes", type=float, default=9.0, help="this call's time: it saves and returns before")
@@ -455,7 +478,8 @@ def parse(argv: list[str] | None = None) -> tuple[Settings, argparse.Namespace]:
         a.steps = a.steps or 6
         a.chunk = a.check_every = a.curve_every = a.save_every = 3
         a.seeds = a.seeds if a.seeds != [0, 1, 2, 3, 4] else [0, 1]
-    steps = {r: int(a.steps) if a.steps else PAPER_STEPS[r] for r in a.rows}
+    a.rows = [r for name in a.rows for r in (SCHEME_ROWS if name == "schemes" else [name])]
+    steps = {r: int(a.steps) if a.steps else PAPER_STEPS.get(r, STEPS) for r in a.rows}
     s = Settings(a.out, device, a.seeds, a.rows, steps, overrides, a.chunk, a.check_every, a.curve_every,
                  a.save_every, a.workers, graphs and not a.no_graphs, time.monotonic() + 60 * a.minutes,
                  max_chunks=a.max_chunks)

@@ -49,11 +49,17 @@ class DiagonalView(torch.autograd.Function):
     an H200, experiments/benchmarks/README.md); a translation-invariant bias needs one gradient per (head,
     distance), the sums along the view's anti-diagonals (``antidiagonal_sums``)."""
 
+    generate_vmap_rule = True  # both passes work on the last dims only: vmap (models stacked over seeds) batches them
+
     @staticmethod
-    def forward(ctx, table: Tensor, R: int, K: int, offset: int) -> Tensor:
-        ctx.n, ctx.offset = table.shape[-1], offset
+    def forward(table: Tensor, R: int, K: int, offset: int) -> Tensor:
         # windows of K consecutive entries, stepping by one: a view (unfold, not as_strided: dynamo traces it)
         return table[..., offset : offset + R + K - 1].unfold(-1, K, 1)  # (..., R, K)
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple[Tensor, int, int, int], output: Tensor) -> None:
+        table, _, _, offset = inputs
+        ctx.n, ctx.offset = table.shape[-1], offset
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None, None]:
