@@ -1,0 +1,86 @@
+"""experiments/induction_schemes (issue 52): the learning-rate rule stated before the runs (choose_lr.py) on hand-built
+pilot folders, the run script's overrides through real Hydra composition, and its declared questions."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import re
+import sys
+
+import pytest
+
+from helpers.runs import ROOT, compose
+
+HERE = ROOT / "experiments" / "induction_schemes"
+
+
+@pytest.fixture(scope="module")
+def choose_lr():
+    spec = importlib.util.spec_from_file_location("is_choose_lr", HERE / "choose_lr.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def pilot_run(folder, pe: str, lr: float, checks: dict[int, float], step: int = 10_000) -> None:
+    """A finished pilot run: summary.json and the in-window checks in csv/metrics.csv (rows name the step before)."""
+    (folder / "csv").mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({
+        "status": "ok", "global_step": step,
+        "config": {"pe": {"name": pe}, "optim": {"lr": lr}, "trainer": {"max_steps": 10_000}}}))
+    with open(folder / "csv" / "metrics.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["step", "train/loss", "train/retrieval_acc"])
+        w.writeheader()
+        for s in range(50, step + 1, 50):  # a loss row every 50 steps, a check every 500
+            w.writerow({"step": s - 1, "train/loss": 1.0, "train/retrieval_acc": checks.get(s, "")})
+
+
+def checks(last: list[float], early: float = 0.0) -> dict[int, float]:
+    out = {s: early for s in range(500, 8_000, 500)}  # before the last five: never read
+    out.update({10_000 - 500 * i: v for i, v in enumerate(last)})
+    return out
+
+
+def test_the_higher_mean_of_the_last_five_checks_wins_and_a_tie_keeps_2e4(choose_lr, tmp_path):
+    pilot_run(tmp_path / "a", "alibi", 2e-4, checks([0.5, 0.5, 0.4, 0.4, 0.2], early=1.0))  # mean 0.40
+    pilot_run(tmp_path / "b", "alibi", 1e-3, checks([0.6, 0.5, 0.5, 0.4, 0.3]))  # mean 0.46: chosen
+    pilot_run(tmp_path / "c", "nope", 2e-4, checks([0.30] * 5))
+    pilot_run(tmp_path / "d", "nope", 1e-3, checks([0.30 + 1 / 512] * 5))  # within one instance in 256: a tie
+    pilot_run(tmp_path / "e", "rope", 2e-4, checks([0.9] * 5))
+    pilot_run(tmp_path / "f", "rope", 1e-3, checks([0.1] * 5))
+    choice = choose_lr.choose(choose_lr.pilot_runs(tmp_path))
+    assert {k: v["lr"] for k, v in choice.items()} == {"alibi": 1e-3, "nope": 2e-4, "rope": 2e-4}
+    assert choice["alibi"]["pilot"] == pytest.approx({"0.0002": 0.40, "0.001": 0.46})
+    assert "| alibi | 0.400 | 0.460 | 0.001 |" in choose_lr.table(choice)
+
+
+def test_an_unfinished_or_missing_pilot_run_is_refused(choose_lr, tmp_path):
+    pilot_run(tmp_path / "a", "alibi", 2e-4, checks([0.5] * 5), step=9_500)
+    with pytest.raises(ValueError, match="step 9500 of 10000: not complete"):
+        choose_lr.pilot_runs(tmp_path)
+    (tmp_path / "a" / "summary.json").unlink()
+    pilot_run(tmp_path / "b", "alibi", 2e-4, checks([0.5] * 5))
+    with pytest.raises(ValueError, match="the pilot needs 2e-4 and 1e-3"):
+        choose_lr.choose(choose_lr.pilot_runs(tmp_path))
+
+
+def test_the_run_scripts_overrides_compose_to_the_recipe_at_the_rate():
+    text = (HERE / "run.sh").read_text()
+    name = re.search(r"name='(name=[^']+)'", text).group(1)
+    cfg = compose(["experiment=induction_heads", "seed=3", "pe=alibi", "optim.lr=1e-3", name])
+    assert cfg.name == "alibi-induction-L256-lr0.001-s3"
+    assert (cfg.data.seq_len, cfg.data.batch_size, cfg.trainer.max_steps, cfg.optim.weight_decay) == (256, 8, 25000, 0)
+    assert cfg.model.n_heads == 8 and cfg.model.d_model == 128 and cfg.model.d_ff == 0
+
+
+def test_the_declared_questions_load_and_compare_every_run():
+    from pelab.report.questions import load_questions
+
+    decl = load_questions(HERE / "questions.yaml")
+    assert decl.declared == "before the runs" and decl.retrieval_runs == "all"
+    assert [(q.a, q.b, q.metric) for q in decl.questions] == [
+        ("alibi", "rope", "probe/induction_heads/acc@1024"), ("nope", "rope", "probe/induction_heads/acc@512")]
