@@ -84,3 +84,35 @@ def test_the_declared_questions_load_and_compare_every_run():
     assert decl.declared == "before the runs" and decl.retrieval_runs == "all"
     assert [(q.a, q.b, q.metric) for q in decl.questions] == [
         ("alibi", "rope", "probe/induction_heads/acc@1024"), ("nope", "rope", "probe/induction_heads/acc@512")]
+
+
+def test_the_read_out_of_a_uniform_last_layer_is_one_over_the_keys(tmp_path):
+    """attention.py on a checkpoint whose last layer cannot tell keys apart (NoPE, its queries zeroed: every logit
+    equal): at the query the copy-reading head puts 1/K on the copy, its entropy is log K and its mass at distances
+    >= 257 is the share of such keys, whatever the head; the layer diagnostics are recorded at both lengths."""
+    import math
+
+    import torch
+    from omegaconf import OmegaConf
+
+    from pelab.model import build_model
+
+    spec = importlib.util.spec_from_file_location("is_attention", HERE / "attention.py")
+    attention = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(attention)
+    cfg = compose(["experiment=induction_heads", "pe=nope", "model.d_model=16", "model.n_heads=2"])
+    torch.manual_seed(0)
+    model = build_model(cfg.model, cfg.pe, 16, 256)
+    with torch.no_grad():
+        model.blocks[-1].attn.qkv.weight[:16].zero_()  # the queries' rows: every score 0
+        model.blocks[-1].attn.qkv.bias[:16].zero_()
+    ckpt = tmp_path / "last.ckpt"
+    torch.save({"hyper_parameters": {"cfg": OmegaConf.to_container(cfg, resolve=False), "vocab_size": 16},
+                "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}}, ckpt)
+    stats = attention.run_stats(ckpt, instances=3)
+    for L in (256, 2048):
+        K = L + 1
+        assert stats[f"readout/copy@{K}"] == pytest.approx(1 / K, rel=1e-5)
+        assert stats[f"readout/entropy@{K}"] == pytest.approx(math.log(K), rel=1e-5)
+        assert stats[f"readout/far@{K}"] == pytest.approx(max(0, K - 257) / K, abs=1e-6)
+        assert {f"attn/entropy@{K}/layer0", f"attn/mass_past_L@{K}/layer1"} <= set(stats)
