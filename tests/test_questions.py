@@ -229,3 +229,23 @@ def test_retrieval_runs_all_compares_the_runs_that_missed_the_criterion_and_name
     path.write_text(f"declared: before the runs\nretrieval_runs: some\nquestions:\n{body}")
     with pytest.raises(ReportError, match="all.yaml: retrieval_runs: one of acquired, all"):
         load_questions(path)
+
+
+def test_a_question_of_one_row_tests_its_value_against_zero(tmp_path):
+    """`pair: rope` on a difference (lim_gap: is retrieval U-shaped?): a one-sample t over its seeds, by hand with
+    scipy; the same label on a perplexity is refused in one line (a ratio against 0 means nothing)."""
+    gaps = [0.12, 0.20, 0.15, 0.09]
+    for s, g in enumerate(gaps):
+        cfg = {"pe": {"name": "rope"}, "model": {"name": "tiny"}, "data": {"seq_len": 128}, "seed": s,
+               "trainer": {"max_steps": 100}, "optim": {"lr": 2e-3}}
+        write_summary(tmp_path / f"rope_s{s}", {"status": "ok", "config": cfg, "data": {"fingerprint": {"key": "c"}},
+                                                "metrics": {"probe/mqar/lim_gap@128": g, "probe/mqar/acc@128": 0.9}})
+    (u,) = answered(tmp_path, "  - {pair: rope, metric: probe/mqar/lim_gap@128, estimand: at, smallest_effect: 0.05, "
+                              "expected: higher}")
+    assert u.seeds == [0, 1, 2, 3] and u.p == pytest.approx(scipy.stats.ttest_1samp(gaps, 0).pvalue)
+    assert (u.test.lo, u.test.hi) == pytest.approx(t_interval(gaps, 0.95))
+    assert u.verdict() == "resolved: rope higher than 0"
+    assert u.sentence().startswith("rope, probe/mqar/lim_gap@128 vs 0 (at 100): rope = +0.140")
+    with pytest.raises(ReportError, match=r"questions\[0\].pair: .*one label tests that row against 0"):
+        load_questions(questions(tmp_path, "  - {pair: rope, metric: extrap/ppl@1024, estimand: at, "
+                                           "smallest_effect: 1.1}"))

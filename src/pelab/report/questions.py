@@ -7,7 +7,7 @@ them: then every verdict is labelled post hoc)::
     budget: trainer.max_steps          # the setting that is the training budget (default)
     alpha: 0.05
     questions:
-      - pair: sinusoidal/rope          # A/B: row labels without the budget
+      - pair: sinusoidal/rope          # A/B: row labels without the budget (or one label: below)
         metric: extrap/ppl@1024        # one metric at one length: ratio@L and ppl@L are not two questions
         budgets: [1500, 6000]          # default: every budget both rows have
         estimand: averaged             # at (one budget) | averaged (over the budgets) | every (at every budget)
@@ -23,6 +23,9 @@ share initialisation and data order, so the seed is the unit), tested by a one-s
 * *at*: the contrast at the one declared budget;
 * *averaged*: each seed's mean contrast over the declared budgets, then the t over seeds (df = seeds - 1);
 * *every*: the intersection-union test (p = the largest per-budget p; 1 where the budgets disagree in sign).
+
+A question of one row (``pair: rope``) tests the row's own value against 0 over its seeds: a difference-scale metric
+only (e.g. probe/mqar/lim_gap@128, the edges' accuracy minus the middle's: is retrieval U-shaped?).
 
 A retrieval (probe) question compares the seeds whose runs acquired the task in-window (their in-window criterion
 met), and names the others; ``retrieval_runs: all`` compares every finished run instead (declared before the runs,
@@ -62,7 +65,7 @@ from pelab.evaluation.stats import (
 )
 from pelab.metric_keys import parse_key
 from pelab.report.aggregation import Row, acquired_rows
-from pelab.report.comparisons import contrasts, log_scale, unpaired_because
+from pelab.report.comparisons import contrasts, log_scale, seed_values, unpaired_because
 
 ESTIMANDS = {"at": "at one budget", "averaged": "averaged over the budgets", "every": "at every budget"}
 EXPECTED = ("higher", "lower")
@@ -74,7 +77,7 @@ QUESTION_KEYS = {"pair", "metric", "budgets", "estimand", "smallest_effect", "ex
 @dataclass(frozen=True)
 class Question:
     a: str
-    b: str
+    b: str  # "" for a question of one row: its value against 0
     metric: str  # name@L
     estimand: str
     smallest_effect: float  # a ratio (> 1) on the log scale, an accuracy difference (> 0) otherwise
@@ -88,7 +91,7 @@ class Question:
 
     @property
     def title(self) -> str:
-        return self.name or f"{self.a} vs {self.b}, {self.metric}"
+        return self.name or (f"{self.a} vs {self.b}, {self.metric}" if self.b else f"{self.a}, {self.metric} vs 0")
 
     def effect(self) -> float:
         """The smallest effect of interest as a contrast (log ratio, or difference)."""
@@ -156,11 +159,12 @@ def _question(path: Path, i: int, q: Any) -> Question:
     if unknown := sorted(set(q) - QUESTION_KEYS):
         raise _bad(path, f"{where}.{unknown[0]}", f"unknown key; the keys are {', '.join(sorted(QUESTION_KEYS))}")
     a, sep, b = str(q.get("pair") or "").partition("/")
-    if not (sep and a.strip() and b.strip()):
-        raise _bad(path, f"{where}.pair", "write A/B, two row labels without the budget (e.g. sinusoidal/rope)")
     metric = str(q.get("metric") or "")
     if parse_key(metric).length is None:
         raise _bad(path, f"{where}.metric", f"name one metric at one length, e.g. extrap/ppl@1024 (got {metric!r})")
+    if not (a.strip() and (b.strip() if sep else not log_scale(metric))):
+        raise _bad(path, f"{where}.pair", "write A/B, two row labels without the budget (e.g. sinusoidal/rope); one "
+                   "label tests that row against 0, for a difference such as probe/mqar/lim_gap@128 only")
     estimand = q.get("estimand")
     if estimand not in ESTIMANDS:
         raise _bad(path, f"{where}.estimand", f"one of {', '.join(ESTIMANDS)} (got {estimand!r})")
@@ -274,7 +278,7 @@ class Answer:
                 out += "; smaller than the smallest effect of interest"
             return out
         word = "higher" if self.direction() > 0 else "lower"
-        out = f"resolved: {self.q.a} {word} than {self.q.b}"
+        out = f"resolved: {self.q.a} {word} than {self.q.b or 0}"
         if self.q.expected and self.q.expected != word:
             out += " (opposite to the declared expectation)"
         if any(t.lo <= 0 <= t.hi for _, t in self.intervals()):
@@ -284,7 +288,7 @@ class Answer:
     def sentence(self) -> str:
         """The claim sentence a findings page carries (generated, never typed by hand)."""
         q = self.q
-        what = f"{q.a} / {q.b}" if q.log else f"{q.a} − {q.b}"
+        what = f"{q.a} / {q.b}" if q.log else (f"{q.a} − {q.b}" if q.b else q.a)
         where = (f"at {self.budgets[0]}" if q.estimand == "at" and self.budgets else
                  f"{ESTIMANDS[q.estimand].replace('the budgets', 'budgets')} {', '.join(map(str, self.budgets))}")
         if self.note:
@@ -297,6 +301,11 @@ class Answer:
         return text + (" Declared after the runs (post hoc)." if self.post_hoc else "")
 
 
+def finite_seed_values(row: Row, metric: str) -> dict[Any, float]:
+    """{seed: the row's value of ``metric``} where finite: a one-row question's contrasts (its value against 0)."""
+    return {s: v for s, v in seed_values(row, metric).items() if math.isfinite(v)}
+
+
 def learned(row: Row) -> Row:
     """The row with only its runs that acquired retrieval in-window (their probes measure something learned)."""
     kept = acquired_rows([row])[0]
@@ -306,9 +315,10 @@ def learned(row: Row) -> Row:
 def answer(q: Question, rows: Sequence[Row], budget: str, retrieval_runs: str = "acquired") -> Answer:
     """The per-seed contrasts of a question on its rows (the family is finished by `answer_all`)."""
     ans = Answer(q)
-    at_a, at_b = rows_at(rows, q.a, budget), rows_at(rows, q.b, budget)
+    at_a = rows_at(rows, q.a, budget)
+    at_b = rows_at(rows, q.b, budget) if q.b else at_a  # one row: against 0 (its own runs stand in for b's seeds)
     names = sorted({setting_name(r, budget) for r in rows})
-    for side, found in ((q.a, at_a), (q.b, at_b)):
+    for side, found in ((q.a, at_a), (q.b or q.a, at_b)):
         if not found:
             raise ReportError(f"question {q.title!r}: no row is named {side!r} (rows without {budget}: "
                               f"{', '.join(names)})")
@@ -324,11 +334,11 @@ def answer(q: Question, rows: Sequence[Row], budget: str, retrieval_runs: str = 
     per: list[dict] = []
     for bud in budgets:
         a, b = at_a[bud], at_b[bud]
-        if why := unpaired_because(a, b):
+        if q.b and (why := unpaired_because(a, b)):
             ans.note = f"not tested: {why}"
             return ans
         if not q.log:  # retrieval: only the seeds whose runs acquired it in-window (retrieval_runs: all: every one)
-            for r in (a, b):
+            for r in (a, b) if q.b else (a,):
                 if lost := sorted(set(r.seeds) - set(learned(r).seeds), key=str):
                     said = f"{r.label} seed {', '.join(map(str, lost))}"
                     if retrieval_runs == "acquired":
@@ -337,7 +347,7 @@ def answer(q: Question, rows: Sequence[Row], budget: str, retrieval_runs: str = 
                         ans.not_acquired.append(said)
             if retrieval_runs == "acquired":
                 a, b = (learned(a), learned(b))
-        per.append(contrasts(a, b, q.metric))
+        per.append(contrasts(a, b, q.metric) if q.b else finite_seed_values(a, q.metric))
     seeds = sorted(set.intersection(*(set(d) for d in per)), key=str)
     # A seed missing at one budget is left out of every budget (the seed is the unit), and said. (A mixed model over
     # the unbalanced runs was tried: with 3-4 seeds REML put the seed variance on its boundary and did not converge.)
