@@ -226,6 +226,9 @@ def test_retrieval_runs_all_compares_the_runs_that_missed_the_criterion_and_name
     assert every.seeds == [0, 1, 2] and not every.left_out
     np.testing.assert_allclose(every.contrasts[:, 0], np.subtract(acc["a"], acc["b"]))
     assert "not acquired in-window (retrieval_runs: all): b seed 1" in every.verdict()
+    # a question's own setting overrides the file's
+    path.write_text(f"declared: before the runs\nretrieval_runs: all\nquestions:\n{body[:-2]}, retrieval_runs: acquired}}\n")
+    assert answer_all(load_questions(path), g.rows)[0].seeds == [0, 2]
     path.write_text(f"declared: before the runs\nretrieval_runs: some\nquestions:\n{body}")
     with pytest.raises(ReportError, match="all.yaml: retrieval_runs: one of acquired, all"):
         load_questions(path)

@@ -14,7 +14,7 @@ them: then every verdict is labelled post hoc)::
         smallest_effect: 1.05          # the smallest effect of interest: a ratio A / B (log-scale metrics) or an
                                        # accuracy difference (probe/...), for --plan and the equivalence reading
         expected: higher               # optional: A higher / lower than B
-    retrieval_runs: acquired           # optional: acquired (default) | all, below
+    retrieval_runs: acquired           # optional: acquired (default) | all, below; a question may set its own
 
 Each question is a contrast per seed (log(A / B), or A - B for an accuracy; runs of one seed at several budgets
 share initialisation and data order, so the seed is the unit), tested by a one-sample t over the seeds
@@ -71,7 +71,7 @@ ESTIMANDS = {"at": "at one budget", "averaged": "averaged over the budgets", "ev
 EXPECTED = ("higher", "lower")
 POWER = 0.8
 RETRIEVAL_RUNS = ("acquired", "all")
-QUESTION_KEYS = {"pair", "metric", "budgets", "estimand", "smallest_effect", "expected", "name"}
+QUESTION_KEYS = {"pair", "metric", "budgets", "estimand", "smallest_effect", "expected", "name", "retrieval_runs"}
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,7 @@ class Question:
     budgets: tuple[Any, ...] = ()  # () = every budget both rows have
     expected: str | None = None
     name: str = ""
+    retrieval_runs: str | None = None  # RETRIEVAL_RUNS, this question's own (None: the file's)
 
     @property
     def log(self) -> bool:
@@ -183,8 +184,11 @@ def _question(path: Path, i: int, q: Any) -> Question:
     expected = q.get("expected")
     if expected is not None and expected not in EXPECTED:
         raise _bad(path, f"{where}.expected", f"higher or lower (A vs B), or leave it out (got {expected!r})")
+    runs = q.get("retrieval_runs")
+    if runs is not None and runs not in RETRIEVAL_RUNS:
+        raise _bad(path, f"{where}.retrieval_runs", f"one of {', '.join(RETRIEVAL_RUNS)}, got {runs!r}")
     return Question(a.strip(), b.strip(), metric, estimand, float(effect), tuple(budgets), expected,
-                    str(q.get("name") or ""))
+                    str(q.get("name") or ""), runs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,6 +319,7 @@ def learned(row: Row) -> Row:
 def answer(q: Question, rows: Sequence[Row], budget: str, retrieval_runs: str = "acquired") -> Answer:
     """The per-seed contrasts of a question on its rows (the family is finished by `answer_all`)."""
     ans = Answer(q)
+    retrieval_runs = q.retrieval_runs or retrieval_runs
     at_a = rows_at(rows, q.a, budget)
     at_b = rows_at(rows, q.b, budget) if q.b else at_a  # one row: against 0 (its own runs stand in for b's seeds)
     names = sorted({setting_name(r, budget) for r in rows})
