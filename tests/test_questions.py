@@ -173,6 +173,19 @@ def test_plan_gives_the_seeds_of_the_noncentral_t_from_the_pooled_sd(study, caps
     assert report_main([str(study), "--questions", str(path), "--plan"]) == 0
     out = capsys.readouterr().out
     assert f"| {p2.seeds} | {p2.seeds_up} |" in out and "internal pilot" in out
+    # an effect hundreds of sds wide: the fewest seeds already have the power (statsmodels' root search gives NaN)
+    from pelab.evaluation.stats import MIN_SEEDS, seeds_for_power
+
+    assert power(MIN_SEEDS, 0.1, 0.0007, 0.05 / 5) >= 0.8 and seeds_for_power(0.1, 0.0007, 0.05 / 5) == MIN_SEEDS
+    # 6.1 sds at alpha 0.01: 3 seeds give 0.68, 4 give 0.99 (statsmodels' solver said 2, then 3 was planned); here
+    # scipy's opposite tail is NaN at n = 3, so the near tail alone, within Phi(-nc) < 1e-20 of the power
+    def near(n, effect, sd, alpha):
+        nc = effect / sd * math.sqrt(n)
+        assert scipy.stats.norm.cdf(-nc) < 1e-20
+        return scipy.stats.nct.sf(scipy.stats.t.ppf(1 - alpha / 2, n - 1), n - 1, nc)
+
+    assert near(3, 0.1, 0.01626, 0.01) < 0.8 <= near(4, 0.1, 0.01626, 0.01)
+    assert seeds_for_power(0.1, 0.01626, 0.01) == 4
 
 
 def test_the_report_tests_the_declared_questions_labels_post_hoc_and_warns_of_one_untuned_rate(study):

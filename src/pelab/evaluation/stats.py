@@ -415,13 +415,26 @@ def sd_upper(sd: float, df: int, level: float = 0.8) -> float:
     return sd * math.sqrt(df / scipy.stats.chi2.ppf(1 - level, df)) if df > 0 else float("nan")
 
 
-def seeds_for_power(effect: float, sd: float, alpha: float, power: float = 0.8) -> int | None:
-    """Seeds needed to detect a true mean contrast `effect` with sd `sd` at two-sided `alpha` with `power`, by the
-    noncentral t of a one-sample t test (``statsmodels.stats.power.TTestPower``); at least MIN_SEEDS; None when
-    effect or sd is not a positive finite number."""
+def t_power(size: float, n: int, alpha: float) -> float:
+    """Power of a two-sided one-sample t test with n values for a true mean of ``size`` sds: both tails of the
+    noncentral t (as ``statsmodels.stats.power.TTestPower``). Far from the effect scipy's noncentral t can give NaN
+    for the opposite tail (df 2, noncentrality 19.6); that tail is below P(T < 0) = Phi(-nc), taken as 0 when that
+    bound is under 1e-12, and any other NaN raises."""
+    df, nc = n - 1, abs(size) * math.sqrt(n)
+    crit = scipy.stats.t.ppf(1 - alpha / 2, df)
+    near, far = scipy.stats.nct.sf(crit, df, nc), scipy.stats.nct.cdf(-crit, df, nc)
+    if math.isnan(far) and scipy.stats.norm.cdf(-nc) < 1e-12:
+        far = 0.0
+    if math.isnan(near + far):
+        raise ValueError(f"the noncentral t gave no power for {size:g} sds at n = {n}, alpha = {alpha:g}")
+    return float(near + far)
+
+
+def seeds_for_power(effect: float, sd: float, alpha: float, power: float = 0.8, most: int = 10_000) -> int | None:
+    """Seeds needed to detect a true mean contrast `effect` with sd `sd` at two-sided `alpha` with `power`: the fewest
+    n >= MIN_SEEDS whose one-sample t has that power (``t_power``; a search over n, where statsmodels' root finder
+    returns NaN for effects many sds wide); None when effect or sd is not a positive finite number, or beyond `most`."""
     if not (math.isfinite(effect) and math.isfinite(sd)) or effect == 0 or sd <= 0:
         return None
-    from statsmodels.stats.power import TTestPower
-
-    n = TTestPower().solve_power(effect_size=abs(effect) / sd, alpha=alpha, power=power, alternative="two-sided")
-    return max(MIN_SEEDS, math.ceil(float(np.squeeze(n))))
+    size = abs(effect) / sd
+    return next((n for n in range(MIN_SEEDS, most + 1) if t_power(size, n, alpha) >= power), None)

@@ -446,8 +446,8 @@ def plan_lines(plans: Sequence[Plan], power: float = POWER) -> list[str]:
         eff = f"{p.q.smallest_effect:g}×" if p.q.log else f"{p.q.smallest_effect:+g}"
         sd = f"{p.sd:.3g} ({p.df})" if math.isfinite(p.sd) else "— (no pilot runs)"
         lines.append(f"| {p.q.title} ({p.q.estimand}) | {eff} | {sd} | {p.seeds or '—'} | {p.seeds_up or '—'} |")
-    lines += ["", (f"Seeds for {power:.0%} power at α / m = {plans[0].alpha:.3g} (two-sided, noncentral t: "
-                   "statsmodels TTestPower), from the sd of per-seed contrasts pooled over every pair and budget of "
+    lines += ["", (f"Seeds for {power:.0%} power at α / m = {plans[0].alpha:.3g} (two-sided one-sample t, by "
+                   "scipy's noncentral t), from the sd of per-seed contrasts pooled over every pair and budget of "
                    "the metric (log ratios for perplexities). Plan it as an internal pilot: run the planned seeds, "
                    "re-estimate the pooled sd once, top up.")]
     return lines
