@@ -265,3 +265,14 @@ def test_a_question_of_one_row_tests_its_value_against_zero(tmp_path):
     with pytest.raises(ReportError, match=r"questions\[0\].pair: .*one label tests that row against 0"):
         load_questions(questions(tmp_path, "  - {pair: rope, metric: extrap/ppl@1024, estimand: at, "
                                            "smallest_effect: 1.1}"))
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("path", sorted(str(p.relative_to(REPO)) for p in (REPO / "experiments").rglob("questions.yaml")))
+def test_every_committed_question_file_loads(path):
+    """A study's declared questions are read by the tool that answers them (a file it cannot read would be found only
+    when its runs are done)."""
+    decl = load_questions(REPO / path)
+    assert decl.questions and decl.declared
