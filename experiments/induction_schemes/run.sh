@@ -5,6 +5,8 @@
 #           into <root>/pilot; then  python experiments/induction_schemes/choose_lr.py <root>/pilot --json <root>/lr.json
 #   seeds   ALiBi and NoPE at seeds 0-4 at their chosen rate (<root>/lr.json), into <root>/sweep: per seed, ALiBi then
 #           NoPE, so that after k seeds both rows have k
+#   scalings issue 51's RoPE checkpoints (RUNS51, default its study's sweep; seeds 1-4: seed 0's was lost) evaluated
+#           with PI / NTK / YaRN at factor F = 4, 8, 16, each at its length F x 2^8, into <root>/scalings/rope-s<s>-x<F>
 # From a clean git worktree of the commit pinned at the first launch (<root>/COMMIT; ../pinned.sh), WORKERS (default 2)
 # workers at one thread each under nice 10, sharing the folder (a job held by one worker is left to it). Relaunch the
 # same command to go on: finished jobs are skipped, an interrupted one resumes from its last checkpoint.
@@ -13,7 +15,7 @@
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../pinned.sh"
-phase=${1:?"pilot or seeds"}
+phase=${1:?"pilot, seeds or scalings"}
 root=${2:-/work/studies/induction_schemes}
 commit=$(pinned_commit "$root")
 name='name=${pe.name}-induction-L${data.seq_len}-lr${optim.lr}-s${seed}'
@@ -33,7 +35,18 @@ worker() {  # <n>
             "tags=[induction_schemes]" "$name" hydra.sweep.dir="$root/sweep"
         done
       done ;;
-    *) echo "phase: pilot or seeds, not '$phase'"; return 2 ;;
+    scalings)
+      [ "$1" = 1 ] || return 0  # one worker: about 17 CPU-minutes in all
+      for s in ${SEEDS:-1 2 3 4}; do
+        for f in 4 8 16; do
+          out="$root/scalings/rope-s$s-x$f"
+          [ -s "$out/summary.json" ] && grep -q '"status": "ok"' "$out/summary.json" && continue
+          pinned_eval "$commit" ckpt_path="${RUNS51:-/work/studies/induction_heads/study/sweep}/0_rope-induction-L256-s$s/checkpoints/last.ckpt" \
+            pe.scaling.factor="$f" "scaling_sweep=[linear,ntk,yarn]" "probes.lengths=[$f]" "eval.lengths=[1]" \
+            hydra.run.dir="$out"
+        done
+      done ;;
+    *) echo "phase: pilot, seeds or scalings, not '$phase'"; return 2 ;;
   esac >> "$root/worker$1.log" 2>&1
 }
 for w in $(seq 1 "${WORKERS:-2}"); do
