@@ -116,3 +116,38 @@ def test_the_read_out_of_a_uniform_last_layer_is_one_over_the_keys(tmp_path):
         assert stats[f"readout/entropy@{K}"] == pytest.approx(math.log(K), rel=1e-5)
         assert stats[f"readout/far@{K}"] == pytest.approx(max(0, K - 257) / K, abs=1e-6)
         assert {f"attn/entropy@{K}/layer0", f"attn/mass_past_L@{K}/layer1"} <= set(stats)
+
+
+def test_the_table_reads_training_runs_and_scaling_sweeps_with_t_intervals_over_seeds(tmp_path):
+    import math
+
+    import numpy as np
+    import scipy.stats
+
+    spec = importlib.util.spec_from_file_location("is_table", HERE / "table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    accs = [0.70, 0.55, 0.80]
+    for s, a in enumerate(accs):  # training runs of alibi, one failed run beside them
+        (tmp_path / f"alibi{s}").mkdir()
+        (tmp_path / f"alibi{s}" / "summary.json").write_text(json.dumps({
+            "status": "ok", "config": {"pe": {"name": "alibi"}},
+            "metrics": {"probe/induction_heads/acc@1024": a, "probe/induction_heads/acc@8192": float("nan")}}))
+    (tmp_path / "failed").mkdir()
+    (tmp_path / "failed" / "summary.json").write_text(json.dumps({"status": "failed", "config": {"pe": {"name": "alibi"}},
+                                                                   "metrics": {"probe/induction_heads/acc@1024": 0.0}}))
+    (tmp_path / "sweep").mkdir()  # eval.py's scaling sweep of a rope checkpoint
+    (tmp_path / "sweep" / "summary.json").write_text(json.dumps({
+        "status": "ok", "config": {"pe": {"name": "rope"}},
+        "metrics": {"probe/ntk/induction_heads/acc@2048": 0.9, "probe/yarn/induction_heads/acc@2048": 0.8,
+                    "probe/ntk/induction_heads/acc_lo@2048": 0.5}}))
+    rows = table.row_values([tmp_path])
+    assert {k: dict(v) for k, v in rows.items()} == {"alibi": {1024: accs}, "rope+ntk": {2048: [0.9]},
+                                                      "rope+yarn": {2048: [0.8]}}
+    half = scipy.stats.t.ppf(0.975, 2) * np.std(accs, ddof=1) / math.sqrt(3)
+    mean = np.mean(accs)
+    text = table.table(rows)
+    assert f"| alibi | n/a | n/a | n/a | n/a | {100 * mean:.1f} [{100 * (mean - half):.1f}, {100 * min(1, mean + half):.1f}] (3) |" in text
+    assert "| rope+ntk | n/a | n/a | n/a | n/a | n/a | 90.0 (1) |" in text
+    table.figure(rows, tmp_path / "f.png")
+    assert (tmp_path / "f.png").stat().st_size > 10_000
