@@ -247,6 +247,15 @@ def test_the_agreement_rule():
     assert compare.verdict(100.0, [1.0, 1.0])[0] == "both at 100 %"
     assert compare.verdict(99.6, [1.0] * 5)[0] == "agrees"  # x̄ = 1: Agresti-Coull keeps a width
     assert compare.verdict(58.6, seeds[:3])[0] == "3 seeds < 5: no verdict"  # the rule's n >= 5
+    # the table counts the comparable rows' informative cells, and shows every informative cell apart
+    runs = {"sinusoidal": {512: seeds, 1024: [0.26, 0.27, 0.25, 0.28, 0.27], 2048: [0.9] * 5},
+            "rope": {512: seeds[:3]}}
+    plateaus = {"sinusoidal": [("s0", True, "")], "rope": [("s0", False, "in-window")]}
+    text = compare.table(runs, plateaus)
+    assert "of the rows at plateau: 2 agree, 1 disagree." in text
+    assert "whether or not its row is at plateau (not a count of the rule's): 2 agree, 1 disagree, 1 without" in text
+    plateaus["sinusoidal"] = [("s0", False, "still moving")]
+    assert "of the rows at plateau: 0 agree, 0 disagree." in compare.table(runs, plateaus)
 
 
 def test_the_committed_comparison_is_compare_py_on_the_committed_runs():

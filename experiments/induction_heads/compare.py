@@ -113,6 +113,7 @@ def table(runs: dict[str, dict[int, list[float]]], plateaus: dict[str, list[tupl
     lines = ["| row | length | paper (%) | PELab mean (%) | seeds | 95 % prediction interval (%) | verdict |",
              "|---|---:|---:|---:|---:|---|---|"]
     counted = {"agrees": 0, "disagrees": 0}
+    shown = {"agrees": 0, "disagrees": 0, "no verdict": 0}  # every informative cell, comparable or not
     comparable = {pe: bool(p) and all(ok for _, ok, _ in p) for pe, p in plateaus.items()}
     for pe, (label, values) in PAPER.items():
         for L, paper in zip(LENGTHS, values, strict=True):
@@ -126,11 +127,15 @@ def table(runs: dict[str, dict[int, list[float]]], plateaus: dict[str, list[tupl
                 note = " (informative)" if comparable.get(pe) else " (informative; row not at plateau: not counted)"
                 if comparable.get(pe) and v in counted:
                     counted[v] += 1
+                shown[v if v in shown else "no verdict"] += 1
             span = f"[{100 * lo:.1f}, {100 * hi:.1f}]" if math.isfinite(lo) else "—"
             lines.append(f"| {label} | 2^{int(math.log2(L))} | {paper:.1f} | {100 * mean:.1f} | {len(accs)} | {span} | "
                          f"{v}{note} |")
     lines += ["", (f"Informative cells (2^9-2^11) of the rows at plateau: {counted['agrees']} agree, "
-                   f"{counted['disagrees']} disagree."), "", "Plateau criterion per run (README):", ""]
+                   f"{counted['disagrees']} disagree."),
+              "", (f"Every informative cell, shown whether or not its row is at plateau (not a count of the rule's): "
+                   f"{shown['agrees']} agree, {shown['disagrees']} disagree, {shown['no verdict']} without a verdict."),
+              "", "Plateau criterion per run (README):", ""]
     for pe, (label, _) in PAPER.items():
         for name, ok, why in plateaus.get(pe, []):
             lines.append(f"- {label}, {name}: {'reached' if ok else 'not reached (' + why + ')'}")
