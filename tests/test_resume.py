@@ -73,6 +73,10 @@ def test_killed_run_resumes_to_the_uninterrupted_result(reference, tmp_path):
     assert first_launch["wall_seconds"] > 0 and second_launch["wall_seconds"] > 0
     assert summary["wall_seconds_total"] == pytest.approx(first_launch["wall_seconds"] + second_launch["wall_seconds"],
                                                           abs=0.02)
+    # and its CPU time (what a CPU budget counts): each launch's own process, summed
+    assert first_launch["cpu_seconds"] > 0 and second_launch["cpu_seconds"] > 0
+    assert summary["cpu_seconds_total"] == pytest.approx(first_launch["cpu_seconds"] + second_launch["cpu_seconds"],
+                                                         abs=0.02)
     assert first_launch["commit"] == second_launch["commit"] == summary["provenance"]["code"]["git"]
     assert first_launch["started_at"] < second_launch["started_at"] and summary["earlier_status"] == "running"
     # One CSV history: the rows before the checkpoint's step kept, the later ones replaced by the relaunch's,

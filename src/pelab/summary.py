@@ -34,6 +34,8 @@ FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "launches": ((list,), "every launch: start, end, wall seconds, status, commit, host, command"),
     "wall_seconds": (NUMBER, "this launch's wall time so far"),
     "wall_seconds_total": (NUMBER, "all launches' wall time"),
+    "cpu_seconds": (NUMBER, "this launch's CPU time so far (this process, every thread; rank 0 under DDP)"),
+    "cpu_seconds_total": (NUMBER, "all launches' CPU time (launches recorded before the key count 0)"),
     "attention": ((dict,), "the attention path each scheme took (and a FlexAttention failure)"),
     "config": ((dict,), "the resolved config"),
     "threads": ((dict,), "CPU threads the run uses and how they were chosen (kept on resume)"),

@@ -56,6 +56,7 @@ class Task:
     rank: int = 0
     run: Any | None = field(default=None, repr=False)
     t0: float = field(default_factory=time.time, repr=False)
+    cpu0: float = field(default_factory=time.process_time, repr=False)  # this process's CPU time at the start
     pid: int = field(default_factory=os.getpid, repr=False)  # ranks spawned by Lightning never write
 
     def __getstate__(self) -> dict:  # handed to ddp_spawn ranks with the callbacks: not the W&B run
@@ -96,11 +97,16 @@ class Task:
         """Write summary.json as it stands (rank 0): called whenever something new is known."""
         if self.rank == 0 and os.getpid() == self.pid:
             self.summary["wall_seconds"] = round(time.time() - self.t0, 2)  # this launch
+            # what a CPU budget counts: this process's user + system time, every thread (not DataLoader workers or
+            # other DDP ranks); on a shared machine the wall time is larger
+            self.summary["cpu_seconds"] = round(time.process_time() - self.cpu0, 2)
             launches = self.summary.setdefault("launches", [])
             if launches:
                 launches[-1].update(ended_at=now(), wall_seconds=self.summary["wall_seconds"],
-                                    status=self.summary["status"])
+                                    cpu_seconds=self.summary["cpu_seconds"], status=self.summary["status"])
             self.summary["wall_seconds_total"] = round(sum(x.get("wall_seconds") or 0 for x in launches), 2)
+            # launches recorded before the key count nothing: the total is then a lower bound
+            self.summary["cpu_seconds_total"] = round(sum(x.get("cpu_seconds") or 0 for x in launches), 2)
             # which attention path each scheme took in this process (a FlexAttention failure included)
             self.summary["attention"] = attention_record()
             write_summary(self.output_dir, self.summary)
