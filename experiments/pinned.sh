@@ -5,11 +5,19 @@
 #   pinned_train <commit> <train.py arguments ...>     (one thread, nice 10)
 #   pinned_eval <commit> <eval.py arguments ...>       (the same for an evaluation of a checkpoint)
 #   pinned_sweeps <root> <commit> <arm ...>            (the arms' sweeps, WORKERS workers each: layouts, lr_grid, ...)
+#   scheme_args <scheme>                               (a scheme's train.py arguments: pe=..., or a layout preset's)
+#   chosen_lr <scheme> <corpus>                        (its rate from the learning-rate grid's choice.json)
+# DRY_RUN=1: print each command (train.py / eval.py and its arguments, one line) instead of running it, so that a
+# study's launches can be checked (composed, validated) without training: tests/test_v4_studies.py.
 REPO=$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --show-toplevel)
 VENV_PY=${VENV_PY:-$REPO/.venv/bin/python}
 PINNED_ROOT=${PINNED_ROOT:-/work/studies/code}  # one worktree per pinned commit, shared by the studies
 
 pinned_commit() {  # <study root>: the commit pinned at the study's first launch (<root>/COMMIT, written then)
+  if [ -n "${DRY_RUN:-}" ]; then  # a dry run pins nothing
+    [ -s "$1/COMMIT" ] && cat "$1/COMMIT" || git -C "$REPO" rev-parse HEAD
+    return 0
+  fi
   mkdir -p "$1"
   [ -s "$1/COMMIT" ] || git -C "$REPO" rev-parse HEAD > "$1/COMMIT"
   cat "$1/COMMIT"
@@ -27,6 +35,7 @@ pinned_tree() {  # <commit>: the worktree's path (created once, kept)
 pinned_script() {  # <commit> <train.py | eval.py> <its arguments ...>
   local commit=$1 script=$2; shift 2
   local tree purelib
+  if [ -n "${DRY_RUN:-}" ]; then echo "$script $*"; return 0; fi
   tree=$(pinned_tree "$commit") || return 1
   purelib=$("$VENV_PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   (cd "$tree" && env -u PYTHONPATH PYTHONPATH="$tree/src:$purelib" OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 \
@@ -42,6 +51,11 @@ pinned_sweeps() {  # <root> <commit> <arm ...>: the arms one after another, each
   local root=$1 commit=$2 arm w
   shift 2
   for arm in "$@"; do
+    if [ -n "${DRY_RUN:-}" ]; then  # one line per arm, not per worker, and no log
+      # shellcheck disable=SC2046
+      pinned_train "$commit" -m "${common[@]}" $(arm_args "$arm") hydra.sweep.dir="$root/sweep-$arm"
+      continue
+    fi
     echo "$(date -u +%FT%TZ) launch $arm: commit $commit, ${WORKERS:-2} worker(s)" >> "$root/launches.log"
     for w in $(seq 1 "${WORKERS:-2}"); do
       # shellcheck disable=SC2046  # the arm's arguments are words
@@ -52,4 +66,27 @@ pinned_sweeps() {  # <root> <commit> <arm ...>: the arms one after another, each
     wait
     echo "$(date -u +%FT%TZ) $arm done" >> "$root/launches.log"
   done
+}
+
+scheme_args() {  # <scheme>: its train.py arguments. A layout preset (irope, rnope_swa) is RoPE with that layout, its model
+  # named tiny-<preset> (experiments/layouts' row labels); any other scheme is a pe= choice.
+  case $1 in
+    irope|rnope_swa) echo "pe=rope layout=$1 model.name=tiny-$1" ;;
+    *) echo "pe=$1" ;;
+  esac
+}
+
+CHOICE=${CHOICE:-$REPO/experiments/lr_grid/choice.json}  # the learning-rate grid's choice, {scheme: {corpus: lr}}
+
+chosen_lr() {  # <scheme> <corpus>: the grid's rate for them; if none, one line naming what is missing and status 1
+  "$VENV_PY" - "$CHOICE" "$1" "$2" <<'PY'
+import json, pathlib, sys
+path, scheme, corpus = sys.argv[1:]
+if not pathlib.Path(path).is_file():
+    sys.exit(f"no {path}: run the learning-rate grid and its choose.py first (experiments/lr_grid/README.md)")
+lr = json.loads(pathlib.Path(path).read_text()).get(scheme, {}).get(corpus)
+if lr is None:
+    sys.exit(f"{path} has no rate for scheme {scheme} on corpus {corpus}: run that cell of the grid and choose.py")
+print(lr)
+PY
 }

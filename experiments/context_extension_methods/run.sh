@@ -14,7 +14,9 @@
 # pinned at the first launch (<root>/COMMIT; ../pinned.sh). Relaunch the same command to go on: finished jobs are
 # skipped (evaluations by their summary.json, multiruns by the sweep's relaunch rule), an interrupted parent resumes.
 # SEEDS, FREE narrow the lists; TRAIN_EXTRA / EVAL_EXTRA / PARENT_STEPS / CHILD_STEPS are for a dry run of the
-# pipeline at toy sizes (README.md: how the script was checked).
+# pipeline at toy sizes (README.md: how the script was checked); TRAIN_EXTRA (every training job), PARENT_EXTRA (the
+# parent only) and CHILD_EXTRA (the fine-tuned and control arms) also carry another study's settings (the context-
+# extension study v4: the corpus and the rates). DRY_RUN=1 prints each command instead of running it.
 # Cost, estimated (README.md): about 2.2 CPU-hours, 1.1 h wall at 2 workers on an idle 2-core machine.
 #   setsid nohup bash experiments/context_extension_methods/run.sh [root] > /dev/null 2>&1 &   (root: /work/studies/context_extension_methods)
 #   python -m pelab.report collect <root>/parents experiments/context_extension_methods/runs/parents
@@ -28,9 +30,13 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=${1:-/work/studies/context_extension_methods}
 commit=$(pinned_commit "$root")
 read -r -a train_extra <<< "${TRAIN_EXTRA:-}"
+read -r -a parent_extra <<< "${PARENT_EXTRA:-}"
+read -r -a child_extra <<< "${CHILD_EXTRA:-}"
 read -r -a eval_extra <<< "${EVAL_EXTRA:-}"
 parent_steps=${PARENT_STEPS:+trainer.max_steps=$PARENT_STEPS}
 child_steps=${CHILD_STEPS:+trainer.max_steps=$CHILD_STEPS}
+launches=$root/launches.log
+[ -z "${DRY_RUN:-}" ] || launches=/dev/stdout  # a dry run writes nothing under the root
 
 finished() {  # <folder>: its summary.json says ok
   [ -f "$1/summary.json" ] &&
@@ -39,8 +45,9 @@ finished() {  # <folder>: its summary.json says ok
 
 stream() {  # <seed>: the parent, its training-free evaluations, its fine-tuned children and the control arm, in order
   local s=$1 parent=$root/parents/s$1 log=$root/s$1.log t
+  [ -z "${DRY_RUN:-}" ] || log=/dev/stdout
   finished "$parent" || pinned_train "$commit" experiment=context_extension seed="$s" hydra.mode=RUN \
-    hydra.run.dir="$parent" ckpt_path=auto ${parent_steps:+"$parent_steps"} "${train_extra[@]}" \
+    hydra.run.dir="$parent" ckpt_path=auto ${parent_steps:+"$parent_steps"} "${train_extra[@]}" "${parent_extra[@]}" \
     >> "$log" 2>&1 || return 1
   for t in ${FREE:-linear ntk yarn rerope leaky_rerope self_extend string}; do
     finished "$root/free/s$s/$t" || pinned_eval "$commit" ckpt_path="$parent/checkpoints/last.ckpt" \
@@ -48,7 +55,7 @@ stream() {  # <seed>: the parent, its training-free evaluations, its fine-tuned 
       >> "$log" 2>&1 || return 1
   done
   local child=(extend.from="$parent" seed="$s" extend.eval_before=false ${child_steps:+"$child_steps"}
-               "${train_extra[@]}")
+               "${train_extra[@]}" "${child_extra[@]}")
   pinned_train "$commit" -m experiment=context_extension_child pe.scaling.type=linear,yarn "${child[@]}" \
     hydra.sweep.dir="$root/full/s$s" >> "$log" 2>&1 || return 1
   pinned_train "$commit" -m experiment=context_extension_pose "${child[@]}" model.name=recall-pose \
@@ -58,12 +65,12 @@ stream() {  # <seed>: the parent, its training-free evaluations, its fine-tuned 
     hydra.sweep.dir="$root/control/s$s" >> "$log" 2>&1 || return 1
 }
 
-echo "$(date -u +%FT%TZ) launch: commit $commit, ${WORKERS:-2} worker(s), seeds ${SEEDS:-0 1 2}" >> "$root/launches.log"
+echo "$(date -u +%FT%TZ) launch: commit $commit, ${WORKERS:-2} worker(s), seeds ${SEEDS:-0 1 2}" >> "$launches"
 for s in ${SEEDS:-0 1 2}; do
   while [ "$(jobs -rp | wc -l)" -ge "${WORKERS:-2}" ]; do wait -n; done
   ( stream "$s" && echo "$(date -u +%FT%TZ) seed $s done" || echo "$(date -u +%FT%TZ) seed $s FAILED: see s$s.log" ) \
-    >> "$root/launches.log" &
-  sleep 30  # the next stream starts on its own parent
+    >> "$launches" &
+  [ -n "${DRY_RUN:-}" ] || sleep 30  # the next stream starts on its own parent
 done
 wait
-echo "$(date -u +%FT%TZ) all streams ended" >> "$root/launches.log"
+echo "$(date -u +%FT%TZ) all streams ended" >> "$launches"

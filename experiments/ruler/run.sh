@@ -3,8 +3,9 @@
 # (data.recall_ruler's defaults), rope, seed 0, each family's preset (experiment=ruler_niah / ruler_vt / ruler_cwe) to
 # its in-window criterion, then probed at 1-8 x L with the effective length. One run after another, one thread under
 # nice 10, from a clean worktree of the commit pinned at the first launch (<root>/COMMIT; ../pinned.sh, its worktrees
-# under <root>/code, not the studies' folder). KINDS narrows the list (KINDS="niah_multikey vt"); a relaunch skips the
-# runs that finished (summary.json status ok).
+# under <root>/code, not the studies' folder). KINDS narrows the list (KINDS="niah_multikey vt"); PE names another
+# scheme (default rope; the lost-in-the-middle study v4 runs each of its schemes); a relaunch skips the runs that
+# finished (summary.json status ok).
 #   setsid nohup bash experiments/ruler/run.sh [root] > /dev/null 2>&1 &      (root: /tmp/pelab-ruler)
 #   python -m pelab.report collect <root>/runs experiments/ruler/runs
 #   python -m pelab.report experiments/ruler/runs --out experiments/ruler/report
@@ -13,7 +14,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=${1:-/tmp/pelab-ruler}
 export PINNED_ROOT=${PINNED_ROOT:-$root/code}
 . "$here/../pinned.sh"
-mkdir -p "$root/runs"
+[ -n "${DRY_RUN:-}" ] || mkdir -p "$root/runs"
 commit=$(pinned_commit "$root")
 kind_args() {  # <kind>: its preset
   case $1 in
@@ -23,13 +24,19 @@ kind_args() {  # <kind>: its preset
   esac
 }
 for kind in ${KINDS:-niah_single niah_multikey niah_multivalue niah_multiquery vt cwe}; do
-  run="$root/runs/rope-$kind-L128-s0"
-  if python3 -c "import json,sys; sys.exit(json.load(open('$run/summary.json'))['status'] != 'ok')" 2>/dev/null; then
+  run="$root/runs/${PE:-rope}-$kind-L128-s0"
+  if [ -f "$run/summary.json" ] &&
+     python3 -c "import json,sys; sys.exit(json.load(open('$run/summary.json'))['status'] != 'ok')" 2>/dev/null; then
     continue
   fi
-  echo "$(date -u +%FT%TZ) $kind: commit $commit" >> "$root/launches.log"
+  if [ -n "${DRY_RUN:-}" ]; then
+    # shellcheck disable=SC2046
+    pinned_train "$commit" $(kind_args "$kind") pe="${PE:-rope}" seed=0 hydra.run.dir="$run"
+    continue
+  fi
+  echo "$(date -u +%FT%TZ) ${PE:-rope} $kind: commit $commit" >> "$root/launches.log"
   start=$(date +%s)
   # shellcheck disable=SC2046  # the preset's arguments are words
-  pinned_train "$commit" $(kind_args "$kind") seed=0 hydra.run.dir="$run" >> "$root/$kind.log" 2>&1
-  echo "$(date -u +%FT%TZ) $kind: exit $?, $(( $(date +%s) - start )) s wall" >> "$root/launches.log"
+  pinned_train "$commit" $(kind_args "$kind") pe="${PE:-rope}" seed=0 hydra.run.dir="$run" >> "$root/${PE:-rope}-$kind.log" 2>&1
+  echo "$(date -u +%FT%TZ) ${PE:-rope} $kind: exit $?, $(( $(date +%s) - start )) s wall" >> "$root/launches.log"
 done

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The lost-in-the-middle study v4's runs (README.md, issue 59): experiment=lost_in_the_middle (v3's recipe: model=recall,
+# mqar rows in the corpus's text, 1,000 steps, probes by depth x length at 1-8 x L), each scheme on each corpus
+# (data=stdlib, code; data=django_docs, prose) at the learning-rate grid's choice for it (experiments/lr_grid/
+# choice.json; CHOICE names another file), one Hydra multirun over the seeds per scheme and corpus in
+# <root>/sweep-<scheme>.<corpus>, shared by WORKERS workers (default 2) at one thread each under nice 10, from a clean
+# worktree of the commit pinned at the first launch (<root>/COMMIT; ../../pinned.sh).
+#   questions    RoPE, ALiBi, FIRE and NoPE (the declared questions' schemes), SEEDS (default 0 1 2 3: the first four,
+#                after which the pooled sd is re-estimated; then SEEDS="4 5 6 7" and any top-up)
+#   descriptive  sinusoidal, T5 bias and FoX, seeds 0-2 (SEEDS), no questions
+#   ruler        the six RULER-style kinds at their minimum difficulty for each question scheme, seed 0, code corpus, at
+#                the kinds' own preset rate (experiments/ruler/run.sh with PE=<scheme>, into <root>/ruler, same commit)
+# Every rate is looked up before the first run: a missing one stops the launch with one line. Relaunch the same command
+# to go on: finished jobs are skipped, an interrupted one resumes. DRY_RUN=1 prints each command instead of running it.
+#   setsid nohup bash experiments/lost_in_the_middle/v4/run.sh questions [root] > /dev/null 2>&1 &
+#       (root: /work/studies/lost_in_the_middle_v4)
+#   for c in stdlib django_docs; do for s in <root>/sweep-*.$c; do
+#     python -m pelab.report collect "$s" experiments/lost_in_the_middle/v4/runs/$c; done; done
+#   python -m pelab.report experiments/lost_in_the_middle/v4/runs/<corpus> \
+#     --questions experiments/lost_in_the_middle/v4/questions.yaml --out experiments/lost_in_the_middle/v4/report/<corpus>
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../../pinned.sh"
+phase=${1:?"questions, descriptive or ruler"}
+root=${2:-/work/studies/lost_in_the_middle_v4}
+question_schemes="rope alibi fire nope"
+case $phase in
+  questions) schemes=$question_schemes; seeds=${SEEDS:-0 1 2 3} ;;
+  descriptive) schemes="sinusoidal t5_bias fox"; seeds=${SEEDS:-0 1 2} ;;
+  ruler)
+    commit=$(pinned_commit "$root")
+    [ -n "${DRY_RUN:-}" ] || { mkdir -p "$root/ruler"; [ -s "$root/ruler/COMMIT" ] || echo "$commit" > "$root/ruler/COMMIT"; }
+    for scheme in $question_schemes; do
+      PE=$scheme PINNED_ROOT=$PINNED_ROOT bash "$here/../../ruler/run.sh" "$root/ruler" || exit $?
+    done
+    exit 0 ;;
+  *) echo "phase: questions, descriptive or ruler, not '$phase'" >&2; exit 2 ;;
+esac
+declare -A lr
+arms=()
+for corpus in stdlib django_docs; do
+  for scheme in $schemes; do
+    lr[$scheme.$corpus]=$(chosen_lr "$scheme" "$corpus") || exit 2
+    arms+=("$scheme.$corpus")
+  done
+done
+seed_list=$(echo $seeds | tr ' ' ,)
+common=(experiment=lost_in_the_middle seed="$seed_list" "tags=[lost_in_the_middle,v4]")
+arm_args() {  # <scheme>.<corpus>
+  echo "$(scheme_args "${1%.*}") data=${1#*.} optim.lr=${lr[$1]}"
+}
+commit=$(pinned_commit "$root")
+pinned_sweeps "$root" "$commit" "${arms[@]}"

@@ -1,0 +1,125 @@
+"""The v4 studies' run scripts (issue 59): what each launches, read from a dry run (DRY_RUN=1 prints each train.py /
+eval.py command instead of running it) and composed and validated as Hydra will, with each scheme's learning rate
+from the grid's choice, on each corpus; a missing rate stops a launch with one line before anything is written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from helpers.runs import ROOT, compose
+from pelab.tasks.config import validate
+
+# a choice as experiments/lr_grid/choose.py writes it, distinct rates so that a swapped lookup shows
+SCHEMES = ["nope", "sinusoidal", "rope", "t5_bias", "alibi", "fire", "fox", "irope", "rnope_swa"]
+CHOICE = {s: {"stdlib": 1e-3 * (i + 1), "django_docs": 1e-4 * (i + 1)} for i, s in enumerate(SCHEMES)}
+
+
+def dry_run(tmp_path, script: str, *args: str, choice: dict | None = CHOICE, **env: str):
+    path = tmp_path / ("choice.json" if choice is not None else "absent.json")
+    if choice is not None:
+        path.write_text(json.dumps(choice))
+    root = tmp_path / "root"
+    proc = subprocess.run(["bash", str(ROOT / script), *args, str(root)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "DRY_RUN": "1", "CHOICE": str(path), **env}, stdin=subprocess.DEVNULL)
+    assert not root.exists(), "a dry run writes nothing under the study's root"
+    commands = [line.split() for line in proc.stdout.splitlines() if line.split()[:1] in (["train.py"], ["eval.py"])]
+    return proc, commands
+
+
+def one_job(command: list[str]) -> list[str]:
+    """A sweep's first job, as the overrides compose() takes: no -m, no hydra.* or folder keys, the first value of
+    each swept key (a bracketed list is one value)."""
+    out = []
+    for a in command[1:]:
+        if a == "-m" or a.startswith(("hydra.", "extend.from=", "ckpt_path=")):
+            continue
+        key, value = a.split("=", 1)
+        out.append(f"{key}={value.split(',')[0]}" if not value.startswith("[") else a)
+    return out
+
+
+def scheme_of(cfg) -> str:
+    return cfg.model.name.removeprefix("tiny-") if cfg.model.name.startswith("tiny-") else cfg.pe.name
+
+
+@pytest.mark.parametrize("study, phase, schemes, seeds", [
+    ("length_extrapolation", "questions", {"rope", "alibi", "nope", "rnope_swa"}, "0,1,2,3"),
+    ("length_extrapolation", "descriptive", {"sinusoidal", "t5_bias", "fire", "fox", "irope"}, "0,1,2"),
+    ("lost_in_the_middle", "questions", {"rope", "alibi", "fire", "nope"}, "0,1,2,3"),
+    ("lost_in_the_middle", "descriptive", {"sinusoidal", "t5_bias", "fox"}, "0,1,2"),
+])
+def test_each_scheme_runs_on_both_corpora_at_its_chosen_rate(tmp_path, study, phase, schemes, seeds):
+    proc, commands = dry_run(tmp_path, f"experiments/{study}/v4/run.sh", phase)
+    assert proc.returncode == 0, proc.stderr
+    assert len(commands) == 2 * len(schemes)  # one sweep per scheme and corpus
+    seen = set()
+    for c in commands:
+        assert c[:3] == ["train.py", "-m", f"experiment={study}"] and f"seed={seeds}" in c
+        args = dict(a.split("=", 1) for a in one_job(c))
+        scheme = args["model.name"].removeprefix("tiny-") if "model.name" in args else args["pe"]
+        corpus = args["data"]
+        assert float(args["optim.lr"]) == pytest.approx(CHOICE[scheme][corpus])
+        assert any(a == f"hydra.sweep.dir={tmp_path}/root/sweep-{scheme}.{corpus}" for a in c)
+        seen.add((scheme, corpus))
+        if corpus == "django_docs":  # each scheme's arguments composed and validated once (about 0.2 s each)
+            cfg = compose(one_job(c))
+            validate(cfg)
+            assert (scheme_of(cfg), cfg.data.source, cfg.optim.lr) == (scheme, corpus, float(args["optim.lr"]))
+    assert seen == {(s, c) for s in schemes for c in ("stdlib", "django_docs")}
+    if study == "length_extrapolation":
+        assert cfg.trainer.max_steps == 1500 and list(cfg.eval.lengths) == [1, 2, 4, 8]
+    else:
+        assert cfg.trainer.max_steps == 1000 and not cfg.callbacks.retrieval_criterion.stop
+
+
+def test_the_retrieval_studys_ruler_phase_runs_every_kind_for_each_question_scheme(tmp_path):
+    proc, commands = dry_run(tmp_path, "experiments/lost_in_the_middle/v4/run.sh", "ruler")
+    assert proc.returncode == 0, proc.stderr
+    runs = {a.split("/")[-1] for c in commands for a in c if a.startswith("hydra.run.dir=")}
+    kinds = ["niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "vt", "cwe"]
+    assert runs == {f"{pe}-{k}-L128-s0" for pe in ("rope", "alibi", "fire", "nope") for k in kinds}
+    cfg = compose(one_job(next(c for c in commands if "pe=fire" in c and "experiment=ruler_vt" in c)))
+    validate(cfg)
+    assert cfg.pe.name == "fire" and cfg.data.source == "stdlib"
+
+
+def test_context_extension_runs_on_prose_the_parent_at_the_rope_rate_and_the_arms_at_half(tmp_path):
+    proc, commands = dry_run(tmp_path, "experiments/context_extension/v4/run.sh", SEEDS="0 1")
+    assert proc.returncode == 0, proc.stderr
+    trains = [c for c in commands if c[0] == "train.py"]
+    assert len(trains) == 2 * 4 and len(commands) - len(trains) == 2 * 7  # per seed: parent, 3 arms; 7 methods
+    for c in trains:
+        cfg = compose(one_job(c))
+        validate(cfg)
+        parent = "-m" not in c
+        assert cfg.data.source == "django_docs" and cfg.pe.name == "rope"
+        assert cfg.optim.lr == pytest.approx(CHOICE["rope"]["django_docs"] / (1 if parent else 2))
+    evals = {a.split("=")[1] for c in commands if c[0] == "eval.py" for a in c if a.startswith("pe.scaling.type=")}
+    assert {"rerope", "string", "yarn", "linear"} <= evals
+
+
+@pytest.mark.parametrize("script, args, missing", [
+    ("experiments/length_extrapolation/v4/run.sh", ["questions"], "rnope_swa on corpus django_docs"),
+    ("experiments/lost_in_the_middle/v4/run.sh", ["descriptive"], "fox on corpus django_docs"),
+    ("experiments/context_extension/v4/run.sh", [], "rope on corpus django_docs"),
+])
+def test_a_missing_rate_stops_the_launch_in_one_line_before_anything_is_written(tmp_path, script, args, missing):
+    scheme, corpus = missing.split(" on corpus ")
+    choice = {s: dict(c) for s, c in CHOICE.items()}
+    del choice[scheme][corpus]
+    env = {k: v for k, v in os.environ.items() if k != "DRY_RUN"}  # a real launch, not a dry run
+    (tmp_path / "choice.json").write_text(json.dumps(choice))
+    root = tmp_path / "root"
+    proc = subprocess.run(["bash", str(ROOT / script), *args, str(root)], capture_output=True, text=True, timeout=60,
+                          env={**env, "CHOICE": str(tmp_path / "choice.json")}, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        f"{tmp_path}/choice.json has no rate for scheme {missing}: run that cell of the grid and choose.py"]
+    assert not root.exists()
+    proc, _ = dry_run(tmp_path, script, *args, choice=None)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"no {tmp_path}/absent.json: run the learning-rate grid and its choose.py first (experiments/lr_grid/README.md)"]
