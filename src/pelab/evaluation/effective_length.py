@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pelab.evaluation.stats import wilson
 from pelab.summary import json_safe
 
 if TYPE_CHECKING:
@@ -66,6 +65,9 @@ def effective_length(lengths: Sequence[int], lower: Sequence[float], threshold: 
 def length_lower_bound(accuracy: float, n: int) -> float:
     """The 95% Wilson lower bound of a length's accuracy (mean over depths) over its ``n`` instances (see the module
     doc); NaN when not measured."""
+    # imported here: the config layer imports this module, and scipy.stats costs 0.8 s at every train.py start
+    from pelab.evaluation.stats import wilson
+
     if not (n > 0 and math.isfinite(accuracy)):
         return NAN
     return wilson(math.floor(accuracy * n + 1e-9), n)[0]
