@@ -1,4 +1,4 @@
-"""`python -m pelab.report collect` and `refill`: the steps between a study's sweep and its findings page."""
+"""`python -m pelab.report collect`, `refill` and `cost`: the steps between a study's sweep and its findings page."""
 
 from __future__ import annotations
 
@@ -70,6 +70,26 @@ def test_collect_copies_the_small_files_of_finished_jobs_only(tmp_path, capsys):
 def test_collect_of_a_missing_sweep_is_one_line(tmp_path, capsys):
     assert main(["collect", str(tmp_path / "nowhere"), str(tmp_path / "runs")]) == 2
     assert "is not a folder" in capsys.readouterr().err
+
+
+def test_cost_sums_the_finished_runs_cpu_and_wall_hours_per_folder(tmp_path, capsys):
+    def run(folder: Path, name: str, summary: dict) -> None:
+        (folder / name).mkdir(parents=True)
+        (folder / name / "summary.json").write_text(json.dumps(summary))
+
+    launches = [{"wall_seconds": 1800.0, "cpu_seconds": 1700.0}, {"wall_seconds": 1800.0, "cpu_seconds": 1900.0}]
+    run(tmp_path / "a", "0_rope-s0", {"status": "ok", "cpu_seconds_total": 3600.0, "wall_seconds_total": 3600.0,
+                                      "launches": launches})  # resumed once: both launches count
+    run(tmp_path / "a", "1_rope-s1", {"status": "ok", "cpu_seconds_total": 1800.0, "wall_seconds_total": 1800.0})
+    run(tmp_path / "a", "2_rope-s2", {"status": "running", "cpu_seconds_total": 900.0, "wall_seconds_total": 900.0})
+    run(tmp_path / "b", "0_old", {"status": "ok", "launches": [{"wall_seconds": 7200.0}]})  # before cpu_seconds
+    assert main(["cost", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "cost.md")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2:] == [f"| {tmp_path / 'a'} | 2 | 2 | 1.50 | 1.50 |", f"| {tmp_path / 'b'} | 1 | 0 | n/a | 2.00 |",
+                         "| all | 3 | 2 | 1.50 | 3.50 |"]
+    assert (tmp_path / "cost.md").read_text().splitlines() == lines
+    assert main(["cost", str(tmp_path / "nowhere")]) == 2
+    assert "nowhere is not a folder" in capsys.readouterr().err
 
 
 def test_refill_replaces_each_titled_table_and_claim_list_and_keeps_the_rest(tmp_path, monkeypatch):

@@ -76,12 +76,12 @@ def print_plan(folders: Sequence[str], questions: str | None) -> int:
     return 0
 
 
-SUBCOMMANDS = ("collect", "refill")  # the first word; anything else is a report's folders
+SUBCOMMANDS = ("collect", "refill", "cost")  # the first word; anything else is a report's folders
 
 
 def step_main(argv: Sequence[str]) -> int:
-    """`collect` and `refill` (pelab.report.generated): the steps between a study's sweep and its findings page."""
-    from pelab.report.generated import collect, refill
+    """`collect`, `refill` and `cost` (pelab.report.generated): the steps between a study's sweep and its page."""
+    from pelab.report.generated import collect, cost, refill
 
     p = argparse.ArgumentParser(prog="python -m pelab.report")
     sub = p.add_subparsers(dest="step", required=True)
@@ -91,11 +91,19 @@ def step_main(argv: Sequence[str]) -> int:
     r = sub.add_parser("refill", help="rebuild the generated blocks of findings pages from their reports")
     r.add_argument("pages", type=Path, nargs="*", default=[Path("experiments")],
                    help="markdown files or folders (default: experiments/), run from the repository root")
+    k = sub.add_parser("cost", help="the CPU and wall hours of the finished runs under each folder")
+    k.add_argument("folders", type=Path, nargs="+", help="folders of run folders (collected, or a sweep)")
+    k.add_argument("--out", type=Path, help="also write the table there (markdown)")
     args = p.parse_args(argv)
     try:
         if args.step == "collect":
             jobs = collect(args.sweep, args.dest)
             print(f"collected {len(jobs)} finished jobs of {args.sweep} into {args.dest}")
+        elif args.step == "cost":
+            text = cost(args.folders)
+            if args.out:
+                args.out.write_text(text)
+            print(text, end="")
         else:
             for page in refill(args.pages, main):
                 print(f"refilled {page}")

@@ -1,9 +1,10 @@
-"""The two steps between a study's sweep and its findings page: `collect` (the small files of its finished run
-folders into the repository) and `refill` (each generated block of a markdown page rebuilt from the report of the
-runs it names). Both are subcommands of `python -m pelab.report`:
+"""The steps between a study's sweep and its findings page: `collect` (the small files of its finished run folders
+into the repository), `refill` (each generated block of a markdown page rebuilt from the report of the runs it
+names) and `cost` (what a study's runs cost, from their summaries). All are subcommands of `python -m pelab.report`:
 
     python -m pelab.report collect <sweep folder> <destination>
     python -m pelab.report refill [pages or folders ...]       (default: experiments/)
+    python -m pelab.report cost <run folders ...> [--out cost.md]
 
 A generated block is the text between ``<!-- generated: python -m pelab.report ARGS -->`` and
 ``<!-- end generated -->``; each table in it sits under a ``**title**`` line and is replaced by the report's table
@@ -52,6 +53,29 @@ def collect(sweep: Path, dest: Path) -> list[str]:
                 shutil.copy2(job / rel, dest / job.name / rel)
         copied.append(job.name)
     return copied
+
+
+def cost(folders: Sequence[Path]) -> str:
+    """A markdown table of what the finished runs (status ok) under each folder cost: their number, their CPU time
+    (`cpu_seconds_total`: every launch, every thread of the process; runs written before the key are counted apart,
+    not guessed) and their wall time (`wall_seconds_total`, or the launches' sum), in hours, and a total row."""
+    rows, totals = [], [0, 0, 0.0, 0.0]
+    for folder in folders:
+        if not folder.is_dir():
+            raise ReportError(f"{folder} is not a folder; give folders of run folders (collected or a sweep)")
+        summaries = [json.loads(f.read_text()) for f in sorted(folder.rglob(SUMMARY_FILE))]
+        done = [x for x in summaries if x.get("status") == "ok"]
+        timed = [x["cpu_seconds_total"] for x in done if isinstance(x.get("cpu_seconds_total"), (int, float))]
+        wall = sum(x.get("wall_seconds_total") or sum(la.get("wall_seconds") or 0 for la in x.get("launches", []))
+                   for x in done)
+        cpu = sum(timed)
+        cpu_text = f"{cpu / 3600:.2f}" if timed else "n/a"  # no run of the folder recorded it
+        rows.append(f"| {folder} | {len(done)} | {len(timed)} | {cpu_text} | {wall / 3600:.2f} |")
+        totals = [totals[0] + len(done), totals[1] + len(timed), totals[2] + cpu, totals[3] + wall]
+    head = ("| runs under | finished | with CPU time | CPU-hours | wall hours |\n"
+            "|---|---:|---:|---:|---:|\n")
+    total = f"| all | {totals[0]} | {totals[1]} | {totals[2] / 3600:.2f} | {totals[3] / 3600:.2f} |"
+    return head + "\n".join([*rows, total]) + "\n"
 
 
 def generated_blocks(pages: Sequence[Path]) -> list[tuple[Path, str, str]]:
