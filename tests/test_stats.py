@@ -141,3 +141,30 @@ def test_mcnemar_exact_at_hand_computed_points():
 def test_outcome_bits_round_trip():
     o = [True, False, False, True]
     assert stats.bits(o) == "1001" and stats.unbits("1001") == o
+
+
+def test_bulk_bounded_draws_are_numpys_integers_including_rejected_words():
+    """stats._integers reads the generator's 32-bit words in bulk and applies numpy's Lemire rule itself: a call of
+    rng.integers per draw must give the same numbers. A bound of 2^31 + 1 rejects about half the words (threshold
+    2^31 - 1), so the retry-with-the-next-word path is exercised as often as the plain one."""
+    big = (1 << 31) + 1
+    bounds = np.array([big, 3, 7, big, 2, 1000, big, big, 5] * 40, dtype=np.uint64)
+    thresholds = (np.uint64(1 << 32) - bounds) % bounds
+    for seed in range(5):
+        calls = np.random.default_rng(seed)
+        expected = [calls.integers(0, int(b)) for b in bounds]
+        got = stats._integers(stats._Words(np.random.default_rng(seed)), bounds, thresholds)
+        assert got.tolist() == expected
+
+
+@pytest.mark.parametrize("sizes", [[50, 50, 50], [2, 2], [333, 333, 333, 333, 333]])
+def test_the_bulk_two_level_bootstrap_equals_the_call_per_draw_loop(sizes):
+    """Groups of one size take the bulk path (hierarchical_interval): the same means as drawing call by call, for
+    every chunking of the draws, so the committed reports' intervals are unchanged to the last digit."""
+    rng = np.random.default_rng(sum(sizes))
+    gs = [rng.random(n) for n in sizes]
+    loop = stats._resampled_means_loop(gs, np.random.default_rng(7), 2000)
+    for chunk in (1, 997, 1 << 21):
+        assert np.array_equal(stats._resampled_means_equal(gs, np.random.default_rng(7), 2000, chunk=chunk), loop)
+    expected = np.quantile(loop.sum(axis=1) / len(gs), [0.025, 0.975])  # the interval from the loop's means
+    assert stats.hierarchical_interval(gs, seed=7) == (float(expected[0]), float(expected[1]))

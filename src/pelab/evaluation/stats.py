@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -133,6 +134,79 @@ def clustered_ppl_interval(block_nll: Sequence[float], block_tokens: Sequence[fl
     return ClusteredInterval(estimate, math.exp(lo), math.exp(hi), n_docs, deff, label)
 
 
+class _Words:
+    """The 32-bit words a fresh ``np.random.default_rng`` hands its bounded-integer draws, in order: PCG64's
+    ``next_uint32`` is each 64-bit output's low half, then its high half (its own one-word buffer, so the order runs
+    across ``integers`` calls), read here in bulk from ``bit_generator.random_raw``."""
+
+    def __init__(self, rng: np.random.Generator):
+        self.bits, self.buf = rng.bit_generator, np.empty(0, dtype=np.uint32)
+
+    def peek(self, k: int) -> np.ndarray:
+        if self.buf.size < k:
+            more = self.bits.random_raw((k - self.buf.size + 1) // 2).view(np.uint32)  # little-endian: low half first
+            self.buf = np.concatenate([self.buf, more])
+        return self.buf[:k]
+
+    def skip(self, k: int) -> None:
+        self.buf = self.buf[k:]
+
+
+def _integers(words: _Words, bounds: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
+    """``[rng.integers(0, b) for b in bounds]`` as numpy's Generator draws them (every bound in 2 .. 2^32 - 1):
+    Lemire's multiply-shift of one 32-bit word per draw, a word whose low product falls under the threshold
+    (2^32 - b) mod b rejected and the draw retried with the next word (numpy's ``buffered_bounded_lemire_uint32``),
+    so the same numbers as the calls, without a Python call per draw. ``bounds``, ``thresholds``: uint64."""
+    out = np.empty(bounds.size, dtype=np.int64)
+    done = 0
+    while done < bounds.size:
+        b = bounds[done:]
+        m = words.peek(b.size).astype(np.uint64) * b
+        rejected = (m & np.uint64(0xFFFFFFFF)) < thresholds[done:]
+        k = int(np.argmax(rejected)) if rejected.any() else b.size  # rare: 1 word in 2^32 / (2^32 mod b)
+        out[done:done + k] = m[:k] >> np.uint64(32)
+        words.skip(k + (k < b.size))  # the rejected word is spent; its draw takes the next one
+        done += k
+    return out
+
+
+def _resampled_means_loop(gs: list[np.ndarray], rng: np.random.Generator, n_resamples: int) -> np.ndarray:
+    """means[i, j]: the mean of the j-th group drawn in resample i, with its values redrawn (any group sizes)."""
+    drawn = np.empty((n_resamples, len(gs)), dtype=np.int64)
+    picks: list[list[np.ndarray]] = [[] for _ in gs]  # per group: the index vector of each of its draws
+    for i in range(n_resamples):
+        drawn[i] = rng.integers(0, len(gs), len(gs))
+        for k in drawn[i]:
+            picks[k].append(rng.integers(0, gs[k].size, gs[k].size))
+    means = np.empty(drawn.shape)
+    for k, g in enumerate(gs):
+        if picks[k]:  # row sums of the (draws, size) matrix: the pairwise sum a 1-d mean takes, row by row
+            means[drawn == k] = g[np.stack(picks[k])].sum(axis=1) / g.size
+    return means
+
+
+def _resampled_means_equal(gs: list[np.ndarray], rng: np.random.Generator, n_resamples: int,
+                           chunk: int = 1 << 21) -> np.ndarray:
+    """``_resampled_means_loop`` for groups of one size n >= 2, the same numbers: every resample then takes G + G n
+    draws (G bounded by G, then G n by n), so the draws are laid out in advance and made in bulk (``_integers``),
+    in chunks of about ``chunk`` draws."""
+    values = np.stack(gs)  # (G, n)
+    G, n = values.shape
+    per = G + G * n
+    pattern = np.concatenate([np.full(G, G, dtype=np.uint64), np.full(G * n, n, dtype=np.uint64)])
+    thresholds = (np.uint64(1 << 32) - pattern) % pattern
+    words, out = _Words(rng), []
+    step = max(1, chunk // per)
+    bounds, limits = np.tile(pattern, step), np.tile(thresholds, step)
+    flat = values.ravel()
+    for start in range(0, n_resamples, step):
+        c = min(step, n_resamples - start)
+        d = _integers(words, bounds[:c * per], limits[:c * per]).reshape(c, per)
+        index = d[:, :G, None] * n + d[:, G:].reshape(c, G, n)  # (c, G, n): group drawn, then its values drawn
+        out.append(flat.take(index).sum(axis=2) / n)  # (c, G): each row summed as one 1-d mean
+    return np.concatenate(out)
+
+
 def hierarchical_interval(groups: Sequence[Sequence[float]], level: float = LEVEL, seed: int = 0,
                           n_resamples: int = N_RESAMPLES) -> tuple[float, float]:
     """Percentile interval of the mean of group means by a two-level bootstrap: resample the groups (seeds), then
@@ -141,19 +215,12 @@ def hierarchical_interval(groups: Sequence[Sequence[float]], level: float = LEVE
     gs = [np.asarray(g, dtype=float) for g in groups if len(g)]
     if len(gs) < 2 or not all(np.isfinite(g).all() for g in gs):
         return float("nan"), float("nan")
-    # The draws, in the generator's order (resample i: the groups, then each drawn group's values); the means are
-    # taken afterwards, one array operation per group: the same numbers as a mean per draw, ~10x faster.
+    # The draws in the generator's order (resample i: the groups, then each drawn group's values), the means taken
+    # afterwards. Groups of one size (seeds probed on the same instances: the usual case) draw in bulk, ~10x faster
+    # than a call per draw and the same numbers (tests/test_stats.py); other sizes, a call per draw.
     rng = np.random.default_rng(seed)
-    drawn = np.empty((n_resamples, len(gs)), dtype=np.int64)
-    picks: list[list[np.ndarray]] = [[] for _ in gs]  # per group: the index vector of each of its draws
-    for i in range(n_resamples):
-        drawn[i] = rng.integers(0, len(gs), len(gs))
-        for k in drawn[i]:
-            picks[k].append(rng.integers(0, gs[k].size, gs[k].size))
-    means = np.empty(drawn.shape)  # means[i, j]: the mean of the j-th group drawn in resample i
-    for k, g in enumerate(gs):
-        if picks[k]:  # row sums of the (draws, size) matrix: the pairwise sum a 1-d mean takes, row by row
-            means[drawn == k] = g[np.stack(picks[k])].sum(axis=1) / g.size
+    equal = len({g.size for g in gs}) == 1 and gs[0].size >= 2 and sys.byteorder == "little"
+    means = (_resampled_means_equal if equal else _resampled_means_loop)(gs, rng, n_resamples)
     stats = means.sum(axis=1) / len(gs)
     a = (1 - level) / 2
     lo, hi = np.quantile(stats, [a, 1 - a])
