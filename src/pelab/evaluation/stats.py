@@ -196,7 +196,7 @@ def _resampled_means_equal(gs: list[np.ndarray], rng: np.random.Generator, n_res
     pattern = np.concatenate([np.full(G, G, dtype=np.uint64), np.full(G * n, n, dtype=np.uint64)])
     thresholds = (np.uint64(1 << 32) - pattern) % pattern
     words, out = _Words(rng), []
-    step = max(1, chunk // per)
+    step = max(1, min(chunk // per, n_resamples))
     bounds, limits = np.tile(pattern, step), np.tile(thresholds, step)
     flat = values.ravel()
     for start in range(0, n_resamples, step):
