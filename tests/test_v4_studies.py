@@ -126,3 +126,16 @@ def test_a_missing_rate_stops_the_launch_in_one_line_before_anything_is_written(
     proc, _ = dry_run(tmp_path, script, *args, choice=None)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         f"no {tmp_path}/absent.json: run the learning-rate grid and its choose.py first (experiments/lr_grid/README.md)"]
+
+
+@pytest.mark.parametrize("script, args", [("experiments/length_extrapolation/v4/run.sh", ["questions"]),
+                                          ("experiments/lost_in_the_middle/v4/run.sh", ["descriptive"]),
+                                          ("experiments/context_extension/v4/run.sh", [])])
+def test_the_gpu_plan_adds_its_arguments_to_every_training_job(tmp_path, script, args):
+    gpu = ["trainer=gpu", "trainer.precision=bf16-mixed"]
+    proc, commands = dry_run(tmp_path, script, *args, EXTRA=" ".join(gpu), SEEDS="0")
+    trains = [c for c in commands if c[0] == "train.py"]
+    assert proc.returncode == 0 and trains and all(set(gpu) <= set(c) for c in trains), proc.stderr
+    cfg = compose(one_job(trains[-1]))
+    validate(cfg)
+    assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"

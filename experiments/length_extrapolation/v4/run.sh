@@ -8,8 +8,8 @@
 #                the first four, after which the pooled sd is re-estimated; then SEEDS="4 5 6 7" and any top-up)
 #   descriptive  sinusoidal, T5 bias, FIRE, FoX and the iRoPE layout, seeds 0-2 (SEEDS), no questions
 # Every rate is looked up before the first run: a missing one stops the launch with one line. Relaunch the same command
-# to go on: finished jobs are skipped, an interrupted one resumes from its last checkpoint. DRY_RUN=1 prints each
-# sweep's command instead of running it.
+# to go on: finished jobs are skipped, an interrupted one resumes from its last checkpoint. EXTRA adds train.py
+# arguments to every job (the GPU plan, README.md). DRY_RUN=1 prints each sweep's command instead of running it.
 #   setsid nohup bash experiments/length_extrapolation/v4/run.sh questions [root] > /dev/null 2>&1 &
 #       (root: /work/studies/length_extrapolation_v4)
 #   for c in stdlib django_docs; do for s in <root>/sweep-*.$c; do
@@ -35,7 +35,8 @@ for corpus in stdlib django_docs; do
   done
 done
 seed_list=$(echo $seeds | tr ' ' ,)
-common=(experiment=length_extrapolation trainer.max_steps=1500 seed="$seed_list" "tags=[length_extrapolation,v4]")
+read -r -a extra <<< "${EXTRA:-}"  # more train.py arguments for every job (the GPU plan: README)
+common=(experiment=length_extrapolation trainer.max_steps=1500 seed="$seed_list" "tags=[length_extrapolation,v4]" "${extra[@]}")
 arm_args() {  # <scheme>.<corpus>
   echo "$(scheme_args "${1%.*}") data=${1#*.} optim.lr=${lr[$1]}"
 }

@@ -11,7 +11,8 @@
 #   ruler        the six RULER-style kinds at their minimum difficulty for each question scheme, seed 0, code corpus, at
 #                the kinds' own preset rate (experiments/ruler/run.sh with PE=<scheme>, into <root>/ruler, same commit)
 # Every rate is looked up before the first run: a missing one stops the launch with one line. Relaunch the same command
-# to go on: finished jobs are skipped, an interrupted one resumes. DRY_RUN=1 prints each command instead of running it.
+# to go on: finished jobs are skipped, an interrupted one resumes. EXTRA adds train.py arguments to every job (the GPU
+# plan, README.md). DRY_RUN=1 prints each command instead of running it.
 #   setsid nohup bash experiments/lost_in_the_middle/v4/run.sh questions [root] > /dev/null 2>&1 &
 #       (root: /work/studies/lost_in_the_middle_v4)
 #   for c in stdlib django_docs; do for s in <root>/sweep-*.$c; do
@@ -45,7 +46,8 @@ for corpus in stdlib django_docs; do
   done
 done
 seed_list=$(echo $seeds | tr ' ' ,)
-common=(experiment=lost_in_the_middle seed="$seed_list" "tags=[lost_in_the_middle,v4]")
+read -r -a extra <<< "${EXTRA:-}"  # more train.py arguments for every job (the GPU plan: README)
+common=(experiment=lost_in_the_middle seed="$seed_list" "tags=[lost_in_the_middle,v4]" "${extra[@]}")
 arm_args() {  # <scheme>.<corpus>
   echo "$(scheme_args "${1%.*}") data=${1#*.} optim.lr=${lr[$1]}"
 }
