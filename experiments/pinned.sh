@@ -7,6 +7,7 @@
 #   pinned_sweeps <root> <commit> <arm ...>            (the arms' sweeps, WORKERS workers each: layouts, lr_grid, ...)
 #   scheme_args <scheme>                               (a scheme's train.py arguments: pe=..., or a layout preset's)
 #   chosen_lr <scheme> <corpus>                        (its rate from the learning-rate grid's choice.json)
+#   corpus_sweeps <root> <seeds> <scheme ...>          (each scheme on each corpus at its chosen rate: the v4 studies)
 # DRY_RUN=1: print each command (train.py / eval.py and its arguments, one line) instead of running it, so that a
 # study's launches can be checked (composed, validated) without training: tests/test_v4_studies.py.
 REPO=$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --show-toplevel)
@@ -89,4 +90,24 @@ if lr is None:
     sys.exit(f"{path} has no rate for scheme {scheme} on corpus {corpus}: run that cell of the grid and choose.py")
 print(lr)
 PY
+}
+
+corpus_sweeps() {  # <root> <seeds, e.g. "0 1 2"> <scheme ...>: each scheme on each corpus (data=stdlib, data=django_docs)
+  # at its chosen rate, one multirun over the seeds each (pinned_sweeps: <root>/sweep-<scheme>.<corpus>), with the
+  # caller's `common` arguments and EXTRA's words. Every rate is looked up first: a missing one returns 2 (after its
+  # one line) before any run.
+  local root=$1 seeds=$2 corpus scheme extra arms=()
+  shift 2
+  declare -gA CHOSEN=()
+  for corpus in stdlib django_docs; do
+    for scheme in "$@"; do
+      CHOSEN[$scheme.$corpus]=$(chosen_lr "$scheme" "$corpus") || return 2
+      arms+=("$scheme.$corpus")
+    done
+  done
+  read -r -a extra <<< "${EXTRA:-}"
+  # shellcheck disable=SC2086  # the seeds are words
+  common+=(seed="$(echo $seeds | tr ' ' ,)" "${extra[@]}")
+  arm_args() { echo "$(scheme_args "${1%.*}") data=${1#*.} optim.lr=${CHOSEN[$1]}"; }  # <scheme>.<corpus>
+  pinned_sweeps "$root" "$(pinned_commit "$root")" "${arms[@]}"
 }

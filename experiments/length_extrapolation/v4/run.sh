@@ -26,19 +26,6 @@ case $phase in
   descriptive) schemes="sinusoidal t5_bias fire fox irope"; seeds=${SEEDS:-0 1 2} ;;
   *) echo "phase: questions or descriptive, not '$phase'" >&2; exit 2 ;;
 esac
-declare -A lr
-arms=()
-for corpus in stdlib django_docs; do
-  for scheme in $schemes; do
-    lr[$scheme.$corpus]=$(chosen_lr "$scheme" "$corpus") || exit 2
-    arms+=("$scheme.$corpus")
-  done
-done
-seed_list=$(echo $seeds | tr ' ' ,)
-read -r -a extra <<< "${EXTRA:-}"  # more train.py arguments for every job (the GPU plan: README)
-common=(experiment=length_extrapolation trainer.max_steps=1500 seed="$seed_list" "tags=[length_extrapolation,v4]" "${extra[@]}")
-arm_args() {  # <scheme>.<corpus>
-  echo "$(scheme_args "${1%.*}") data=${1#*.} optim.lr=${lr[$1]}"
-}
-commit=$(pinned_commit "$root")
-pinned_sweeps "$root" "$commit" "${arms[@]}"
+common=(experiment=length_extrapolation trainer.max_steps=1500 "tags=[length_extrapolation,v4]")
+# shellcheck disable=SC2086  # the schemes are words
+corpus_sweeps "$root" "$seeds" $schemes

@@ -37,19 +37,6 @@ case $phase in
     exit 0 ;;
   *) echo "phase: questions, descriptive or ruler, not '$phase'" >&2; exit 2 ;;
 esac
-declare -A lr
-arms=()
-for corpus in stdlib django_docs; do
-  for scheme in $schemes; do
-    lr[$scheme.$corpus]=$(chosen_lr "$scheme" "$corpus") || exit 2
-    arms+=("$scheme.$corpus")
-  done
-done
-seed_list=$(echo $seeds | tr ' ' ,)
-read -r -a extra <<< "${EXTRA:-}"  # more train.py arguments for every job (the GPU plan: README)
-common=(experiment=lost_in_the_middle seed="$seed_list" "tags=[lost_in_the_middle,v4]" "${extra[@]}")
-arm_args() {  # <scheme>.<corpus>
-  echo "$(scheme_args "${1%.*}") data=${1#*.} optim.lr=${lr[$1]}"
-}
-commit=$(pinned_commit "$root")
-pinned_sweeps "$root" "$commit" "${arms[@]}"
+common=(experiment=lost_in_the_middle "tags=[lost_in_the_middle,v4]")
+# shellcheck disable=SC2086  # the schemes are words
+corpus_sweeps "$root" "$seeds" $schemes
