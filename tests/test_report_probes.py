@@ -122,6 +122,9 @@ def test_runs_that_did_not_acquire_retrieval_are_labelled_and_not_plotted(tmp_pa
     assert rows == [["rope", "0", "350", "0.970"],
                     ["nope", "0,1", "not acquired (by step 3000), 2900", "0.130, 0.960"]]
     assert "training stops once it reaches the threshold" in built.markdown  # the callback's default, stop=true
+    header, rates = _table(built.markdown, "Retrieval training: acquisition rate")
+    lo, hi = stats.wilson(1, 2)
+    assert rates == [["rope", "0", "1 of 1", "1.00 [0.21, 1.00]"], ["nope", "0,1", "1 of 2", f"0.50 [{lo:.2f}, {hi:.2f}]"]]
     assert "left out of the probe tables and figures: nope (seed 0)." in built.markdown
     _, summary = _table(built.markdown, "mqar: summary at the training length")
     assert {r[0]: r[2] for r in summary}["nope"] == "1.00 [0.72, 1.00]"  # only the seed that acquired it

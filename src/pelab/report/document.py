@@ -32,6 +32,7 @@ from pelab.report.probe_tables import offset_table, paired_table, probe_tables, 
 from pelab.report.questions import answer_all, load_questions
 from pelab.report.tables import (
     Table,
+    acquisition_table,
     along_training_table,
     budget_table,
     common_settings,
@@ -246,7 +247,7 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
         for sec in evaluation.sections:
             section(sec.heading, [interval_table(rows, metric, title, digits=sec.digits) for metric, title in sec.tables],
                     sec.figures, sec.text)
-    section("Retrieval training (in-window criterion)", [criterion_table(rows)])
+    section("Retrieval training (in-window criterion)", [criterion_table(rows), acquisition_table(rows)])
     probed, not_acquired = acquired_rows(rows)
     if not_acquired:
         md.append("Not acquired in-window, so left out of the probe tables and figures: " + ", ".join(not_acquired)

@@ -19,6 +19,7 @@ from pelab.evaluation.stats import (
     edge_mask,
     seeds_accuracy_interval,
     t_interval,
+    wilson,
 )
 from pelab.metric_keys import interval_keys, metric_key, parse_key
 from pelab.provenance import provenance_state
@@ -227,6 +228,24 @@ def criterion_table(rows: Sequence[Row]) -> Table | None:
         t.rows.append([r.label, ",".join(map(str, r.seeds)), steps, accs])
     return t
 
+
+
+def acquisition_table(rows: Sequence[Row]) -> Table | None:
+    """Per row, how many of its seeds reached the in-window criterion by the end, as a rate with its 95 % Wilson
+    interval over the seeds: how reliably a scheme acquires retrieval at all (a question of its own beside any
+    comparison of the runs that did)."""
+    rows = [r for r in rows if any(acquired(j) is not None for j in r.jobs)]
+    if not rows:
+        return None
+    t = Table("Retrieval training: acquisition rate", ["encoding", "seeds", "acquired", "rate [95 % Wilson]"], [],
+              caption="The seeds whose in-window accuracy reached the criterion by the last step, of the seeds run; "
+                      "the interval is over seeds (Wilson), so a few seeds give a wide one.")
+    for r in rows:
+        flags = [bool(acquired(j)) for j in r.jobs if acquired(j) is not None]
+        k, n = sum(flags), len(flags)
+        lo, hi = wilson(k, n)
+        t.rows.append([r.label, ",".join(map(str, r.seeds)), f"{k} of {n}", f"{k / n:.2f} [{lo:.2f}, {hi:.2f}]"])
+    return t
 
 CONVERGENCE_AT = (0.5, 0.8, 1.0)  # fractions of the training steps shown; the last two give the late change
 
