@@ -276,3 +276,47 @@ def test_every_committed_question_file_loads(path):
     when its runs are done)."""
     decl = load_questions(REPO / path)
     assert decl.questions and decl.declared
+
+
+def test_across_asks_each_question_of_each_corpus_and_holds_only_where_every_corpus_resolves_it(tmp_path, capsys):
+    """`across: data.source`: every question asked of each corpus's runs on their own (row labels without the
+    corpus, one Holm family each); it holds on every corpus when each resolves it in one direction, with p the larger
+    of the two Holm p (the intersection-union test)."""
+    rng = np.random.default_rng(0)
+    base = {s: 5.0 + 0.3 * s for s in range(4)}
+    # log(alibi / rope): clearly below 0 on both corpora; log(nope / rope): below 0 on code only
+    effects = {"stdlib": {"alibi": -0.3, "nope": -0.2}, "django_docs": {"alibi": -0.25, "nope": 0.0}}
+    for corpus, eff in effects.items():
+        for s in range(4):
+            for pe, e in [("rope", 0.0), *eff.items()]:
+                noise = 0.0 if pe == "rope" else rng.normal(0, 0.02 if e else 0.3)
+                cfg = {"pe": {"name": pe}, "model": {"name": "tiny"}, "data": {"seq_len": 128, "source": corpus},
+                       "seed": s, "trainer": {"max_steps": 1500}, "optim": {"lr": 2e-3}}
+                write_summary(tmp_path / "runs" / f"{corpus}_{pe}_s{s}", {
+                    "status": "ok", "config": cfg, "data": {"fingerprint": {"key": corpus}},
+                    "evaluation": {"extrapolation": {"split": "test", "seed": 0, "blocks": 8}},
+                    "metrics": {"extrap/ppl@1024": base[s] * math.exp(e + noise)}})
+    q = tmp_path / "questions.yaml"
+    q.write_text("declared: before the runs\nacross: data.source\nquestions:\n"
+                 "  - {pair: alibi/rope, metric: extrap/ppl@1024, estimand: at, smallest_effect: 1.2, expected: lower}\n"
+                 "  - {pair: nope/rope, metric: extrap/ppl@1024, estimand: at, smallest_effect: 1.2}\n")
+    built = report.build_report([tmp_path / "runs"], tmp_path / "out", questions=q, figures=False)
+    md = built.markdown
+    for corpus in effects:  # each corpus its own family, rows labelled without the corpus
+        assert f"**Declared questions: verdicts (data.source={corpus})**" in md
+    per = {c: answer_all(load_questions(q), group_rows([j for j in find_jobs([tmp_path / "runs"])
+                                                         if j.setting("data.source") == c]).rows) for c in effects}
+    assert all(a.n == 4 for a in per["stdlib"]) and per["stdlib"][0].resolved and per["django_docs"][0].resolved
+    assert per["stdlib"][1].resolved and not per["django_docs"][1].resolved
+    table = md.split("**Declared questions: on every data.source**")[1]
+    lines = [line for line in table.splitlines() if line.startswith(("| alibi", "| nope"))]
+    p_both = max(per["stdlib"][0].p_adj, per["django_docs"][0].p_adj)
+    assert lines[0].endswith(f"| {p_both:.3g} | holds on every data.source: alibi lower than rope |")
+    assert lines[1].endswith("| not resolved on every data.source: not at django_docs |")
+    claims = md.split("**Claims**")[1]
+    assert "holds on every data.source: alibi lower than rope." in claims and "not at django_docs." in claims
+    # --plan: each corpus's runs are their own pilot
+    assert report_main([str(tmp_path / "runs"), "--questions", str(q), "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert {line for line in out.splitlines() if line.startswith("data.source=")} == {
+        "data.source=stdlib:", "data.source=django_docs:"}

@@ -14,8 +14,8 @@
 #       (root: /work/studies/length_extrapolation_v4)
 #   for c in stdlib django_docs; do for s in <root>/sweep-*.$c; do
 #     python -m pelab.report collect "$s" experiments/length_extrapolation/v4/runs/$c; done; done
-#   python -m pelab.report experiments/length_extrapolation/v4/runs/<corpus> \
-#     --questions experiments/length_extrapolation/v4/questions.yaml --out experiments/length_extrapolation/v4/report/<corpus>
+#   python -m pelab.report experiments/length_extrapolation/v4/runs --questions experiments/length_extrapolation/v4/questions.yaml \
+#     --out experiments/length_extrapolation/v4/report      (across: data.source, each corpus its own family)
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../../pinned.sh"

@@ -17,8 +17,8 @@
 #       (root: /work/studies/lost_in_the_middle_v4)
 #   for c in stdlib django_docs; do for s in <root>/sweep-*.$c; do
 #     python -m pelab.report collect "$s" experiments/lost_in_the_middle/v4/runs/$c; done; done
-#   python -m pelab.report experiments/lost_in_the_middle/v4/runs/<corpus> \
-#     --questions experiments/lost_in_the_middle/v4/questions.yaml --out experiments/lost_in_the_middle/v4/report/<corpus>
+#   python -m pelab.report experiments/lost_in_the_middle/v4/runs --questions experiments/lost_in_the_middle/v4/questions.yaml \
+#     --out experiments/lost_in_the_middle/v4/report      (across: data.source, each corpus its own family)
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../../pinned.sh"

@@ -65,14 +65,17 @@ def print_plan(folders: Sequence[str], questions: str | None) -> int:
     """`--plan`: the seeds per declared question, from the runs under `folders` as the pilot."""
     from pelab.report.aggregation import group_rows
     from pelab.report.discovery import find_jobs
-    from pelab.report.questions import load_questions, plan, plan_lines
+    from pelab.report.questions import load_questions, plan, plan_lines, split_jobs
 
     if not questions:
         raise ReportError("--plan needs --questions FILE: the questions to plan the seeds of")
     decl = load_questions(questions)
     ok = [j for j in find_jobs(folders) if j.status == "ok"]
-    rows = group_rows(ok).rows if ok else []
-    print("\n".join(plan_lines(plan(decl, rows))))
+    if not decl.across:
+        print("\n".join(plan_lines(plan(decl, group_rows(ok).rows if ok else []))))
+        return 0
+    for value, jobs in split_jobs(ok, decl.across).items():  # each value's runs are their own pilot
+        print("\n".join([f"{decl.across}={value}:", *plan_lines(plan(decl, group_rows(jobs).rows))]))
     return 0
 
 

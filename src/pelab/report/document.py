@@ -29,7 +29,7 @@ from pelab.report.comparisons import compare as compare_rows
 from pelab.report.discovery import Job, find_jobs
 from pelab.report.figures import make_figures
 from pelab.report.probe_tables import offset_table, paired_table, probe_tables, shape_table
-from pelab.report.questions import answer_all, load_questions
+from pelab.report.questions import answer_across, answer_all, holds, load_questions
 from pelab.report.tables import (
     Table,
     acquisition_table,
@@ -41,6 +41,7 @@ from pelab.report.tables import (
     criterion_table,
     evaluation_text,
     failures_table,
+    holds_table,
     interaction_table,
     interval_table,
     metadata_table,
@@ -192,15 +193,21 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
         text="A single run's interval is a paired bootstrap over the documents of its evaluation text (each "
         "document's difficulty cancels).",
     )
-    answers = answer_all(declaration, rows) if declaration and rows else []
+    across = declaration.across if declaration and rows else None
+    per = answer_across(declaration, ok) if across else {}  # each value's runs on their own
+    answers = answer_all(declaration, rows) if declaration and rows and not across else []
+    over = holds(per, across) if across else []
     section(
         "Declared questions",
-        [question_table(answers), interaction_table(answers)],
+        [question_table(answers), interaction_table(answers),
+         *(t for v, a in per.items() for t in (question_table(a, f"{across}={v}"), interaction_table(a, f"{across}={v}"))),
+         holds_table(over)],
         (),
-        (f"The questions of `{declaration.path}`, declared {declaration.declared}." if declaration else ""),
+        (f"The questions of `{declaration.path}`, declared {declaration.declared}."
+         + (f" Asked of the runs at each {across} on their own." if across else "") if declaration else ""),
     )
-    if answers:
-        md += ["**Claims** (generated from the verdicts above):", ""] + [f"- {a.sentence()}" for a in answers]
+    if answers or over:
+        md += ["**Claims** (generated from the verdicts above):", ""] + [f"- {a.sentence()}" for a in answers or over]
     exploratory = not declaration or compare or pairs or baseline
     metrics = compare or (COMPARED if text_rows else [])  # no perplexity to compare where no run saw text
     comparisons = (compare_rows(rows, shown, metrics, compare_lengths, baseline, pairs)

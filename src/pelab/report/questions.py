@@ -15,6 +15,7 @@ them: then every verdict is labelled post hoc)::
                                        # accuracy difference (probe/...), for --plan and the equivalence reading
         expected: higher               # optional: A higher / lower than B
     retrieval_runs: acquired           # optional: acquired (default) | all, below; a question may set its own
+    across: data.source                # optional: ask every question of each value of this setting, below
 
 Each question is a contrast per seed (log(A / B), or A - B for an accuracy; runs of one seed at several budgets
 share initialisation and data order, so the seed is the unit), tested by a one-sample t over the seeds
@@ -31,6 +32,10 @@ A retrieval (probe) question compares the seeds whose runs acquired the task in-
 met), and names the others; ``retrieval_runs: all`` compares every finished run instead (declared before the runs,
 for a criterion that runs which learned the task may miss, e.g. induction heads' 1.000 at 0.98), the ones that did not
 acquire it still named.
+
+``across: <setting>`` (e.g. data.source: each corpus) asks every question of the runs at each value of the setting
+on their own (rows labelled within that value, one Holm family per value), and a question *holds on every value*
+when it is resolved at each, in one direction: the intersection-union test, p = the largest of the values' Holm p.
 
 The budget interaction (does the contrast move with the budget? a t on each seed's between-budget difference) is
 reported on its own line, outside the family. Holm over the declared questions only; the interval beside each
@@ -64,8 +69,9 @@ from pelab.evaluation.stats import (
     seeds_for_power,
 )
 from pelab.metric_keys import parse_key
-from pelab.report.aggregation import Row, acquired_rows
+from pelab.report.aggregation import Row, acquired_rows, group_rows
 from pelab.report.comparisons import contrasts, log_scale, seed_values, unpaired_because
+from pelab.report.discovery import Job
 
 ESTIMANDS = {"at": "at one budget", "averaged": "averaged over the budgets", "every": "at every budget"}
 EXPECTED = ("higher", "lower")
@@ -107,6 +113,7 @@ class Declaration:
     alpha: float = 0.05
     path: str = ""
     retrieval_runs: str = "acquired"  # RETRIEVAL_RUNS: which runs a retrieval question compares
+    across: str | None = None  # a setting: every question asked of the runs at each of its values (module doc)
 
     @property
     def post_hoc(self) -> bool:
@@ -149,8 +156,11 @@ def load_questions(path: str | Path) -> Declaration:
             raise _bad(path, f"questions[{i}]", f"asks what questions[{seen[key]}] asks ({q.metric} of {q.a}/{q.b}; "
                        "ppl@L and ppl_ratio@L are one question): a question is tested once, with one estimand")
         seen[key] = i
+    across = raw.get("across")
+    if across is not None and not (isinstance(across, str) and across.strip()):
+        raise _bad(path, "across", f"a setting whose values split the runs, e.g. data.source; got {across!r}")
     return Declaration(questions, declared, str(raw.get("budget") or "trainer.max_steps"), float(alpha), str(path),
-                       runs)
+                       runs, across)
 
 
 def _question(path: Path, i: int, q: Any) -> Question:
@@ -396,6 +406,66 @@ def answer_all(decl: Declaration, rows: Sequence[Row]) -> list[Answer]:
         a.alpha, a.post_hoc = decl.alpha, decl.post_hoc
     finish_answers(answers, decl.alpha)
     return answers
+
+
+def split_jobs(jobs: Sequence[Job], key: str) -> dict[str, list[Job]]:
+    """The jobs by their value of the setting `key` (``across``), in the order the values first appear."""
+    groups: dict[str, list[Job]] = {}
+    for j in jobs:
+        value = j.setting(key)
+        if value is None:
+            raise ReportError(f"across: {key}: {j.folder.name} has no such setting; name a setting every run has "
+                              "(e.g. data.source)")
+        groups.setdefault(str(value), []).append(j)
+    return groups
+
+
+def answer_across(decl: Declaration, jobs: Sequence[Job]) -> dict[str, list[Answer]]:
+    """Every declared question answered at each value of ``decl.across``: its runs alone, one family each."""
+    return {value: answer_all(decl, group_rows(js).rows) for value, js in split_jobs(jobs, decl.across).items()}
+
+
+@dataclass
+class Holds:
+    """One question over every value of ``across``: it holds when resolved at each value in one direction (the
+    intersection-union test: p = the largest of the values' Holm p)."""
+
+    key: str
+    answers: dict[str, Answer]  # value -> that value's answer
+
+    @property
+    def q(self) -> Question:
+        return next(iter(self.answers.values())).q
+
+    @property
+    def p(self) -> float:
+        ps = [a.p_adj for a in self.answers.values()]
+        return max(ps) if all(math.isfinite(p) for p in ps) else math.nan
+
+    def verdict(self) -> str:
+        out = [v for v, a in self.answers.items() if not a.resolved]
+        if out:
+            return f"not resolved on every {self.key}: not at {', '.join(out)}"
+        directions = {a.direction() for a in self.answers.values()}
+        if len(directions) > 1:
+            return f"not resolved on every {self.key}: resolved in opposite directions"
+        word = "higher" if directions == {1} else "lower"
+        text = f"holds on every {self.key}: {self.q.a} {word} than {self.q.b or 0}"
+        return text + (" (opposite to the declared expectation)" if self.q.expected and self.q.expected != word
+                       else "")
+
+    def sentence(self) -> str:
+        """The claim sentence of the question over the values (generated, never typed)."""
+        parts = "; ".join(f"{self.key}={v}: {a.estimate_text()}"
+                          + (f", Holm p = {a.p_adj:.3g}" if a.tested else "") + f", n = {a.n} seeds"
+                          for v, a in self.answers.items())
+        return f"{self.q.title}: {parts}: {self.verdict()}."
+
+
+def holds(per: dict[str, list[Answer]], key: str) -> list[Holds]:
+    """Question by question, its answers at every value of ``key`` (answer_across's families)."""
+    values = list(per)
+    return [Holds(key, {v: per[v][i] for v in values}) for i in range(len(per[values[0]]))] if values else []
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from pelab.report.aggregation import (
 from pelab.report.comparisons import Comparison
 from pelab.report.discovery import Job
 from pelab.report.eval_text import clustered_ppl, run_interval
-from pelab.report.questions import Answer
+from pelab.report.questions import Answer, Holds
 
 
 @dataclass
@@ -526,14 +526,14 @@ def _across(cs: Sequence[Comparison]) -> str:
 # declared questions
 
 
-def question_table(answers: Sequence[Answer]) -> Table | None:
+def question_table(answers: Sequence[Answer], where: str = "") -> Table | None:
     """The declared questions: one row each, the estimand, the seeds, the estimate with its Bonferroni interval, p,
-    Holm p and the verdict."""
+    Holm p and the verdict. `where`: the runs asked, in the title (``across``: "data.source=stdlib")."""
     if not answers:
         return None
     m = sum(a.tested for a in answers)
     post_hoc = any(a.post_hoc for a in answers)
-    t = Table("Declared questions: verdicts", ["question", "estimand", "seeds", "estimate [Bonferroni interval]", "p",
+    t = Table("Declared questions: verdicts" + (f" ({where})" if where else ""), ["question", "estimand", "seeds", "estimate [Bonferroni interval]", "p",
                                      "p (Holm)", "verdict"], [], caption=(
         f"Each question tested once: per seed the contrast (log ratio A / B shown as the ratio; accuracy: A − B), "
         f"then a t over the seeds; averaged = each seed's mean over the budgets; every = the intersection-union test "
@@ -549,13 +549,31 @@ def question_table(answers: Sequence[Answer]) -> Table | None:
     return t
 
 
-def interaction_table(answers: Sequence[Answer]) -> Table | None:
+def holds_table(rows: Sequence[Holds]) -> Table | None:
+    """``across``: per question, its estimate and Holm p at each value of the setting, the intersection-union p (the
+    largest) and whether it holds on every value."""
+    if not rows:
+        return None
+    key, values = rows[0].key, list(rows[0].answers)
+    t = Table(f"Declared questions: on every {key}", ["question", *(f"{key}={v}" for v in values),
+                                                        "p (the largest Holm p)", "verdict"], [], caption=(
+        f"Each question asked of the runs at each {key} on their own (the tables above: one Holm family each); it "
+        f"holds on every {key} when resolved at each in one direction (the intersection-union test: p = the largest "
+        "of their Holm p)."))
+    for h in rows:
+        cells = [(f"{a.estimate_text()}, Holm p = {a.p_adj:.3g}" if a.tested else a.verdict()) + f" ({a.n} seeds)"
+                 for a in h.answers.values()]
+        t.rows.append([h.q.title, *cells, f"{h.p:.3g}" if math.isfinite(h.p) else "—", h.verdict()])
+    return t
+
+
+def interaction_table(answers: Sequence[Answer], where: str = "") -> Table | None:
     """Per question with several budgets: the contrast at each budget (mean over seeds) and the budget interaction
-    with its 95 % interval, unadjusted, outside the family."""
+    with its 95 % interval, unadjusted, outside the family. `where` as question_table's."""
     these = [a for a in answers if len(a.budgets) > 1 and a.n]
     if not these:
         return None
-    t = Table("Budget interaction", ["question", "at each budget (mean over seeds)", "interaction [95 %]", "p"], [],
+    t = Table("Budget interaction" + (f" ({where})" if where else ""), ["question", "at each budget (mean over seeds)", "interaction [95 %]", "p"], [],
               caption=("Does the effect's size move with the budget? Per seed the change of its contrast with the "
                        "budget (two budgets: last minus first; more: the slope over them), a t over the seeds; "
                        "unadjusted and outside the family of declared questions."))
