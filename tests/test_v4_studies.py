@@ -26,7 +26,7 @@ def dry_run(tmp_path, script: str, *args: str, choice: dict | None = CHOICE, **e
     root = tmp_path / "root"
     proc = subprocess.run(["bash", str(ROOT / script), *args, str(root)], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "DRY_RUN": "1", "CHOICE": str(path), "VENV_PY": sys.executable, **env},
-                          stdin=subprocess.DEVNULL)  # VENV_PY: the scripts' python (CI's venv is not .venv)
+                          stdin=subprocess.DEVNULL, check=False)  # VENV_PY: the scripts' python (CI's venv: .venv-ci)
     assert not root.exists(), "a dry run writes nothing under the study's root"
     commands = [line.split() for line in proc.stdout.splitlines() if line.split()[:1] in (["train.py"], ["eval.py"])]
     return proc, commands
@@ -118,7 +118,7 @@ def test_a_missing_rate_stops_the_launch_in_one_line_before_anything_is_written(
     root = tmp_path / "root"
     proc = subprocess.run(["bash", str(ROOT / script), *args, str(root)], capture_output=True, text=True, timeout=60,
                           env={**env, "CHOICE": str(tmp_path / "choice.json"), "VENV_PY": sys.executable},
-                          stdin=subprocess.DEVNULL)
+                          stdin=subprocess.DEVNULL, check=False)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [
         f"{tmp_path}/choice.json has no rate for scheme {missing}: run that cell of the grid and choose.py"]
