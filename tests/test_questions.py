@@ -97,6 +97,18 @@ def test_each_estimand_is_a_t_over_seeds_with_bonferroni_intervals_and_holm(stud
                                      f"= {math.exp(np.mean(per_seed_mean)):.3f} [{math.exp(lo):.3f}, "
                                      f"{math.exp(hi):.3f}] (98.8% Bonferroni interval), Holm p = {adj[0]:.3g}, n = 3 "
                                      "seeds: resolved")
+    # what each verdict is worth for its smallest effect: statsmodels' power of the one-sample t at alpha / 4
+    from statsmodels.stats.power import TTestPower
+
+    sd = float(np.std(per_seed_mean, ddof=1))
+    want = TTestPower().power(effect_size=math.log(1.05) / sd, nobs=3, alpha=0.05 / 4, alternative="two-sided")
+    got_sd, got_power, need = avg.power()
+    assert (got_sd, got_power) == pytest.approx((sd, want), rel=1e-6)
+    assert need == next(n for n in range(3, 10_000) if TTestPower().power(
+        effect_size=math.log(1.05) / sd, nobs=n, alpha=0.05 / 4, alternative="two-sided") >= 0.8)
+    per_budget = [TTestPower().power(effect_size=math.log(1.05) / np.std(STEADY[b], ddof=1), nobs=3, alpha=0.05 / 4,
+                                     alternative="two-sided") for b in (100, 400)]
+    assert every.power()[1] == pytest.approx(min(per_budget), rel=1e-6)  # `every`: at most its weakest budget's
 
 
 def test_an_effect_of_one_sign_in_every_seed_run_is_not_called_budget_dependent(study):
@@ -304,6 +316,7 @@ def test_across_asks_each_question_of_each_corpus_and_holds_only_where_every_cor
     md = built.markdown
     for corpus in effects:  # each corpus its own family, rows labelled without the corpus
         assert f"**Declared questions: verdicts (data.source={corpus})**" in md
+        assert f"**Declared questions: power (data.source={corpus})**" in md
     per = {c: answer_all(load_questions(q), group_rows([j for j in find_jobs([tmp_path / "runs"])
                                                          if j.setting("data.source") == c]).rows) for c in effects}
     assert all(a.n == 4 for a in per["stdlib"]) and per["stdlib"][0].resolved and per["django_docs"][0].resolved

@@ -46,6 +46,7 @@ from pelab.report.tables import (
     interval_table,
     metadata_table,
     metric_table,
+    power_table,
     question_table,
 )
 
@@ -199,8 +200,9 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
     over = holds(per, across) if across else []
     section(
         "Declared questions",
-        [question_table(answers), interaction_table(answers),
-         *(t for v, a in per.items() for t in (question_table(a, f"{across}={v}"), interaction_table(a, f"{across}={v}"))),
+        [question_table(answers), interaction_table(answers), power_table(answers),
+         *(t for v, a in per.items() for t in (question_table(a, f"{across}={v}"), interaction_table(a, f"{across}={v}"),
+                                               power_table(a, f"{across}={v}"))),
          holds_table(over)],
         (),
         (f"The questions of `{declaration.path}`, declared {declaration.declared}."

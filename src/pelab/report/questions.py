@@ -67,6 +67,7 @@ from pelab.evaluation.stats import (
     sd_upper,
     seed_test,
     seeds_for_power,
+    t_power,
 )
 from pelab.metric_keys import parse_key
 from pelab.report.aggregation import Row, acquired_rows, group_rows
@@ -238,6 +239,7 @@ class Answer:
     not_acquired: list[str] = field(default_factory=list)  # the same, compared all the same (retrieval_runs: all)
     alpha: float = 0.05
     post_hoc: bool = False
+    m: int = 0  # the tested questions of its family (Holm's m)
 
     @property
     def tested(self) -> bool:
@@ -264,6 +266,23 @@ class Answer:
         if self.test is not None:
             return [("", self.test)]
         return [(f"{b}: ", t) for b, t in self.per_budget.items()]
+
+    def power(self) -> tuple[float, float, int | None]:
+        """What a verdict at these seeds is worth for the declared smallest effect: (the sd of the per-seed contrasts,
+        the power of the test at its n seeds and alpha / m at that sd, the seeds that would give 80 %). For `every`,
+        the smallest of the budgets' powers (the intersection-union test has at most that). NaN / None below
+        MIN_SEEDS or with no spread."""
+        if not self.tested or self.n < MIN_SEEDS:
+            return math.nan, math.nan, None
+        columns = [self.contrasts[:, k] for k in range(len(self.budgets))] if self.q.estimand == "every" else [
+            self.contrasts.mean(axis=1)]
+        sds = [float(np.std(x, ddof=1)) for x in columns]
+        if not all(sd > 0 for sd in sds):
+            return math.nan, math.nan, None
+        alpha, d = self.alpha / max(self.m, 1), self.q.effect()
+        powers = [t_power(abs(d) / sd, self.n, alpha) for sd in sds]
+        k = int(np.argmin(powers))
+        return sds[k], powers[k], seeds_for_power(d, sds[k], alpha)
 
     def estimate_text(self) -> str:
         def one(t: SeedTest) -> str:
@@ -394,7 +413,7 @@ def finish_answers(answers: Sequence[Answer], alpha: float) -> None:
     tested = [a for a in live if math.isfinite(a.p)]
     level = bonferroni_level(len(tested), alpha)
     for ans, p in zip(tested, holm([a.p for a in tested], alpha)):
-        ans.p_adj = p
+        ans.p_adj, ans.m = p, len(tested)
     for ans in live:
         tests(ans, level)
 

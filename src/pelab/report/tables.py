@@ -549,6 +549,26 @@ def question_table(answers: Sequence[Answer], where: str = "") -> Table | None:
     return t
 
 
+def power_table(answers: Sequence[Answer], where: str = "") -> Table | None:
+    """Per tested question, what its verdict is worth for the declared smallest effect (Answer.power): the sd of its
+    per-seed contrasts, the power of its test at its seeds and alpha / m at that sd, the seeds that would give 80 %."""
+    these = [a for a in answers if a.tested]
+    if not these:
+        return None
+    t = Table("Declared questions: power" + (f" ({where})" if where else ""),
+              ["question", "seeds", "smallest effect", "sd of the per-seed contrasts", "power at these seeds",
+               "seeds for 80 %"], [], caption=(
+        "The power of each question's t over its seeds for its declared smallest effect, at the spread its own seeds "
+        "show and at alpha / m (Bonferroni: Holm's first step), and the seeds that spread asks for 80 %. The sd is "
+        "estimated from the same few seeds: a rough guide to what a verdict, or its absence, is worth. The contrast "
+        "scale: log ratio for perplexities, difference for accuracies."))
+    for a in these:
+        sd, power, need = a.power()
+        t.rows.append([a.q.title, str(a.n), f"{a.q.smallest_effect:g}", f"{sd:.3g}" if math.isfinite(sd) else "—",
+                       f"{power:.0%}" if math.isfinite(power) else "—", str(need) if need else "—"])
+    return t
+
+
 def holds_table(rows: Sequence[Holds]) -> Table | None:
     """``across``: per question, its estimate and Holm p at each value of the setting, the intersection-union p (the
     largest) and whether it holds on every value."""
