@@ -333,3 +333,24 @@ def test_across_asks_each_question_of_each_corpus_and_holds_only_where_every_cor
     out = capsys.readouterr().out
     assert {line for line in out.splitlines() if line.startswith("data.source=")} == {
         "data.source=stdlib:", "data.source=django_docs:"}
+
+
+def test_a_run_made_under_another_criterion_than_the_declared_one_is_refused_in_one_line(tmp_path, capsys):
+    for s, threshold in [(0, 0.95), (1, 0.95), (2, 0.9)]:
+        cfg = {"pe": {"name": "rope"}, "model": {"name": "recall"}, "data": {"seq_len": 128}, "seed": s,
+               "trainer": {"max_steps": 1000}, "optim": {"lr": 1e-3},
+               "callbacks": {"retrieval_criterion": {"kind": "mqar", "threshold": threshold, "stop": False}}}
+        write_summary(tmp_path / "runs" / f"rope_s{s}", {"status": "ok", "config": cfg,
+                                                          "metrics": {"probe/mqar/acc@128": 0.9}})
+    body = "  - {pair: rope, metric: probe/mqar/lim_gap@128, estimand: at, smallest_effect: 0.1}\n"
+    path = tmp_path / "questions.yaml"
+    path.write_text("declared: before the runs\ncriterion: {kind: mqar, threshold: 0.95}\nquestions:\n" + body)
+    assert load_questions(path).criterion == {"kind": "mqar", "threshold": 0.95}
+    out = tmp_path / "out"
+    assert report_main([str(tmp_path / "runs"), "--questions", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"pelab.report: {path}: criterion.threshold: rope_s2 ran with 0.9, the questions declare 0.95; "
+                   "compare runs made under the declared criterion") and not out.exists()
+    path.write_text("declared: before the runs\ncriterion: {threshold: 0.95, patience: 3}\nquestions:\n" + body)
+    with pytest.raises(ReportError, match=r"questions.yaml: criterion: a mapping of every_n_steps, kind, samples, "):
+        load_questions(path)

@@ -29,7 +29,7 @@ from pelab.report.comparisons import compare as compare_rows
 from pelab.report.discovery import Job, find_jobs
 from pelab.report.figures import make_figures
 from pelab.report.probe_tables import offset_table, paired_table, probe_tables, shape_table
-from pelab.report.questions import answer_across, answer_all, holds, load_questions
+from pelab.report.questions import answer_across, answer_all, check_criterion, holds, load_questions
 from pelab.report.tables import (
     Table,
     acquisition_table,
@@ -115,10 +115,12 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
     confirmatory family (then the exploratory one is made only where those options ask for it)."""
     declaration = load_questions(questions) if questions else None  # a bad file fails before any reading
     jobs = find_jobs(folders)  # first: a mistyped folder is an error, not an empty <folder>/report
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     ok = [j for j in jobs if j.status == "ok"]
     failed = [j for j in jobs if j.status != "ok"]
+    if declaration:
+        check_criterion(declaration, ok)  # a run under another criterion: refused before anything is written
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
     rows, shown, also = group_rows(ok) if ok else ([], [], [])
 
     sources = ", ".join(f"`{f}`" for f in folders)

@@ -16,6 +16,7 @@ them: then every verdict is labelled post hoc)::
         expected: higher               # optional: A higher / lower than B
     retrieval_runs: acquired           # optional: acquired (default) | all, below; a question may set its own
     across: data.source                # optional: ask every question of each value of this setting, below
+    criterion: {threshold: 0.95}       # optional: the in-window retrieval criterion every run must have used
 
 Each question is a contrast per seed (log(A / B), or A - B for an accuracy; runs of one seed at several budgets
 share initialisation and data order, so the seed is the unit), tested by a one-sample t over the seeds
@@ -32,6 +33,9 @@ A retrieval (probe) question compares the seeds whose runs acquired the task in-
 met), and names the others; ``retrieval_runs: all`` compares every finished run instead (declared before the runs,
 for a criterion that runs which learned the task may miss, e.g. induction heads' 1.000 at 0.98), the ones that did not
 acquire it still named.
+
+``criterion`` fixes the in-window retrieval criterion in the file (keys of callbacks.retrieval_criterion: kind,
+threshold, every_n_steps, samples): a run made with another is refused, in one line, before any question is asked.
 
 ``across: <setting>`` (e.g. data.source: each corpus) asks every question of the runs at each value of the setting
 on their own (rows labelled within that value, one Holm family per value), and a question *holds on every value*
@@ -78,6 +82,7 @@ ESTIMANDS = {"at": "at one budget", "averaged": "averaged over the budgets", "ev
 EXPECTED = ("higher", "lower")
 POWER = 0.8
 RETRIEVAL_RUNS = ("acquired", "all")
+CRITERION_KEYS = {"kind", "threshold", "every_n_steps", "samples"}
 QUESTION_KEYS = {"pair", "metric", "budgets", "estimand", "smallest_effect", "expected", "name", "retrieval_runs"}
 
 
@@ -115,6 +120,7 @@ class Declaration:
     path: str = ""
     retrieval_runs: str = "acquired"  # RETRIEVAL_RUNS: which runs a retrieval question compares
     across: str | None = None  # a setting: every question asked of the runs at each of its values (module doc)
+    criterion: dict[str, Any] = field(default_factory=dict)  # callbacks.retrieval_criterion's declared keys
 
     @property
     def post_hoc(self) -> bool:
@@ -160,8 +166,23 @@ def load_questions(path: str | Path) -> Declaration:
     across = raw.get("across")
     if across is not None and not (isinstance(across, str) and across.strip()):
         raise _bad(path, "across", f"a setting whose values split the runs, e.g. data.source; got {across!r}")
+    criterion = raw.get("criterion") or {}
+    if not isinstance(criterion, dict) or set(criterion) - CRITERION_KEYS:
+        raise _bad(path, "criterion", f"a mapping of {', '.join(sorted(CRITERION_KEYS))} (callbacks.retrieval_criterion's "
+                   f"keys); got {criterion!r}")
     return Declaration(questions, declared, str(raw.get("budget") or "trainer.max_steps"), float(alpha), str(path),
-                       runs, across)
+                       runs, across, criterion)
+
+
+def check_criterion(decl: Declaration, jobs: Sequence[Job]) -> None:
+    """Every run made with the declared in-window criterion (``criterion``), or one line naming the first that was
+    not."""
+    for j in jobs:
+        used = j.setting("callbacks.retrieval_criterion") or {}
+        for key, value in decl.criterion.items():
+            if used.get(key) != value:
+                raise ReportError(f"{decl.path}: criterion.{key}: {j.folder.name} ran with {used.get(key)!r}, the "
+                                  f"questions declare {value!r}; compare runs made under the declared criterion")
 
 
 def _question(path: Path, i: int, q: Any) -> Question:
