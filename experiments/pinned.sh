@@ -5,6 +5,7 @@
 #   pinned_train <commit> <train.py arguments ...>     (one thread, nice 10)
 #   pinned_eval <commit> <eval.py arguments ...>       (the same for an evaluation of a checkpoint)
 #   pinned_sweeps <root> <commit> <arm ...>            (the arms' sweeps, WORKERS workers each: layouts, lr_grid, ...)
+#   finished <run folder>                              (its summary.json says status ok)
 #   scheme_args <scheme>                               (a scheme's train.py arguments: pe=..., or a layout preset's)
 #   chosen_lr <scheme> <corpus>                        (its rate from the learning-rate grid's choice.json)
 #   corpus_sweeps <root> <seeds> <scheme ...>          (each scheme on each corpus at its chosen rate: the v4 studies)
@@ -67,6 +68,11 @@ pinned_sweeps() {  # <root> <commit> <arm ...>: the arms one after another, each
     wait
     echo "$(date -u +%FT%TZ) $arm done" >> "$root/launches.log"
   done
+}
+
+finished() {  # <run folder>: its summary.json says status ok (a relaunch skips it)
+  [ -f "$1/summary.json" ] &&
+    python3 -c "import json, sys; sys.exit(json.load(open(sys.argv[1]))['status'] != 'ok')" "$1/summary.json" 2>/dev/null
 }
 
 scheme_args() {  # <scheme>: its train.py arguments. A layout preset (irope, rnope_swa) is RoPE with that layout, its model

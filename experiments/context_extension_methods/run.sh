@@ -38,11 +38,6 @@ child_steps=${CHILD_STEPS:+trainer.max_steps=$CHILD_STEPS}
 launches=$root/launches.log
 [ -z "${DRY_RUN:-}" ] || launches=/dev/stdout  # a dry run writes nothing under the root
 
-finished() {  # <folder>: its summary.json says ok
-  [ -f "$1/summary.json" ] &&
-    python3 -c "import json, sys; sys.exit(json.load(open(sys.argv[1]))['status'] != 'ok')" "$1/summary.json"
-}
-
 stream() {  # <seed>: the parent, its training-free evaluations, its fine-tuned children and the control arm, in order
   local s=$1 parent=$root/parents/s$1 log=$root/s$1.log t
   [ -z "${DRY_RUN:-}" ] || log=/dev/stdout

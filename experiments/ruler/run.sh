@@ -25,18 +25,12 @@ kind_args() {  # <kind>: its preset
 }
 for kind in ${KINDS:-niah_single niah_multikey niah_multivalue niah_multiquery vt cwe}; do
   run="$root/runs/${PE:-rope}-$kind-L128-s0"
-  if [ -f "$run/summary.json" ] &&
-     python3 -c "import json,sys; sys.exit(json.load(open('$run/summary.json'))['status'] != 'ok')" 2>/dev/null; then
-    continue
-  fi
-  if [ -n "${DRY_RUN:-}" ]; then
-    # shellcheck disable=SC2046
-    pinned_train "$commit" $(kind_args "$kind") pe="${PE:-rope}" seed=0 hydra.run.dir="$run"
-    continue
-  fi
-  echo "$(date -u +%FT%TZ) ${PE:-rope} $kind: commit $commit" >> "$root/launches.log"
+  finished "$run" && continue
+  log=$root/${PE:-rope}-$kind.log launches=$root/launches.log
+  [ -z "${DRY_RUN:-}" ] || log=/dev/stdout launches=/dev/null  # a dry run prints the command, writes nothing
+  echo "$(date -u +%FT%TZ) ${PE:-rope} $kind: commit $commit" >> "$launches"
   start=$(date +%s)
   # shellcheck disable=SC2046  # the preset's arguments are words
-  pinned_train "$commit" $(kind_args "$kind") pe="${PE:-rope}" seed=0 hydra.run.dir="$run" >> "$root/${PE:-rope}-$kind.log" 2>&1
-  echo "$(date -u +%FT%TZ) ${PE:-rope} $kind: exit $?, $(( $(date +%s) - start )) s wall" >> "$root/launches.log"
+  pinned_train "$commit" $(kind_args "$kind") pe="${PE:-rope}" seed=0 hydra.run.dir="$run" >> "$log" 2>&1
+  echo "$(date -u +%FT%TZ) ${PE:-rope} $kind: exit $?, $(( $(date +%s) - start )) s wall" >> "$launches"
 done
