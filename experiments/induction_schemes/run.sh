@@ -6,7 +6,8 @@
 #   seeds   ALiBi and NoPE at seeds 0-4 at their chosen rate (<root>/lr.json), into <root>/sweep: per seed, ALiBi then
 #           NoPE, so that after k seeds both rows have k
 #   scalings issue 51's RoPE checkpoints (RUNS51, default its study's sweep; seeds 1-4: seed 0's was lost) evaluated
-#           with PI / NTK / YaRN at factor F = 4, 8, 16, each at its length F x 2^8, into <root>/scalings/rope-s<s>-x<F>
+#           with PI / NTK / YaRN at factor F in FACTORS (default 4 8 16 32 64), each at its length F x 2^8 (2^10-2^14),
+#           into <root>/scalings/rope-s<s>-x<F>
 # From a clean git worktree of the commit pinned at the first launch (<root>/COMMIT; ../pinned.sh), WORKERS (default 2)
 # workers at one thread each under nice 10, sharing the folder (a job held by one worker is left to it). Relaunch the
 # same command to go on: finished jobs are skipped, an interrupted one resumes from its last checkpoint.
@@ -36,11 +37,13 @@ worker() {  # <n>
         done
       done ;;
     scalings)
-      [ "$1" = 1 ] || return 0  # one worker: about 17 CPU-minutes in all
+      i=0  # the (seed, factor) jobs dealt round-robin to the workers
       for s in ${SEEDS:-1 2 3 4}; do
-        for f in 4 8 16; do
+        for f in ${FACTORS:-4 8 16 32 64}; do
+          i=$((i + 1))
+          [ $(((i - 1) % ${WORKERS:-2} + 1)) = "$1" ] || continue
           out="$root/scalings/rope-s$s-x$f"
-          [ -s "$out/summary.json" ] && grep -q '"status": "ok"' "$out/summary.json" && continue
+          finished "$out" && continue
           pinned_eval "$commit" ckpt_path="${RUNS51:-/work/studies/induction_heads/study/sweep}/0_rope-induction-L256-s$s/checkpoints/last.ckpt" \
             pe.scaling.factor="$f" "scaling_sweep=[linear,ntk,yarn]" "probes.lengths=[$f]" "eval.lengths=[1]" \
             hydra.run.dir="$out"
