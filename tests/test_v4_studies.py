@@ -128,14 +128,29 @@ def test_a_missing_rate_stops_the_launch_in_one_line_before_anything_is_written(
         f"no {tmp_path}/absent.json: run the learning-rate grid and its choose.py first (experiments/lr_grid/README.md)"]
 
 
-@pytest.mark.parametrize("script, args", [("experiments/length_extrapolation/v4/run.sh", ["questions"]),
-                                          ("experiments/lost_in_the_middle/v4/run.sh", ["descriptive"]),
-                                          ("experiments/context_extension/v4/run.sh", [])])
-def test_the_gpu_plan_adds_its_arguments_to_every_training_job(tmp_path, script, args):
+def test_the_gpu_plan_runs_every_study_with_its_declared_seeds_on_the_gpu(tmp_path):
+    """experiments/gpu/studies_v4.sh: each v4 study's own script with EXTRA's GPU arguments on every training job,
+    the declared seeds in one go (8 for the questions' schemes, 3 descriptive, 12 context-extension parents), each
+    study into a folder of its own under the root."""
     gpu = ["trainer=gpu", "trainer.precision=bf16-mixed"]
-    proc, commands = dry_run(tmp_path, script, *args, EXTRA=" ".join(gpu), SEEDS="0")
+    proc, commands = dry_run(tmp_path, "experiments/gpu/studies_v4.sh")
+    assert proc.returncode == 0, proc.stderr
     trains = [c for c in commands if c[0] == "train.py"]
-    assert proc.returncode == 0 and trains and all(set(gpu) <= set(c) for c in trains), proc.stderr
-    cfg = compose(one_job(trains[-1]))
-    validate(cfg)
-    assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
+    assert all(set(gpu) <= set(c) for c in trains)
+    seeds = {}  # (study, swept seeds) -> sweeps; context extension: one parent per seed
+    for c in trains:
+        args = dict(a.split("=", 1) for a in c[1:] if "=" in a)
+        folder = args.get("hydra.sweep.dir") or args["hydra.run.dir"]
+        study = folder.removeprefix(f"{tmp_path}/root/").split("/")[0]
+        key = (study, args["seed"] if "-m" in c else "parent")
+        seeds[key] = seeds.get(key, 0) + 1
+    eight, three = "0,1,2,3,4,5,6,7", "0,1,2"
+    assert seeds[("length_extrapolation", eight)] == 8 and seeds[("length_extrapolation", three)] == 10
+    assert seeds[("lost_in_the_middle", eight)] == 8 and seeds[("lost_in_the_middle", three)] == 6
+    parents = {c[2] for c in trains if "experiment=context_extension" in c}
+    assert parents == {f"seed={s}" for s in range(12)}
+    for study in ("length_extrapolation", "lost_in_the_middle", "context_extension"):  # one job each, as Hydra will
+        c = next(c for c in trains if f"experiment={study}" in c)
+        cfg = compose(one_job(c))
+        validate(cfg)
+        assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
