@@ -118,6 +118,36 @@ def test_the_read_out_of_a_uniform_last_layer_is_one_over_the_keys(tmp_path):
         assert {f"attn/entropy@{K}/layer0", f"attn/mass_past_L@{K}/layer1"} <= set(stats)
 
 
+def test_attention_reuses_earlier_records_and_reads_only_the_new_runs(tmp_path, monkeypatch, capsys):
+    """--records: the runs already recorded (issue 51's, a study's first seeds) are not read again, and are rendered
+    with the new ones; a run in two record files is refused."""
+    spec = importlib.util.spec_from_file_location("is_attention", HERE / "attention.py")
+    attention = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(attention)
+    sweep = tmp_path / "sweep"
+    for run, scheme in (("0_rope-s1", "rope"), ("0_alibi-s4", "alibi")):
+        (sweep / run / "checkpoints").mkdir(parents=True)
+        (sweep / run / "checkpoints" / "last.ckpt").write_bytes(b"not a checkpoint: reading it would fail")
+        (sweep / run / "summary.json").write_text(json.dumps({"status": "ok", "config": {"pe": {"name": scheme},
+                                                                                              "seed": 1}}))
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps([{"run": "0_rope-s1", "scheme": "rope", "seed": 1, "stats": {"readout/copy@257": 0.9}}]))
+    read = []
+    monkeypatch.setattr(attention, "run_stats", lambda ckpt, instances: read.append(ckpt.parent.parent.name) or
+                        {"readout/copy@257": 0.5})
+    monkeypatch.setattr("sys.argv", ["attention.py", str(sweep), "--records", str(earlier), "--out",
+                                     str(tmp_path / "a.md")])
+    attention.main()
+    assert read == ["0_alibi-s4"]
+    records = json.loads((tmp_path / "a.json").read_text())
+    assert [(r["run"], r["stats"]["readout/copy@257"]) for r in records] == [("0_rope-s1", 0.9), ("0_alibi-s4", 0.5)]
+    assert "| alibi | 1 | 0.50 (0.50-0.50)" in capsys.readouterr().out
+    monkeypatch.setattr("sys.argv", ["attention.py", "--records", str(earlier), str(tmp_path / "a.json")])
+    with pytest.raises(SystemExit) as exc:
+        attention.main()
+    assert exc.value.code == 2 and "run 0_rope-s1 is in more than one file" in capsys.readouterr().err
+
+
 def test_the_table_reads_training_runs_and_scaling_sweeps_with_t_intervals_over_seeds(tmp_path):
     import math
 
