@@ -354,3 +354,31 @@ def test_a_run_made_under_another_criterion_than_the_declared_one_is_refused_in_
     path.write_text("declared: before the runs\ncriterion: {threshold: 0.95, patience: 3}\nquestions:\n" + body)
     with pytest.raises(ReportError, match=r"questions.yaml: criterion: a mapping of every_n_steps, kind, samples, "):
         load_questions(path)
+
+
+def test_rates_chosen_per_scheme_replace_the_one_rate_warning_and_a_run_at_another_rate_is_refused(study, capsys):
+    """rates: each scheme's rate as chosen before the runs (here all three chose 2e-3, the fixture's rate, and one row
+    is not listed): the report says so instead of warning of one untuned rate; a listed scheme's run at another rate
+    is refused in one line before anything is written; a missing file names the key."""
+    import json
+
+    body = "  - {pair: steady/ref, metric: extrap/ppl@1024, budgets: [400], estimand: at, smallest_effect: 1.05}\n"
+    (study / "choice.json").write_text(json.dumps({"ref": {"lr": 2e-3}, "steady": 2e-3, "other": 1e-3}))
+    path = study / "questions.yaml"
+    path.write_text("declared: before the runs\nrates: choice.json\nquestions:\n" + body)
+    md = report.build_report([study], study / "out", questions=path, figures=False).markdown
+    assert "every encoding trained at one learning rate" not in md
+    assert (f"Each of ref, steady trained at the learning rate chosen for it before these runs (`choice.json`, named "
+            f"by `{path}`); not chosen there: mixed (optim.lr=0.002).") in md
+    (study / "choice.json").write_text(json.dumps({"ref": 1e-3, "steady": 2e-3}))
+    with pytest.raises(ReportError, match=r"rates: ref_100_s0 ran at optim.lr=0.002, choice.json chose 0.001 for ref; "):
+        report.build_report([study], study / "out2", questions=path)
+    (study / "choice.json").write_text(json.dumps({"ref": {"stdlib": 2e-3, "django_docs": 1e-3}}))  # per corpus
+    with pytest.raises(ReportError, match=r"rates: choice.json chose ref's rate for data.source in django_docs, stdlib, "
+                                          r"not None \(ref_100_s0\); choose it there first"):
+        report.build_report([study], study / "out2", questions=path)
+    assert not (study / "out2").exists()
+    path.write_text("declared: before the runs\nrates: absent.json\nquestions:\n" + body)
+    assert report_main([str(study), "--questions", str(path), "--out", str(study / "out3")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "questions.yaml: rates: a JSON file of each scheme's chosen rate" in err and len(err.splitlines()) == 1

@@ -29,7 +29,7 @@ from pelab.report.comparisons import compare as compare_rows
 from pelab.report.discovery import Job, find_jobs
 from pelab.report.figures import make_figures
 from pelab.report.probe_tables import offset_table, paired_table, probe_tables, shape_table
-from pelab.report.questions import answer_across, answer_all, check_criterion, holds, load_questions
+from pelab.report.questions import answer_across, answer_all, check_criterion, check_rates, holds, load_questions
 from pelab.report.tables import (
     Table,
     acquisition_table,
@@ -117,8 +117,10 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
     jobs = find_jobs(folders)  # first: a mistyped folder is an error, not an empty <folder>/report
     ok = [j for j in jobs if j.status == "ok"]
     failed = [j for j in jobs if j.status != "ok"]
-    if declaration:
-        check_criterion(declaration, ok)  # a run under another criterion: refused before anything is written
+    rates = ""
+    if declaration:  # a run under another criterion or rate: refused before anything is written
+        check_criterion(declaration, ok)
+        rates = check_rates(declaration, ok)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rows, shown, also = group_rows(ok) if ok else ([], [], [])
@@ -151,7 +153,9 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
         if also:
             md.append("- also varying between rows: " + ", ".join(f"`{k}`" for k in also))
         md += [f"- {line}" for line in common_settings(ok)]
-        if warning := one_rate_warning(rows):
+        if rates:  # the rates were chosen per scheme: say so, instead of warning they were not
+            md += ["", rates]
+        elif warning := one_rate_warning(rows):
             md += ["", warning]
         if unverified := [j.folder.name for j in ok if provenance_state(j.summary, j.folder) == "dirty-unverified"]:
             md += ["", f"**Warning:** {len(unverified)} run(s) were made from uncommitted changes that were not kept "

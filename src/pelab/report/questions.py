@@ -17,6 +17,7 @@ them: then every verdict is labelled post hoc)::
     retrieval_runs: acquired           # optional: acquired (default) | all, below; a question may set its own
     across: data.source                # optional: ask every question of each value of this setting, below
     criterion: {threshold: 0.95}       # optional: the in-window retrieval criterion every run must have used
+    rates: ../lr_grid/choice.json      # optional: each scheme's learning rate, chosen before the runs, below
 
 Each question is a contrast per seed (log(A / B), or A - B for an accuracy; runs of one seed at several budgets
 share initialisation and data order, so the seed is the unit), tested by a one-sample t over the seeds
@@ -37,6 +38,11 @@ acquire it still named.
 ``criterion`` fixes the in-window retrieval criterion in the file (keys of callbacks.retrieval_criterion: kind,
 threshold, every_n_steps, samples): a run made with another is refused, in one line, before any question is asked.
 
+``rates: <file>`` (JSON, relative to the questions file) names each scheme's learning rate as chosen before the runs
+(``{scheme: lr}``, ``{scheme: {"lr": lr}}`` or ``{scheme: {data.source: lr}}``; the scheme is pe.name, or the layout
+preset a model.name ``tiny-<preset>`` names): a run of a listed scheme at another rate is refused in one line, and the
+report says which rows ran at their chosen rate instead of warning that one rate was used untuned.
+
 ``across: <setting>`` (e.g. data.source: each corpus) asks every question of the runs at each value of the setting
 on their own (rows labelled within that value, one Holm family per value), and a question *holds on every value*
 when it is resolved at each, in one direction: the intersection-union test, p = the largest of the values' Holm p.
@@ -49,6 +55,7 @@ at alpha / m for the declared smallest effect.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Sequence
@@ -121,6 +128,8 @@ class Declaration:
     retrieval_runs: str = "acquired"  # RETRIEVAL_RUNS: which runs a retrieval question compares
     across: str | None = None  # a setting: every question asked of the runs at each of its values (module doc)
     criterion: dict[str, Any] = field(default_factory=dict)  # callbacks.retrieval_criterion's declared keys
+    rates: dict[str, Any] = field(default_factory=dict)  # {scheme: the rate chosen before the runs} (module doc)
+    rates_file: str = ""
 
     @property
     def post_hoc(self) -> bool:
@@ -170,8 +179,58 @@ def load_questions(path: str | Path) -> Declaration:
     if not isinstance(criterion, dict) or set(criterion) - CRITERION_KEYS:
         raise _bad(path, "criterion", f"a mapping of {', '.join(sorted(CRITERION_KEYS))} (callbacks.retrieval_criterion's "
                    f"keys); got {criterion!r}")
+    rates_file, rates = raw.get("rates"), {}
+    if rates_file is not None:
+        rates_path = path.parent / str(rates_file)
+        try:
+            rates = json.loads(rates_path.read_text())
+        except (OSError, ValueError) as err:
+            raise _bad(path, "rates", f"a JSON file of each scheme's chosen rate, relative to this file; {rates_path}: "
+                       f"{type(err).__name__}") from None
+        if not isinstance(rates, dict):
+            raise _bad(path, "rates", f"{rates_path} holds {type(rates).__name__}, not {{scheme: rate}}")
     return Declaration(questions, declared, str(raw.get("budget") or "trainer.max_steps"), float(alpha), str(path),
-                       runs, across, criterion)
+                       runs, across, criterion, rates, str(rates_file or ""))
+
+
+def scheme(job: Job) -> str:
+    """A run's scheme: pe.name, or the layout preset its model.name tiny-<preset> names (experiments/layouts)."""
+    name = str(job.setting("model.name") or "")
+    return name.removeprefix("tiny-") if name.startswith("tiny-") else str(job.setting("pe.name"))
+
+
+def chosen_rate(decl: Declaration, job: Job) -> float | None:
+    """The rate ``rates`` chose for the run's scheme (on its data.source where chosen per corpus); None: not listed."""
+    v = decl.rates.get(scheme(job))
+    if isinstance(v, dict) and "lr" not in v:  # chosen per corpus: the run's corpus must be among them
+        source = str(job.setting("data.source"))
+        if source not in v:
+            raise ReportError(f"{decl.path}: rates: {decl.rates_file} chose {scheme(job)}'s rate for data.source in "
+                              f"{', '.join(sorted(v))}, not {source} ({job.folder.name}); choose it there first")
+        v = v[source]
+    return None if v is None else float(v["lr"] if isinstance(v, dict) else v)
+
+
+def check_rates(decl: Declaration, jobs: Sequence[Job]) -> str:
+    """Every run of a listed scheme at its chosen rate, or one line naming the first that was not; then the sentence
+    the report carries in place of the one-rate warning (which rows ran at their chosen rate, which are not listed)."""
+    if not decl.rates:
+        return ""
+    listed, unlisted = set(), {}
+    for j in jobs:
+        want, used = chosen_rate(decl, j), float(j.setting("optim.lr"))
+        if want is None:
+            unlisted[scheme(j)] = used
+        elif not math.isclose(used, want, rel_tol=1e-9):
+            raise ReportError(f"{decl.path}: rates: {j.folder.name} ran at optim.lr={used:g}, {decl.rates_file} "
+                              f"chose {want:g} for {scheme(j)}; compare runs made at the chosen rates")
+        else:
+            listed.add(scheme(j))
+    out = (f"Each of {', '.join(sorted(listed))} trained at the learning rate chosen for it before these runs "
+           f"(`{decl.rates_file}`, named by `{decl.path}`)")
+    if unlisted:
+        out += "; not chosen there: " + ", ".join(f"{k} (optim.lr={v:g})" for k, v in sorted(unlisted.items()))
+    return out + "."
 
 
 def check_criterion(decl: Declaration, jobs: Sequence[Job]) -> None:
