@@ -4,7 +4,8 @@
 # finder, which would map pelab.conf to the main checkout) with the worktree's src first, then the venv's packages.
 #   pinned_train <commit> <train.py arguments ...>     (one thread, nice 10)
 #   pinned_eval <commit> <eval.py arguments ...>       (the same for an evaluation of a checkpoint)
-#   pinned_sweeps <root> <commit> <arm ...>            (the arms' sweeps, WORKERS workers each: layouts, lr_grid, ...)
+#   pinned_sweeps <root> <commit> <arm ...>            (the arms' sweeps, WORKERS workers each: layouts, lr_grid, ...;
+#                                                       RESTORE: the collected runs put back first)
 #   finished <run folder>                              (its summary.json says status ok)
 #   scheme_args <scheme>                               (a scheme's train.py arguments: pe=..., or a layout preset's)
 #   chosen_lr <scheme> <corpus>                        (its rate from the learning-rate grid's choice.json)
@@ -50,8 +51,13 @@ pinned_eval() { local commit=$1; shift; pinned_script "$commit" eval.py "$@"; } 
 pinned_sweeps() {  # <root> <commit> <arm ...>: the arms one after another, each a Hydra sweep in <root>/sweep-<arm>
   # shared by WORKERS (default 2) workers: train.py -m "${common[@]}" $(arm_args <arm>), the caller's array and
   # function; a job held by one worker (its folder's lock) is left to it. Launches and ends in <root>/launches.log.
+  # RESTORE (a folder the study's runs were collected into) first puts its finished runs back under <root>
+  # (python -m pelab.report restore), so that a relaunch on a new machine skips them.
   local root=$1 commit=$2 arm w
   shift 2
+  if [ -z "${DRY_RUN:-}" ] && [ -d "${RESTORE:-}" ]; then  # the runs collected on an earlier machine are not retrained
+    "$VENV_PY" -m pelab.report restore "$RESTORE" "$root" >> "$root/launches.log" 2>&1 || return 1
+  fi
   for arm in "$@"; do
     if [ -n "${DRY_RUN:-}" ]; then  # one line per arm, not per worker, and no log
       # shellcheck disable=SC2046

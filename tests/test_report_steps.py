@@ -67,6 +67,26 @@ def test_collect_copies_the_small_files_of_finished_jobs_only(tmp_path, capsys):
                    "0_rope-s0/provenance-2026-12-06T01-43-21.diff", "0_rope-s0/summary.json"]
 
 
+def test_restore_puts_back_the_finished_runs_under_that_root_only_and_keeps_what_is_there(tmp_path, capsys):
+    sweep, runs = tmp_path / "new" / "sweep-rope", tmp_path / "runs"
+    for name, status, out in [("0_rope-s0", "ok", sweep), ("1_rope-s1", "ok", sweep), ("2_rope-s2", "running", sweep),
+                              ("0_alibi-s0", "ok", tmp_path / "new" / "sweep-alibi")]:
+        job(runs, name, status).joinpath("summary.json").write_text(
+            json.dumps({"status": status, "output_dir": str(out / name)}))
+    job(sweep, "1_rope-s1", "ok").joinpath("summary.json").write_text(json.dumps({"status": "ok", "here": True}))
+    assert main(["restore", str(runs), str(tmp_path / "new")]) == 0
+    assert "restored 2 finished jobs" in capsys.readouterr().out
+    assert sorted(p.name for p in sweep.iterdir()) == ["0_rope-s0", "1_rope-s1"]
+    assert (tmp_path / "new" / "sweep-alibi" / "0_alibi-s0" / "summary.json").is_file()
+    assert main(["restore", str(runs), str(tmp_path / "other")]) == 0  # a root none of them names: nothing
+    assert "restored 0 finished jobs" in capsys.readouterr().out and not (tmp_path / "other").exists()
+    assert json.loads((sweep / "0_rope-s0" / "summary.json").read_text())["output_dir"] == str(sweep / "0_rope-s0")
+    assert (sweep / "0_rope-s0" / "csv" / "metrics.csv").is_file()
+    assert json.loads((sweep / "1_rope-s1" / "summary.json").read_text())["here"]  # a finished run there: kept
+    assert main(["restore", str(tmp_path / "nowhere"), str(sweep)]) == 2
+    assert "is not a folder" in capsys.readouterr().err
+
+
 def test_collect_of_a_missing_sweep_is_one_line(tmp_path, capsys):
     assert main(["collect", str(tmp_path / "nowhere"), str(tmp_path / "runs")]) == 2
     assert "is not a folder" in capsys.readouterr().err

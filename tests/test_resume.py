@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -138,3 +139,13 @@ def test_a_multirun_killed_midway_resumes_where_it_stopped(tmp_path):
     other = run_cli(["-m", *SWEEP4, "optim.lr=0.01", f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
     assert "holds a run with other settings: optim.lr=0.002 before but 0.01 now" in other.stdout + other.stderr
     assert sweep_jobs(sweep) == after
+    # the machine is lost with the sweep folder; the runs collected into the repository are restored into a new one,
+    # and its relaunch skips every job (nothing trained again: no checkpoint, the summaries as collected)
+    from pelab.report.cli import main as report
+
+    assert report(["collect", str(sweep), str(tmp_path / "runs")]) == 0
+    shutil.rmtree(sweep)
+    assert report(["restore", str(tmp_path / "runs"), str(sweep)]) == 0
+    again = run_cli(["-m", *SWEEP4, f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert sweep_jobs(sweep) == after and not any(sweep.glob("*/checkpoints"))

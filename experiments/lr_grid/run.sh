@@ -8,9 +8,10 @@
 # own folder shared by WORKERS workers (default 2) at one thread each under nice 10, from a clean worktree of the
 # commit pinned at the first launch (<root>/COMMIT; ../pinned.sh). A layout arm names its model tiny-<preset>, as in
 # experiments/layouts. Relaunch the same command to go on: finished jobs are skipped, an interrupted one resumes from
-# its last checkpoint. ARMS narrows the list (ARMS="fox irope").
+# its last checkpoint; on a new machine, the runs collected into runs/ (RESTORE, default) are put back first and
+# skipped. ARMS narrows the list (ARMS="fox irope").
 #   setsid nohup bash experiments/lr_grid/run.sh [root] > /dev/null 2>&1 &    (root: /work/studies/lr_grid)
-#   for s in <root>/sweep-*; do python -m pelab.report collect "$s" experiments/lr_grid/runs; done
+#   for s in <root>/sweep-*; do python -m pelab.report collect "$s" experiments/lr_grid/runs/${s##*sweep-}; done
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../pinned.sh"
@@ -26,5 +27,6 @@ arm_args() {  # <arm>: its train.py arguments besides the common ones
     rnope_swa) echo "pe=rope layout=rnope_swa model.name=tiny-rnope_swa" ;;
   esac
 }
+RESTORE=${RESTORE-$here/runs}
 # shellcheck disable=SC2086  # ARMS is a list of words
 pinned_sweeps "$root" "$commit" ${ARMS:-plain fox irope rnope_swa}

@@ -8,7 +8,8 @@
 #                the first four, after which the pooled sd is re-estimated; then SEEDS="4 5 6 7" and any top-up)
 #   descriptive  sinusoidal, T5 bias, FIRE, FoX and the iRoPE layout, seeds 0-2 (SEEDS), no questions
 # Every rate is looked up before the first run: a missing one stops the launch with one line. Relaunch the same command
-# to go on: finished jobs are skipped, an interrupted one resumes from its last checkpoint. EXTRA adds train.py
+# to go on: finished jobs are skipped, an interrupted one resumes from its last checkpoint; on a new machine the
+# runs collected into runs/ (RESTORE, default) are put back first and skipped. EXTRA adds train.py
 # arguments to every job (the GPU plan, README.md). DRY_RUN=1 prints each sweep's command instead of running it.
 #   setsid nohup bash experiments/length_extrapolation/v4/run.sh questions [root] > /dev/null 2>&1 &
 #       (root: /work/studies/length_extrapolation_v4)
@@ -27,5 +28,6 @@ case $phase in
   *) echo "phase: questions or descriptive, not '$phase'" >&2; exit 2 ;;
 esac
 common=(experiment=length_extrapolation trainer.max_steps=1500 "tags=[length_extrapolation,v4]")
+RESTORE=${RESTORE-$here/runs}
 # shellcheck disable=SC2086  # the schemes are words
 corpus_sweeps "$root" "$seeds" $schemes

@@ -11,7 +11,8 @@
 #   ruler        the six RULER-style kinds at their minimum difficulty for each question scheme, seed 0, code corpus, at
 #                the kinds' own preset rate (experiments/ruler/run.sh with PE=<scheme>, into <root>/ruler, same commit)
 # Every rate is looked up before the first run: a missing one stops the launch with one line. Relaunch the same command
-# to go on: finished jobs are skipped, an interrupted one resumes. EXTRA adds train.py arguments to every job (the GPU
+# to go on: finished jobs are skipped, an interrupted one resumes; on a new machine the runs collected into runs/
+# (RESTORE, default) are put back first and skipped. EXTRA adds train.py arguments to every job (the GPU
 # plan, README.md). DRY_RUN=1 prints each command instead of running it.
 #   setsid nohup bash experiments/lost_in_the_middle/v4/run.sh questions [root] > /dev/null 2>&1 &
 #       (root: /work/studies/lost_in_the_middle_v4)
@@ -38,5 +39,6 @@ case $phase in
   *) echo "phase: questions, descriptive or ruler, not '$phase'" >&2; exit 2 ;;
 esac
 common=(experiment=lost_in_the_middle "tags=[lost_in_the_middle,v4]")
+RESTORE=${RESTORE-$here/runs}
 # shellcheck disable=SC2086  # the schemes are words
 corpus_sweeps "$root" "$seeds" $schemes

@@ -79,18 +79,22 @@ def print_plan(folders: Sequence[str], questions: str | None) -> int:
     return 0
 
 
-SUBCOMMANDS = ("collect", "refill", "cost")  # the first word; anything else is a report's folders
+SUBCOMMANDS = ("collect", "refill", "cost", "restore")  # the first word; anything else is a report's folders
 
 
 def step_main(argv: Sequence[str]) -> int:
-    """`collect`, `refill` and `cost` (pelab.report.generated): the steps between a study's sweep and its page."""
-    from pelab.report.generated import collect, cost, refill
+    """`collect`, `refill`, `cost` and `restore` (pelab.report.generated): the steps between a study's sweep and its
+    page."""
+    from pelab.report.generated import collect, cost, refill, restore
 
     p = argparse.ArgumentParser(prog="python -m pelab.report")
     sub = p.add_subparsers(dest="step", required=True)
     c = sub.add_parser("collect", help="copy the small files of a sweep's finished run folders into the repository")
     c.add_argument("sweep", type=Path, help="the sweep folder (hydra.sweep.dir)")
     c.add_argument("dest", type=Path, help="the destination, e.g. experiments/<study>/runs")
+    s = sub.add_parser("restore", help="put collected finished runs back into their sweep folders (a relaunch skips them)")
+    s.add_argument("collected", type=Path, help="the folder they were collected into, e.g. experiments/<study>/runs")
+    s.add_argument("root", type=Path, help="the study's root: their summaries' output_dir under it are restored")
     r = sub.add_parser("refill", help="rebuild the generated blocks of findings pages from their reports")
     r.add_argument("pages", type=Path, nargs="*", default=[Path("experiments")],
                    help="markdown files or folders (default: experiments/), run from the repository root")
@@ -102,6 +106,9 @@ def step_main(argv: Sequence[str]) -> int:
         if args.step == "collect":
             jobs = collect(args.sweep, args.dest)
             print(f"collected {len(jobs)} finished jobs of {args.sweep} into {args.dest}")
+        elif args.step == "restore":
+            jobs = restore(args.collected, args.root)
+            print(f"restored {len(jobs)} finished jobs of {args.collected} under {args.root}")
         elif args.step == "cost":
             text = cost(args.folders)
             if args.out:

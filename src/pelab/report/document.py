@@ -29,7 +29,14 @@ from pelab.report.comparisons import compare as compare_rows
 from pelab.report.discovery import Job, find_jobs
 from pelab.report.figures import make_figures
 from pelab.report.probe_tables import offset_table, paired_table, probe_tables, shape_table
-from pelab.report.questions import answer_across, answer_all, check_criterion, check_rates, holds, load_questions
+from pelab.report.questions import (
+    answer_across,
+    answer_all,
+    check_criterion,
+    check_rates,
+    holds,
+    load_questions,
+)
 from pelab.report.tables import (
     Table,
     acquisition_table,

@@ -1,8 +1,10 @@
 """The steps between a study's sweep and its findings page: `collect` (the small files of its finished run folders
 into the repository), `refill` (each generated block of a markdown page rebuilt from the report of the runs it
-names) and `cost` (what a study's runs cost, from their summaries). All are subcommands of `python -m pelab.report`:
+names), `cost` (what a study's runs cost, from their summaries) and `restore` (collected runs put back under a study's
+root, so that a relaunch on a new machine skips them). All are subcommands of `python -m pelab.report`:
 
     python -m pelab.report collect <sweep folder> <destination>
+    python -m pelab.report restore <collected folder> <study root>
     python -m pelab.report refill [pages or folders ...]       (default: experiments/)
     python -m pelab.report cost <run folders ...> [--out cost.md]
 
@@ -40,19 +42,43 @@ def collect(sweep: Path, dest: Path) -> list[str]:
     if not sweep.is_dir():
         raise ReportError(f"collect: {sweep} is not a folder; give the sweep folder (hydra.sweep.dir)")
     copied = []
-    for job in sorted(p for p in sweep.iterdir() if (p / SUMMARY_FILE).is_file()):
-        try:
-            status = json.loads((job / SUMMARY_FILE).read_text()).get("status")
-        except json.JSONDecodeError:
-            status = None  # unreadable: not a finished job
-        if status != "ok":
-            continue
+    for job in sorted(p for p in sweep.iterdir() if finished(p)):  # an unreadable summary: not a finished job
         for rel in [*COLLECTED, *(p.name for p in job.glob("provenance-*.diff"))]:
             if (job / rel).is_file():
                 (dest / job.name / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(job / rel, dest / job.name / rel)
         copied.append(job.name)
     return copied
+
+
+def restore(collected: Path, root: Path) -> list[str]:
+    """The reverse of `collect`, for a study that outlives the machine its sweep folders were on: put each finished
+    run under `collected` whose summary.json names a folder under `root` (its `output_dir`: a job of one of the
+    study's sweeps) back there, unless that folder already holds a finished run. A relaunch of the sweep then skips
+    those jobs (status ok, the same settings: pelab.runs.folder.relaunch_decision) instead of training them again.
+    Returns the run folders restored, relative to `root`."""
+    if not collected.is_dir():
+        raise ReportError(f"restore: {collected} is not a folder; give the folder the sweep's runs were collected into")
+    restored = []
+    for summary in sorted(collected.rglob(SUMMARY_FILE)):
+        try:
+            record = json.loads(summary.read_text())
+        except json.JSONDecodeError:
+            continue  # unreadable: nothing to restore
+        target = Path(record.get("output_dir") or "")
+        if record.get("status") != "ok" or root.resolve() not in target.resolve().parents or finished(target):
+            continue
+        shutil.copytree(summary.parent, target, dirs_exist_ok=True)
+        restored.append(target.resolve().relative_to(root.resolve()).as_posix())
+    return restored
+
+
+def finished(job: Path) -> bool:
+    """`job` holds a run whose summary.json says status ok."""
+    try:
+        return json.loads((job / SUMMARY_FILE).read_text()).get("status") == "ok"
+    except (OSError, json.JSONDecodeError):  # none there (or `job` is a file), or unreadable
+        return False
 
 
 def cost(folders: Sequence[Path]) -> str:
