@@ -395,7 +395,7 @@ class Answer:
         if self.q.expected and self.q.expected != word:
             out += " (opposite to the declared expectation)"
         if any(t.lo <= 0 <= t.hi for _, t in self.intervals()):
-            out += " (by Holm; its Bonferroni interval touches no difference)"
+            out += " (by Holm's p; its Bonferroni interval still contains the null)"
         return out
 
     def sentence(self) -> str:
