@@ -16,14 +16,36 @@ REPO=$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --show-toplevel)
 VENV_PY=${VENV_PY:-$REPO/.venv/bin/python}
 PINNED_ROOT=${PINNED_ROOT:-/work/studies/code}  # one worktree per pinned commit, shared by the studies
 
-pinned_commit() {  # <study root>: the commit pinned at the study's first launch (<root>/COMMIT, written then)
+pinned_commit() {  # <study root>: the commit pinned at the study's first launch (<root>/COMMIT, written then). On a
+  # new machine (no <root>/COMMIT) with runs collected from the root (RESTORE), the commit they ran: the study goes on
+  # with the code it started with, not HEAD.
   if [ -n "${DRY_RUN:-}" ]; then  # a dry run pins nothing
     [ -s "$1/COMMIT" ] && cat "$1/COMMIT" || git -C "$REPO" rev-parse HEAD
     return 0
   fi
   mkdir -p "$1"
+  [ -s "$1/COMMIT" ] || collected_commit "$1" > "$1/COMMIT" || return 1
   [ -s "$1/COMMIT" ] || git -C "$REPO" rev-parse HEAD > "$1/COMMIT"
   cat "$1/COMMIT"
+}
+
+collected_commit() {  # <study root>: the commit of the runs under RESTORE that ran under that root (nothing if none;
+  # two commits: one line and status 1, for a relaunch cannot go on with both)
+  [ -d "${RESTORE:-}" ] || return 0
+  "$VENV_PY" - "$RESTORE" "$1" <<'PY'
+import json, pathlib, sys
+collected, root = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]).resolve()
+commits = set()
+for f in collected.rglob("summary.json"):
+    s = json.loads(f.read_text())
+    if root in pathlib.Path(s.get("output_dir") or "/").resolve().parents:
+        commits.add(((s.get("provenance") or {}).get("code") or {}).get("git"))
+commits.discard(None)  # a run without provenance names none
+if len(commits) > 1:
+    sys.exit(f"{collected}: runs of {root} from more than one commit ({sorted(map(str, commits))}): write the one to go on with into {root}/COMMIT")
+if commits:
+    print(*commits)
+PY
 }
 
 pinned_tree() {  # <commit>: the worktree's path (created once, kept)
@@ -121,5 +143,7 @@ corpus_sweeps() {  # <root> <seeds, e.g. "0 1 2"> <scheme ...>: each scheme on e
   # shellcheck disable=SC2086  # the seeds are words
   common+=(seed="$(echo $seeds | tr ' ' ,)" "${extra[@]}")
   arm_args() { echo "$(scheme_args "${1%.*}") data=${1#*.} optim.lr=${CHOSEN[$1]}"; }  # <scheme>.<corpus>
-  pinned_sweeps "$root" "$(pinned_commit "$root")" "${arms[@]}"
+  local commit
+  commit=$(pinned_commit "$root") || return 2
+  pinned_sweeps "$root" "$commit" "${arms[@]}"
 }

@@ -154,3 +154,33 @@ def test_the_gpu_plan_runs_every_study_with_its_declared_seeds_on_the_gpu(tmp_pa
         cfg = compose(one_job(c))
         validate(cfg)
         assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
+
+
+def pinned_commit(tmp_path, root, restore) -> subprocess.CompletedProcess:
+    script = f'. "{ROOT}/experiments/pinned.sh"; RESTORE="{restore}" pinned_commit "{root}"'
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "VENV_PY": sys.executable}, stdin=subprocess.DEVNULL)
+
+
+def test_a_study_relaunched_on_a_new_machine_goes_on_with_the_commit_its_collected_runs_ran(tmp_path):
+    """No <root>/COMMIT (the machine that held it is gone): the commit of the runs collected from that root, not HEAD;
+    runs of another root do not count; runs of two commits stop the launch with one line."""
+    root, runs = tmp_path / "lr_grid", tmp_path / "runs"
+
+    def run(name: str, out, commit: str) -> None:
+        (runs / name).mkdir(parents=True)
+        (runs / name / "summary.json").write_text(json.dumps(
+            {"status": "ok", "output_dir": str(out / name), "provenance": {"code": {"git": commit}}}))
+
+    run("0_a", root / "sweep-plain", "a" * 40)
+    run("1_a", root / "sweep-fox", "a" * 40)
+    run("0_b", tmp_path / "other" / "sweep-plain", "b" * 40)
+    proc = pinned_commit(tmp_path, root, runs)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "a" * 40 == (root / "COMMIT").read_text().strip()
+    run("2_c", root / "sweep-plain", "c" * 40)
+    (root / "COMMIT").unlink()
+    proc = pinned_commit(tmp_path, root, runs)
+    assert proc.returncode != 0 and "from more than one commit" in proc.stderr and "COMMIT" in proc.stderr
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert pinned_commit(tmp_path, tmp_path / "fresh", runs).stdout.strip() == head  # nothing collected from it

@@ -16,7 +16,8 @@ set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../pinned.sh"
 root=${1:-/work/studies/lr_grid}
-commit=$(pinned_commit "$root")
+RESTORE=${RESTORE-$here/runs}
+commit=$(pinned_commit "$root") || exit 2
 common=(experiment=length_extrapolation trainer.max_steps=1500 seed=0 optim.lr=1e-3,2e-3,4e-3,8e-3
         data=stdlib,django_docs data.val_windows=512 evaluate_after_fit=false "eval.at=[]" "tags=[lr_grid,v4]")
 arm_args() {  # <arm>: its train.py arguments besides the common ones
@@ -27,6 +28,5 @@ arm_args() {  # <arm>: its train.py arguments besides the common ones
     rnope_swa) echo "pe=rope layout=rnope_swa model.name=tiny-rnope_swa" ;;
   esac
 }
-RESTORE=${RESTORE-$here/runs}
 # shellcheck disable=SC2086  # ARMS is a list of words
 pinned_sweeps "$root" "$commit" ${ARMS:-plain fox irope rnope_swa}
