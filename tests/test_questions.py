@@ -5,6 +5,7 @@ helpers."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -257,6 +258,15 @@ def test_retrieval_runs_all_compares_the_runs_that_missed_the_criterion_and_name
     path.write_text(f"declared: before the runs\nretrieval_runs: some\nquestions:\n{body}")
     with pytest.raises(ReportError, match="all.yaml: retrieval_runs: one of acquired, all"):
         load_questions(path)
+    # no seed of b acquired the task: no estimate, said in words in the claim (not "nan")
+    for f in tmp_path.glob("b_s*/summary.json"):
+        summary = json.loads(f.read_text())
+        summary["metrics"].update({"train/retrieval_acc": 0.98, "train/steps_to_criterion": float("nan")})
+        f.write_text(json.dumps(summary))
+    path.write_text(f"declared: before the runs\nquestions:\n{body}")
+    g = group_rows([j for j in find_jobs([tmp_path]) if j.status == "ok"])
+    (empty,) = answer_all(load_questions(path), g.rows)
+    assert empty.n == 0 and "a − b = no estimate, n = 0 seeds" in empty.sentence()
 
 
 def test_a_question_of_one_row_tests_its_value_against_zero(tmp_path):

@@ -366,6 +366,8 @@ class Answer:
 
     def estimate_text(self) -> str:
         def one(t: SeedTest) -> str:
+            if not math.isfinite(t.estimate):
+                return "no estimate"  # no seed of either row to compare (e.g. none acquired the task)
             if self.q.log:
                 e, lo, hi = self.natural(t.estimate), self.natural(t.lo), self.natural(t.hi)
                 return f"{e:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if math.isfinite(lo) else "")
