@@ -74,8 +74,10 @@ def test_each_scheme_runs_on_both_corpora_at_its_chosen_rate(tmp_path, study, ph
     assert seen == {(s, c) for s in schemes for c in ("stdlib", "django_docs")}
     if study == "length_extrapolation":
         assert cfg.trainer.max_steps == 1500 and list(cfg.eval.lengths) == [1, 2, 4, 8]
-    else:
+    else:  # text and mqar rows (the default run's mix), so that the corpus enters the training
         assert cfg.trainer.max_steps == 1000 and not cfg.callbacks.retrieval_criterion.stop
+        assert cfg.data.recall_mix == 0.25 and cfg.data.recall_loss == "two_means"
+        assert [list(c) for c in cfg.data.recall_curriculum] == [[0, 32, 0.5], [200, 64, 0.5], [400, 128, 0.25]]
 
 
 def test_the_retrieval_studys_ruler_phase_runs_every_kind_for_each_question_scheme(tmp_path):

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The lost-in-the-middle study v4's runs (README.md, issue 59): experiment=lost_in_the_middle (v3's recipe: model=recall,
-# mqar rows in the corpus's text, 1,000 steps, probes by depth x length at 1-8 x L), each scheme on each corpus
+# 1,000 steps, probes by depth x length at 1-8 x L) with the default run's mix of text and mqar rows (a quarter mqar
+# from step 400), each scheme on each corpus
 # (data=stdlib, code; data=django_docs, prose) at the learning-rate grid's choice for it (experiments/lr_grid/
 # choice.json; CHOICE names another file), one Hydra multirun over the seeds per scheme and corpus in
 # <root>/sweep-<scheme>.<corpus>, shared by WORKERS workers (default 2) at one thread each under nice 10, from a clean
@@ -38,7 +39,10 @@ case $phase in
     exit 0 ;;
   *) echo "phase: questions, descriptive or ruler, not '$phase'" >&2; exit 2 ;;
 esac
-common=(experiment=lost_in_the_middle "tags=[lost_in_the_middle,v4]")
+# text and mqar rows, the default run's mix (conf/data/_loader.yaml; the preset alone trains on mqar rows only, where
+# the corpus would not enter): README.md, "Setting"
+common=(experiment=lost_in_the_middle data.recall_mix=0.25 "data.recall_curriculum=[[0,32,0.5],[200,64,0.5],[400,128,0.25]]"
+        data.recall_loss=two_means "tags=[lost_in_the_middle,v4]")
 RESTORE=${RESTORE-$here/runs}
 # shellcheck disable=SC2086  # the schemes are words
 corpus_sweeps "$root" "$seeds" $schemes
