@@ -28,7 +28,7 @@ set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../pinned.sh"
 root=${1:-/work/studies/context_extension_methods}
-commit=$(pinned_commit "$root")
+commit=$(pinned_commit "$root") || exit 2
 read -r -a train_extra <<< "${TRAIN_EXTRA:-}"
 read -r -a parent_extra <<< "${PARENT_EXTRA:-}"
 read -r -a child_extra <<< "${CHILD_EXTRA:-}"
@@ -61,6 +61,11 @@ stream() {  # <seed>: the parent, its training-free evaluations, its fine-tuned 
 }
 
 echo "$(date -u +%FT%TZ) launch: commit $commit, ${WORKERS:-2} worker(s), seeds ${SEEDS:-0 1 2}" >> "$launches"
+# RESTORE (a folder this root's runs were collected into: whole seeds only, for a child or an evaluation needs its
+# parent's checkpoint, which collect leaves behind) puts them back first, so that a relaunch on a new machine skips them
+if [ -z "${DRY_RUN:-}" ] && [ -d "${RESTORE:-}" ]; then
+  "$VENV_PY" -m pelab.report restore "$RESTORE" "$root" >> "$launches" 2>&1 || exit 1
+fi
 for s in ${SEEDS:-0 1 2}; do
   while [ "$(jobs -rp | wc -l)" -ge "${WORKERS:-2}" ]; do wait -n; done
   ( stream "$s" && echo "$(date -u +%FT%TZ) seed $s done" || echo "$(date -u +%FT%TZ) seed $s FAILED: see s$s.log" ) \

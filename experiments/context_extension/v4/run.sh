@@ -6,7 +6,8 @@
 # tuned and control arms at half of it (the child preset's ratio: 5e-4 to the parent's 1e-3). SEEDS (default 0-5: the
 # first six, after which the pooled sd is re-estimated; then SEEDS="6 7 8 9 10 11" and any top-up to twenty).
 # The rate is looked up before the first run: a missing one stops the launch with one line. Relaunch the same command
-# to go on. EXTRA adds train.py arguments to every training job (the GPU plan, README.md). DRY_RUN=1 prints each
+# to go on; on a new machine the seeds collected into runs/ (RESTORE, default: whole seeds only, the streams that
+# launches.log says are done) are put back first and skipped. EXTRA adds train.py arguments to every training job (the GPU plan, README.md). DRY_RUN=1 prints each
 # command instead of running it.
 #   setsid nohup bash experiments/context_extension/v4/run.sh [root] > /dev/null 2>&1 &
 #       (root: /work/studies/context_extension_v4; collect and report as ../../context_extension_methods/run.sh says,
@@ -17,6 +18,6 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=${1:-/work/studies/context_extension_v4}
 lr=$(chosen_lr rope django_docs) || exit 2
 child_lr=$("$VENV_PY" -c "import sys; print(float(sys.argv[1]) / 2)" "$lr")
-TRAIN_EXTRA="data=django_docs ${EXTRA:-}" PARENT_EXTRA="optim.lr=$lr tags=[context_extension,v4]" \
+RESTORE=${RESTORE-$here/runs} TRAIN_EXTRA="data=django_docs ${EXTRA:-}" PARENT_EXTRA="optim.lr=$lr tags=[context_extension,v4]" \
   CHILD_EXTRA="optim.lr=$child_lr tags=[context_extension,v4,child]" SEEDS=${SEEDS:-0 1 2 3 4 5} \
   exec bash "$here/../../context_extension_methods/run.sh" "$root"
