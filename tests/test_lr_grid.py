@@ -36,6 +36,15 @@ def test_the_lowest_validation_perplexity_wins_with_its_flags():
         choose_mod.choose(cells + [cells[0]])
 
 
+def test_a_scheme_not_yet_run_at_every_rate_of_the_grid_gets_no_rate():
+    """A session ends mid-grid: the cells run so far are shown, marked incomplete, and left out of choice.json, so a
+    study cannot start at a rate chosen from part of the grid."""
+    cells = [Cell("alibi", "stdlib", lr, ppl, ppl - 0.01, ppl + 0.01) for lr, ppl in [(1e-3, 3.3), (2e-3, 3.1), (4e-3, 3.2)]]
+    choice = choose_mod.choose(cells)
+    assert choice[("alibi", "stdlib")]["lr"] is None and choice[("alibi", "stdlib")]["missing"] == [8e-3]
+    assert re.search(r"\| alibi \| stdlib \| .* \| — \| incomplete: not run at 0\.008 \|", choose_mod.table(choice))
+
+
 def summary(name="tiny", pe="rope", step=1500):
     return {"output_dir": "x", "global_step": step,
             "config": {"trainer": {"max_steps": 1500}, "model": {"name": name}, "pe": {"name": pe},

@@ -18,6 +18,9 @@ from pathlib import Path
 from pelab.report.discovery import find_jobs
 
 
+GRID = (1e-3, 2e-3, 4e-3, 8e-3)  # README "The grid": a choice waits until a scheme and corpus has run at each
+
+
 @dataclass(frozen=True)
 class Cell:
     scheme: str  # pe.name, or the layout preset a model.name tiny-<preset> names
@@ -52,8 +55,10 @@ def choose(cells: list[Cell]) -> dict[tuple[str, str], dict]:
             raise ValueError(f"{key}: two runs at one rate ({sorted(c.lr for c in cs)})")
         ranked = sorted(cs, key=lambda c: c.ppl)
         best = ranked[0]
+        missing = [lr for lr in GRID if lr not in rates]
         out[key] = {
-            "lr": best.lr,
+            "lr": None if missing else best.lr,  # a partial grid chooses nothing (a session's end, not a rule)
+            "missing": missing,
             "grid": {c.lr: (c.ppl, c.lo, c.hi) for c in sorted(cs, key=lambda c: c.lr)},
             "at_edge": len(rates) > 1 and best.lr in (rates[0], rates[-1]),
             "overlaps_next": len(ranked) > 1 and ranked[1].lo <= best.hi,
@@ -74,6 +79,10 @@ def table(choice: dict[tuple[str, str], dict]) -> str:
             ppl, lo, hi = c["grid"][r]
             text = f"{ppl:.3f} [{lo:.3f}, {hi:.3f}]"
             cells.append(f"**{text}**" if r == c["lr"] else text)
+        if c["lr"] is None:
+            missing = ", ".join(f"{r:g}" for r in c["missing"])
+            lines.append(f"| {scheme} | {corpus} | " + " | ".join(cells) + f" | — | incomplete: not run at {missing} |")
+            continue
         note = "; ".join(n for n, on in (("at the grid's end", c["at_edge"]),
                                          ("interval overlaps the runner-up's", c["overlaps_next"])) if on)
         lines.append(f"| {scheme} | {corpus} | " + " | ".join(cells) + f" | {c['lr']:g} | {note} |")
@@ -93,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         nested: dict[str, dict[str, float]] = defaultdict(dict)
         for (scheme, corpus), c in sorted(choice.items()):
-            nested[scheme][corpus] = c["lr"]
+            if c["lr"] is not None:  # an incomplete cell has no rate: a study asking for it stops in one line
+                nested[scheme][corpus] = c["lr"]
         a.json.write_text(json.dumps(nested, indent=2) + "\n")
     print(text, end="")
     return 0
