@@ -184,5 +184,5 @@ def test_a_study_relaunched_on_a_new_machine_goes_on_with_the_commit_its_collect
     (root / "COMMIT").unlink()
     proc = pinned_commit(tmp_path, root, runs)
     assert proc.returncode != 0 and "from more than one commit" in proc.stderr and "COMMIT" in proc.stderr
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     assert pinned_commit(tmp_path, tmp_path / "fresh", runs).stdout.strip() == head  # nothing collected from it

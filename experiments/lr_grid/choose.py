@@ -17,7 +17,6 @@ from pathlib import Path
 
 from pelab.report.discovery import find_jobs
 
-
 GRID = (1e-3, 2e-3, 4e-3, 8e-3)  # README "The grid": a choice waits until a scheme and corpus has run at each
 
 
