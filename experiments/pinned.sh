@@ -33,13 +33,10 @@ collected_commit() {  # <study root>: the commit of the runs under RESTORE that 
   # two commits: one line and status 1, for a relaunch cannot go on with both)
   [ -d "${RESTORE:-}" ] || return 0
   "$VENV_PY" - "$RESTORE" "$1" <<'PY'
-import json, pathlib, sys
+import pathlib, sys
+from pelab.report.generated import runs_of
 collected, root = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]).resolve()
-commits = set()
-for f in collected.rglob("summary.json"):
-    s = json.loads(f.read_text())
-    if root in pathlib.Path(s.get("output_dir") or "/").resolve().parents:
-        commits.add(((s.get("provenance") or {}).get("code") or {}).get("git"))
+commits = {((r.get("provenance") or {}).get("code") or {}).get("git") for _, r in runs_of(collected, root)}
 commits.discard(None)  # a run without provenance names none
 if len(commits) > 1:
     sys.exit(f"{collected}: runs of {root} from more than one commit ({sorted(map(str, commits))}): write the one to go on with into {root}/COMMIT")

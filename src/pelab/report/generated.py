@@ -60,17 +60,26 @@ def restore(collected: Path, root: Path) -> list[str]:
     if not collected.is_dir():
         raise ReportError(f"restore: {collected} is not a folder; give the folder the sweep's runs were collected into")
     restored = []
+    for folder, record in runs_of(collected, root):
+        target = Path(record["output_dir"])
+        if not finished(target):
+            shutil.copytree(folder, target, dirs_exist_ok=True)
+            restored.append(target.resolve().relative_to(root.resolve()).as_posix())
+    return restored
+
+
+def runs_of(collected: Path, root: Path) -> list[tuple[Path, dict]]:
+    """The finished runs under `collected` (folder, summary) whose `output_dir` lies under `root`."""
+    out = []
     for summary in sorted(collected.rglob(SUMMARY_FILE)):
         try:
             record = json.loads(summary.read_text())
         except json.JSONDecodeError:
-            continue  # unreadable: nothing to restore
-        target = Path(record.get("output_dir") or "")
-        if record.get("status") != "ok" or root.resolve() not in target.resolve().parents or finished(target):
-            continue
-        shutil.copytree(summary.parent, target, dirs_exist_ok=True)
-        restored.append(target.resolve().relative_to(root.resolve()).as_posix())
-    return restored
+            continue  # unreadable: not a finished run
+        target = Path(record.get("output_dir") or "/")
+        if record.get("status") == "ok" and root.resolve() in target.resolve().parents:
+            out.append((summary.parent, record))
+    return out
 
 
 def finished(job: Path) -> bool:
