@@ -136,6 +136,9 @@ def test_too_few_seeds_and_no_spread_give_no_verdict_and_no_nan_p(tmp_path):
     assert math.isnan(two.p_adj) and math.isnan(same.p_adj)
 
 
+ONE = "  - {pair: steady/ref, metric: extrap/ppl@1024, estimand: at, smallest_effect: 1.1}\nretests:\n"  # + an entry
+
+
 @pytest.mark.parametrize(("body", "names"), [
     ("  - {pair: steady, metric: extrap/ppl@1024, estimand: at, smallest_effect: 1.1}", "questions[0].pair"),
     ("  - {pair: steady/ref, metric: extrap/ppl, estimand: at, smallest_effect: 1.1}", "questions[0].metric"),
@@ -146,6 +149,12 @@ def test_too_few_seeds_and_no_spread_give_no_verdict_and_no_nan_p(tmp_path):
      "questions[0].alpah"),
     (("  - {pair: steady/ref, metric: extrap/ppl@1024, estimand: at, smallest_effect: 1.1}\n"
      "  - {pair: ref/steady, metric: extrap/ppl_ratio@1024, estimand: at, smallest_effect: 1.1}"), "questions[1]"),
+    (ONE + "  - {claim: steady below ref, question: 2, direction: lower}", "retests[0].question"),
+    (ONE + "  - {claim: steady below ref, question: 1, direction: below}", "retests[0].direction"),
+    (ONE + "  - {claim: steady below ref, question: 1, direction: lower, judged_on: stdlib}", "retests[0].judged_on"),
+    (ONE + "  - {claim: steady below ref, direction: lower}", "retests[0].question"),
+    (ONE + "  - {page: v3.md}", "retests[0].claim"),
+    (ONE + "  - {claim: steady below ref, question: 1, direction: lower, on: stdlib}", "retests[0].on"),
 ])
 def test_a_bad_questions_file_is_one_line_naming_the_key(study, capsys, body, names):
     path = questions(study, body)
@@ -392,3 +401,63 @@ def test_rates_chosen_per_scheme_replace_the_one_rate_warning_and_a_run_at_anoth
     assert report_main([str(study), "--questions", str(path), "--out", str(study / "out3")]) == 2
     err = capsys.readouterr().err.strip()
     assert "questions.yaml: rates: a JSON file of each scheme's chosen rate" in err and len(err.splitlines()) == 1
+
+
+def test_earlier_claims_are_judged_by_the_declared_rule_at_their_corpus_with_the_power_of_its_seeds(tmp_path):
+    """retests: an earlier claim is confirmed where its question resolves it in its direction, reversed where it
+    resolves the other, withdrawn where it is not resolved at seeds with at least 80 % power for the declared smallest
+    effect, not confirmed (underpowered) below that, not retested without a question; judged on the corpus `on`
+    names, the other corpus's verdict beside it. The powers are recomputed here with scipy's noncentral t."""
+    base = [5.0, 5.4, 4.7, 5.2]
+    # log(row / rope) per seed on the judging corpus (stdlib); django_docs: every row 0.3 above rope, steadily
+    code = {"alibi": [-0.30, -0.28, -0.33, -0.31], "nope": [0.30, 0.28, 0.33, 0.31],
+            "fire": [0.030, -0.035, 0.020, -0.015], "t5_bias": [0.30, -0.25, 0.28, -0.32]}
+    for corpus in ("stdlib", "django_docs"):
+        for s in range(4):
+            for pe, c in [("rope", [0.0] * 4), *code.items()]:
+                e = c[s] if corpus == "stdlib" else (0.0 if pe == "rope" else 0.3 + 0.01 * s)
+                cfg = {"pe": {"name": pe}, "model": {"name": "tiny"}, "data": {"seq_len": 128, "source": corpus},
+                       "seed": s, "trainer": {"max_steps": 1500}, "optim": {"lr": 2e-3}}
+                write_summary(tmp_path / "runs" / f"{corpus}_{pe}_s{s}", {
+                    "status": "ok", "config": cfg, "data": {"fingerprint": {"key": corpus}},
+                    "evaluation": {"extrapolation": {"split": "test", "seed": 0, "blocks": 8}},
+                    "metrics": {"extrap/ppl@1024": base[s] * math.exp(e)}})
+    q = tmp_path / "questions.yaml"
+    q.write_text("declared: before the runs\nacross: data.source\nquestions:\n" + "".join(
+        f"  - {{pair: {pe}/rope, metric: extrap/ppl@1024, estimand: at, smallest_effect: 1.2}}\n" for pe in code)
+        + "retests:\n"
+        "  - {claim: ALiBi below RoPE, page: v3.md, question: 1, direction: lower, judged_on: stdlib}\n"
+        "  - {claim: NoPE below RoPE, page: v3.md, question: 2, direction: lower, judged_on: stdlib}\n"
+        "  - {claim: FIRE above RoPE, page: v3.md, question: 3, direction: higher, judged_on: stdlib}\n"
+        "  - {claim: T5 above RoPE, page: v3.md, question: 4, direction: higher, judged_on: stdlib}\n"
+        "  - {claim: sinusoidal above RoPE at L, page: v3.md}\n")
+
+    def power(contrasts, m=4, alpha=0.05):  # two-sided one-sample t at alpha / m, the smallest effect log 1.2
+        x = np.asarray(contrasts)
+        df, ncp = x.size - 1, math.log(1.2) / x.std(ddof=1) * math.sqrt(x.size)
+        crit = scipy.stats.t.ppf(1 - alpha / m / 2, df)
+        # the far tail: negligible here, and NaN from scipy this far from the effect
+        return scipy.stats.nct.sf(crit, df, ncp) + np.nan_to_num(scipy.stats.nct.cdf(-crit, df, ncp))
+
+    assert power(code["fire"]) > 0.8 > power(code["t5_bias"])
+    md = report.build_report([tmp_path / "runs"], tmp_path / "out", questions=q, figures=False).markdown
+    table = [line for line in md.split("## Earlier claims, judged")[1].split("\n## ")[0].splitlines()
+             if line.startswith("| ")]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table[1:]]
+    assert [r[0] for r in rows] == ["ALiBi below RoPE", "NoPE below RoPE", "FIRE above RoPE", "T5 above RoPE",
+                                    "sinusoidal above RoPE at L"]
+    assert [r[-1] for r in rows] == ["confirmed", "reversed", "withdrawn", "not confirmed (underpowered)",
+                                     "not retested"]
+    assert rows[0][2] == "1 (data.source=stdlib)" and rows[0][3] == "resolved: alibi lower than rope (4 seeds)"
+    assert rows[2][4] == f"{power(code['fire']):.0%}" and rows[3][4] == f"{power(code['t5_bias']):.0%}"
+    # the other corpus beside it: there every row is resolved above rope (FIRE's claim would hold there)
+    assert rows[2][5] == "resolved: fire higher than rope (4 seeds)" and rows[4][5] == "—"
+    judged = md.split("**Judgements**")[1]
+    assert ("- NoPE below RoPE (v3.md): **reversed**. Question 2 (nope vs rope, extrap/ppl@1024) at "
+            "data.source=stdlib: resolved: nope higher than rope, n = 4 seeds, power ") in judged
+    assert "- sinusoidal above RoPE at L (v3.md): not retested." in judged
+    # a judging corpus without runs is said, not judged
+    q.write_text(q.read_text().replace("judged_on: stdlib}\n  - {claim: NoPE", "judged_on: wikitext}\n  - {claim: NoPE"))
+    md = report.build_report([tmp_path / "runs"], tmp_path / "out2", questions=q, figures=False).markdown
+    assert ("ALiBi below RoPE (v3.md): not judged: no runs at data.source=wikitext (the runs: "
+            "django_docs, stdlib).") in md

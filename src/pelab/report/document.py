@@ -35,6 +35,7 @@ from pelab.report.questions import (
     check_criterion,
     check_rates,
     holds,
+    judge,
     load_questions,
 )
 from pelab.report.tables import (
@@ -55,6 +56,7 @@ from pelab.report.tables import (
     metric_table,
     power_table,
     question_table,
+    retests_table,
 )
 
 REPORT_FILE = "report.md"
@@ -223,6 +225,16 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
     )
     if answers or over:
         md += ["**Claims** (generated from the verdicts above):", ""] + [f"- {a.sentence()}" for a in answers or over]
+    judgements = judge(declaration, answers, per) if declaration and rows else []
+    section(
+        "Earlier claims, judged",
+        [retests_table(judgements)],
+        (),
+        f"The earlier claims `{declaration.path}` names (retests), each judged by the rule fixed there before the "
+        "runs." if judgements else "",
+    )
+    if judgements:
+        md += ["**Judgements** (generated from the verdicts above):", ""] + [f"- {j.sentence()}" for j in judgements]
     exploratory = not declaration or compare or pairs or baseline
     metrics = compare or (COMPARED if text_rows else [])  # no perplexity to compare where no run saw text
     comparisons = (compare_rows(rows, shown, metrics, compare_lengths, baseline, pairs)

@@ -18,6 +18,8 @@ them: then every verdict is labelled post hoc)::
     across: data.source                # optional: ask every question of each value of this setting, below
     criterion: {threshold: 0.95}       # optional: the in-window retrieval criterion every run must have used
     rates: ../lr_grid/choice.json      # optional: each scheme's learning rate, chosen before the runs, below
+    retests:                           # optional: earlier claims these questions retest, judged by a fixed rule, below
+      - {claim: ALiBi below RoPE at 8 x L, page: ../v3/README.md, question: 1, direction: lower, judged_on: stdlib}
 
 Each question is a contrast per seed (log(A / B), or A - B for an accuracy; runs of one seed at several budgets
 share initialisation and data order, so the seed is the unit), tested by a one-sample t over the seeds
@@ -46,6 +48,14 @@ report says which rows ran at their chosen rate instead of warning that one rate
 ``across: <setting>`` (e.g. data.source: each corpus) asks every question of the runs at each value of the setting
 on their own (rows labelled within that value, one Holm family per value), and a question *holds on every value*
 when it is resolved at each, in one direction: the intersection-union test, p = the largest of the values' Holm p.
+
+``retests`` lists the claims of earlier studies that these questions retest, each judged by one rule fixed before the
+runs: ``question`` (its place in ``questions``, from 1) and ``direction`` (the earlier claim's, A vs B of that
+question); with ``across``, ``judged_on`` names the value whose verdict judges it (the earlier study's corpus; the other
+values' verdicts are shown beside it). **confirmed**: resolved in the claim's direction; **reversed**: resolved in the
+other; **withdrawn**: not resolved at seeds whose power for the declared smallest effect is at least 80 % (the power
+table's); **not confirmed (underpowered)**: not resolved, below that power; a claim without ``question`` is **not
+retested**.
 
 The budget interaction (does the contrast move with the budget? a t on each seed's between-budget difference) is
 reported on its own line, outside the family. Holm over the declared questions only; the interval beside each
@@ -90,6 +100,7 @@ EXPECTED = ("higher", "lower")
 POWER = 0.8
 RETRIEVAL_RUNS = ("acquired", "all")
 CRITERION_KEYS = {"kind", "threshold", "every_n_steps", "samples"}
+RETEST_KEYS = {"claim", "page", "question", "direction", "judged_on"}
 QUESTION_KEYS = {"pair", "metric", "budgets", "estimand", "smallest_effect", "expected", "name", "retrieval_runs"}
 
 
@@ -119,6 +130,17 @@ class Question:
 
 
 @dataclass(frozen=True)
+class Retest:
+    """An earlier study's claim that a declared question retests (module doc: ``retests``)."""
+
+    claim: str
+    page: str = ""  # where the claim was made (a path relative to the questions file, or any reference)
+    question: int | None = None  # 0-based index into the declaration's questions; None: not retested
+    direction: str | None = None  # EXPECTED: the claim's direction, A vs B of that question
+    judged_on: str | None = None  # the ``across`` value whose verdict judges it (not `on`: YAML reads it as true)
+
+
+@dataclass(frozen=True)
 class Declaration:
     questions: list[Question]
     declared: str  # "before the runs" / "after the runs (post hoc)"
@@ -130,6 +152,7 @@ class Declaration:
     criterion: dict[str, Any] = field(default_factory=dict)  # callbacks.retrieval_criterion's declared keys
     rates: dict[str, Any] = field(default_factory=dict)  # {scheme: the rate chosen before the runs} (module doc)
     rates_file: str = ""
+    retests: list[Retest] = field(default_factory=list)
 
     @property
     def post_hoc(self) -> bool:
@@ -189,8 +212,39 @@ def load_questions(path: str | Path) -> Declaration:
                        f"{type(err).__name__}") from None
         if not isinstance(rates, dict):
             raise _bad(path, "rates", f"{rates_path} holds {type(rates).__name__}, not {{scheme: rate}}")
+    retests = [_retest(path, i, r, len(questions), across) for i, r in enumerate(raw.get("retests") or [])]
     return Declaration(questions, declared, str(raw.get("budget") or "trainer.max_steps"), float(alpha), str(path),
-                       runs, across, criterion, rates, str(rates_file or ""))
+                       runs, across, criterion, rates, str(rates_file or ""), retests)
+
+
+def _retest(path: Path, i: int, r: Any, m: int, across: str | None) -> Retest:
+    """One ``retests`` entry, checked: a retested claim names its question (from 1), its direction, and with
+    ``across`` the value that judges it; a claim not retested names none of them."""
+    where = f"retests[{i}]"
+    if not isinstance(r, dict) or not str(r.get("claim") or "").strip():
+        raise _bad(path, f"{where}.claim", "each entry is a mapping with the earlier claim's words (claim) and, "
+                   "where a question retests it, question, direction and (with across) judged_on")
+    if True in r:  # YAML 1.1 reads a bare `on` key as true
+        raise _bad(path, f"{where}.on", "YAML reads the key on as true: name the judging value judged_on")
+    if unknown := sorted(set(map(str, r)) - RETEST_KEYS):
+        raise _bad(path, f"{where}.{unknown[0]}", f"unknown key; the keys are {', '.join(sorted(RETEST_KEYS))}")
+    q, direction, on = r.get("question"), r.get("direction"), r.get("judged_on")
+    if q is None:
+        if direction is not None or on is not None:
+            raise _bad(path, f"{where}.question", "direction and judged_on judge a retested claim: name its question (from "
+                       "1), or leave all three out for a claim not retested")
+        return Retest(str(r["claim"]).strip(), str(r.get("page") or ""))
+    if not isinstance(q, int) or isinstance(q, bool) or not 1 <= q <= m:
+        raise _bad(path, f"{where}.question", f"the retesting question's place in questions, 1 to {m} (got {q!r})")
+    if direction not in EXPECTED:
+        raise _bad(path, f"{where}.direction", f"the earlier claim's direction, A vs B of question {q}: higher or "
+                   f"lower (got {direction!r})")
+    if across and on is None:
+        raise _bad(path, f"{where}.judged_on", f"the {across} value whose verdict judges the claim (the earlier study's)")
+    if on is not None and not across:
+        raise _bad(path, f"{where}.judged_on", "names a value of across, which this file does not set: leave it out")
+    return Retest(str(r["claim"]).strip(), str(r.get("page") or ""), q - 1, str(direction),
+                  None if on is None else str(on))
 
 
 def scheme(job: Job) -> str:
@@ -567,6 +621,71 @@ def holds(per: dict[str, list[Answer]], key: str) -> list[Holds]:
     """Question by question, its answers at every value of ``key`` (answer_across's families)."""
     values = list(per)
     return [Holds(key, {v: per[v][i] for v in values}) for i in range(len(per[values[0]]))] if values else []
+
+
+# ---------------------------------------------------------------------------------------------
+# earlier claims, judged
+
+
+@dataclass
+class Judgement:
+    """An earlier claim (``retests``) and what the declared questions say of it, by the module doc's rule."""
+
+    retest: Retest
+    answer: Answer | None = None  # the retesting question's answer on the judging runs
+    where: str = ""  # "data.source=stdlib" with ``across``
+    elsewhere: dict[str, Answer] = field(default_factory=dict)  # the other ``across`` values' answers
+    missing: str = ""  # why a retested claim has no answer to judge it by
+
+    @property
+    def power(self) -> float:
+        return self.answer.power()[1] if self.answer is not None else math.nan
+
+    @property
+    def word(self) -> str:
+        a = self.answer
+        if self.retest.question is None:
+            return "not retested"
+        if a is None or a.note:
+            return f"not judged: {self.missing or a.note}"
+        if a.resolved:
+            return "confirmed" if (a.direction() > 0) == (self.retest.direction == "higher") else "reversed"
+        # not resolved: withdrawn only where its seeds had the power to find the declared smallest effect (too few
+        # seeds or no spread: no power to speak of)
+        return "withdrawn" if math.isfinite(self.power) and self.power >= POWER else "not confirmed (underpowered)"
+
+    def sentence(self) -> str:
+        """The judgement a findings page carries (generated, never typed by hand)."""
+        r, a = self.retest, self.answer
+        head = r.claim + (f" ({r.page})" if r.page else "")
+        if r.question is None or a is None:
+            return f"{head}: {self.word}."
+        power = f", power {self.power:.0%} for its smallest effect" if math.isfinite(self.power) else ""
+        where = f" at {self.where}" if self.where else ""
+        text = (f"{head}: **{self.word}**. Question {r.question + 1} ({a.q.title}){where}: {a.verdict()}, "
+                f"n = {a.n} seeds{power}")
+        text += "".join(f"; at {k}: {b.verdict()}, n = {b.n} seeds" for k, b in self.elsewhere.items())
+        return text + "."
+
+
+def judge(decl: Declaration, answers: Sequence[Answer], per: dict[str, list[Answer]]) -> list[Judgement]:
+    """Each ``retests`` claim judged by its question's answer (``answers``; with ``across``, ``per``'s at its ``judged_on``
+    value, the other values' beside it)."""
+    out = []
+    for r in decl.retests:
+        j = Judgement(r)
+        if r.question is not None and decl.across:
+            j.where = f"{decl.across}={r.judged_on}"
+            j.elsewhere = {f"{decl.across}={v}": a[r.question] for v, a in per.items() if v != r.judged_on}
+            if r.judged_on in per:
+                j.answer = per[r.judged_on][r.question]
+            else:
+                j.missing = f"no runs at {j.where} (the runs: {', '.join(per) or 'none'})"
+        elif r.question is not None:
+            j.answer = answers[r.question] if answers else None
+            j.missing = "" if answers else "no runs"
+        out.append(j)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from pelab.report.aggregation import (
 from pelab.report.comparisons import Comparison
 from pelab.report.discovery import Job
 from pelab.report.eval_text import clustered_ppl, run_interval
-from pelab.report.questions import Answer, Holds
+from pelab.report.questions import POWER, Answer, Holds, Judgement
 
 
 @dataclass
@@ -584,6 +584,29 @@ def holds_table(rows: Sequence[Holds]) -> Table | None:
         cells = [(f"{a.estimate_text()}, Holm p = {a.p_adj:.3g}" if a.tested else a.verdict()) + f" ({a.n} seeds)"
                  for a in h.answers.values()]
         t.rows.append([h.q.title, *cells, f"{h.p:.3g}" if math.isfinite(h.p) else "—", h.verdict()])
+    return t
+
+
+def retests_table(judgements: Sequence[Judgement]) -> Table | None:
+    """``retests``: per earlier claim, the question that retests it, its verdict and power here, and the judgement
+    by the declared rule (questions module doc)."""
+    if not judgements:
+        return None
+    elsewhere = sorted({k for j in judgements for k in j.elsewhere})
+    t = Table("Earlier claims, judged", ["earlier claim", "page", "question", "verdict here", "power at its seeds",
+                                         *(f"at {k}" for k in elsewhere), "judgement"], [], caption=(
+        "Confirmed: resolved in the claim's direction; reversed: resolved in the other; withdrawn: not resolved at "
+        f"seeds with at least {POWER:.0%} power for the declared smallest effect; not confirmed (underpowered): not "
+        "resolved below that power; not retested: no declared question asks it."))
+    for j in judgements:
+        a, q = j.answer, j.retest.question
+        t.rows.append([
+            j.retest.claim, j.retest.page or "—",
+            "—" if q is None else f"{q + 1}" + (f" ({j.where})" if j.where else ""),
+            "—" if a is None else f"{a.verdict()} ({a.n} seeds)",
+            f"{j.power:.0%}" if math.isfinite(j.power) else "—",
+            *((f"{b.verdict()} ({b.n} seeds)" if (b := j.elsewhere.get(k)) else "—") for k in elsewhere),
+            j.word])
     return t
 
 
