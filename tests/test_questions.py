@@ -19,6 +19,7 @@ from pelab.errors import ReportError
 from pelab.report.aggregation import group_rows
 from pelab.report.cli import main as report_main
 from pelab.report.discovery import find_jobs
+from pelab.report.generated import report_tables
 from pelab.report.questions import answer_all, load_questions, plan
 from pelab.summary import write_summary
 
@@ -456,6 +457,8 @@ def test_earlier_claims_are_judged_by_the_declared_rule_at_their_corpus_with_the
     assert ("- NoPE below RoPE (v3.md): **reversed**. Question 2 (nope vs rope, extrap/ppl@1024) at "
             "data.source=stdlib: resolved: nope higher than rope, n = 4 seeds, power ") in judged
     assert "- sinusoidal above RoPE at L (v3.md): not retested." in judged
+    # a findings page's generated block can quote both (pelab.report.generated refills titled tables and lists)
+    assert {"Earlier claims, judged by the declared rule", "Judgements"} <= set(report_tables(md))
     # a judging corpus without runs is said, not judged
     q.write_text(q.read_text().replace("judged_on: stdlib}\n  - {claim: NoPE", "judged_on: wikitext}\n  - {claim: NoPE"))
     md = report.build_report([tmp_path / "runs"], tmp_path / "out2", questions=q, figures=False).markdown

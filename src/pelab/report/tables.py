@@ -593,7 +593,7 @@ def retests_table(judgements: Sequence[Judgement]) -> Table | None:
     if not judgements:
         return None
     elsewhere = sorted({k for j in judgements for k in j.elsewhere})
-    t = Table("Earlier claims, judged", ["earlier claim", "page", "question", "verdict here", "power at its seeds",
+    t = Table("Earlier claims, judged by the declared rule", ["earlier claim", "page", "question", "verdict here", "power at its seeds",
                                          *(f"at {k}" for k in elsewhere), "judgement"], [], caption=(
         "Confirmed: resolved in the claim's direction; reversed: resolved in the other; withdrawn: not resolved at "
         f"seeds with at least {POWER:.0%} power for the declared smallest effect; not confirmed (underpowered): not "
