@@ -16,6 +16,14 @@ REPO=$(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --show-toplevel)
 VENV_PY=${VENV_PY:-$REPO/.venv/bin/python}
 PINNED_ROOT=${PINNED_ROOT:-/work/studies/code}  # one worktree per pinned commit, shared by the studies
 
+# nice 10 alone does not hold here: with the kernel's autogroups (/proc/sys/kernel/sched_autogroup_enabled) each
+# session competes as one group whatever its processes' nice, and a study launched with setsid took as much CPU as a
+# test suite run from another session (2026-12-06: 64 % per worker against the suite's 22 and 14). A study in a
+# session of its own (setsid, as every README launches it) therefore nices that session's group too.
+if [ -z "${DRY_RUN:-}" ] && [ "$(ps -o sid= -p $$ | tr -d ' ')" = "$$" ] && [ -w /proc/$$/autogroup ]; then
+  echo 10 > /proc/$$/autogroup 2>/dev/null || true
+fi
+
 pinned_commit() {  # <study root>: the commit pinned at the study's first launch (<root>/COMMIT, written then). On a
   # new machine (no <root>/COMMIT) with runs collected from the root (RESTORE), the commit they ran: the study goes on
   # with the code it started with, not HEAD.
