@@ -186,3 +186,21 @@ def test_a_study_relaunched_on_a_new_machine_goes_on_with_the_commit_its_collect
     assert proc.returncode != 0 and "from more than one commit" in proc.stderr and "COMMIT" in proc.stderr
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     assert pinned_commit(tmp_path, tmp_path / "fresh", runs).stdout.strip() == head  # nothing collected from it
+
+
+def test_a_study_in_a_session_of_its_own_nices_its_scheduler_group_and_a_dry_run_does_not():
+    """With the kernel's autogroups a process's nice holds only inside its session: pinned.sh nices the group of a
+    study launched with setsid (as the READMEs launch them), so that a test suite or CI in another session keeps the
+    CPU; a dry run, or a script sourced inside another session (a terminal), leaves its group as it was."""
+    if not os.path.exists("/proc/self/autogroup"):
+        pytest.skip("no scheduler autogroups on this kernel")
+    script = f'. "{ROOT}/experiments/pinned.sh"; cat /proc/$$/autogroup'
+
+    def group_nice(*launcher: str, **env: str) -> str:
+        out = subprocess.run([*launcher, "bash", "-c", script], capture_output=True, text=True, timeout=30, check=True,
+                             env={**os.environ, "VENV_PY": sys.executable, **env}, stdin=subprocess.DEVNULL)
+        return out.stdout.split()[-1]
+
+    assert group_nice("setsid", "--wait") == "10"
+    assert group_nice("setsid", "--wait", DRY_RUN="1") == "0"
+    assert group_nice() == open("/proc/self/autogroup").read().split()[-1]  # this session's group, unchanged
