@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -203,4 +204,4 @@ def test_a_study_in_a_session_of_its_own_nices_its_scheduler_group_and_a_dry_run
 
     assert group_nice("setsid", "--wait") == "10"
     assert group_nice("setsid", "--wait", DRY_RUN="1") == "0"
-    assert group_nice() == open("/proc/self/autogroup").read().split()[-1]  # this session's group, unchanged
+    assert group_nice() == Path("/proc/self/autogroup").read_text().split()[-1]  # this session's group, unchanged
