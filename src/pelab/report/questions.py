@@ -681,9 +681,8 @@ def judge(decl: Declaration, answers: Sequence[Answer], per: dict[str, list[Answ
                 j.answer = per[r.judged_on][r.question]
             else:
                 j.missing = f"no runs at {j.where} (the runs: {', '.join(per) or 'none'})"
-        elif r.question is not None:
-            j.answer = answers[r.question] if answers else None
-            j.missing = "" if answers else "no runs"
+        elif r.question is not None:  # without across: the one family (answer_all answers every question)
+            j.answer = answers[r.question]
         out.append(j)
     return out
 
