@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,38 @@ def test_multirun_writes_one_summary_per_job(sweep):
     )
     for s in jobs:
         assert {f"extrap/ppl@{L}" for L in (32, 64, 128)} <= set(s["metrics"])
+
+
+@pytest.mark.slow
+def test_a_worker_on_a_shared_sweep_folder_leaves_a_held_job_to_its_holder_and_exits_0(tmp_path):
+    """Two workers launched on one sweep folder (docs/corpora.md, the studies' pinned_sweeps) share its jobs: a job
+    whose folder a live process holds is left to it -- one line naming the holder, its folder untouched, not a
+    failed job -- and the worker runs the rest and exits 0. Outside a multirun a held folder is still refused
+    (tests/test_run_folder.py)."""
+    from pelab.runs.folder import LOCK
+
+    sweep_dir = tmp_path / "multirun"
+    held = sweep_dir / "0"  # job 0 (seed 0), as the other worker would hold it
+    held.mkdir(parents=True)
+    theirs = {"status": "running", "global_step": 1}
+    (held / "summary.json").write_text(json.dumps(theirs))
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    try:
+        (held / LOCK).write_text(f"{holder.pid}\n")
+        out = run_cli(["-m", *FAST, "logger=csv", "evaluate_after_fit=false", "trainer.max_steps=2",
+                       "trainer.val_check_interval=2", "seed=0,1", f"hydra.sweep.dir={sweep_dir}",
+                       "hydra.sweep.subdir=${hydra.job.num}"], cwd=tmp_path)
+        assert (held / LOCK).read_text().split() == [str(holder.pid)]  # still the holder's
+    finally:
+        holder.kill()
+        holder.wait()
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-3000:]
+    assert f"{held} is held by a running job (pid {holder.pid}), another worker of this sweep: left to it" in log
+    assert "Traceback" not in log and "Error" not in log, log[-3000:]
+    assert json.loads((held / "summary.json").read_text()) == theirs
+    ran = json.loads((sweep_dir / "1" / "summary.json").read_text())
+    assert (ran["status"], ran["config"]["seed"], ran["global_step"]) == ("ok", 1, 2)
 
 
 # ---- Optuna --------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 or is refused, and what killed writes left behind is cleared.
 
 - `claim(folder)`: take `.pelab.lock` (atomically); a lock whose pid is alive refuses the launch in one line
-  naming that pid; a lock left by a dead process is taken over. Temporary files of killed writes
+  naming that pid (`FolderHeld`: a multirun's job leaves it to that process, so that two workers can share one
+  sweep folder); a lock left by a dead process is taken over. Temporary files of killed writes
   (`checkpoints/.<name>.tmp-<pid>`, `summary.json.tmp`) are removed once the folder is ours.
 - `resolve_ckpt_path(ckpt_path, folder)`: the checkpoint a launch resumes from (`auto`: the folder's newest),
   a missing file or a truncated one refused in one line, without torch (`check_checkpoint_file`).
@@ -26,6 +27,14 @@ from pelab.errors import CheckpointError, ConfigError
 log = logging.getLogger(__name__)
 
 LOCK = ".pelab.lock"
+
+
+class FolderHeld(ConfigError):
+    """A run folder held by another live process (`pid`): a launch is refused, a multirun leaves the job to it."""
+
+    def __init__(self, message: str, pid: int):
+        super().__init__(message)
+        self.pid = pid
 
 
 def pid_alive(pid: int) -> bool:
@@ -54,8 +63,8 @@ def claim(folder: Path, what: str = "paths.output_dir") -> Iterator[None]:
         except FileExistsError:
             pid = _holder(lock)
             if pid is not None and pid != os.getpid() and pid_alive(pid):
-                raise ConfigError(f"{what}={folder} is in use by a running job (pid {pid}); wait for it, stop it, "
-                                  f"or launch into another folder.") from None
+                raise FolderHeld(f"{what}={folder} is in use by a running job (pid {pid}); wait for it, stop it, "
+                                 f"or launch into another folder.", pid) from None
             lock.unlink(missing_ok=True)  # a dead holder's (or an unreadable) lock
             continue
         with os.fdopen(fd, "w") as f:

@@ -224,12 +224,14 @@ def cli_main(task_fn: Callable[[DictConfig], dict], cfg: DictConfig) -> dict:
     """The command line's side of a job: a finished job prints its result table; a deliberate error is one
     `Error:` line and exit code 1 (in a multirun it is re-raised, so that Hydra marks this job failed and
     runs the others); a preempted or interrupted job exits with its EXIT_CODES (a multirun stops there);
-    other exceptions keep their traceback."""
+    other exceptions keep their traceback; a multirun's job held by another worker returns quietly."""
     try:
         summary = task_fn(cfg)
     except Exception as err:
         report_user_error(err)
         raise
+    if summary["status"] == "held":  # a multirun's job left to the worker holding its folder (pelab.tasks.train)
+        return summary
     if summary["status"] != "ok":
         code = EXIT_CODES.get(summary["status"], 1)
         if summary["status"] in ("preempted", "interrupted") or forward_left_running():

@@ -42,13 +42,22 @@ def train(cfg: DictConfig) -> dict:
 
     A launch into a folder that holds a run continues it (ckpt_path=auto), or, in a relaunched multirun, skips
     a job that finished (status ok) and resumes the others from their checkpoints; another run's settings, or a
-    fresh start over a run, are refused in one line (`pelab.runs.folder`)."""
-    from pelab.runs.folder import relaunch_decision
+    fresh start over a run, are refused in one line (`pelab.runs.folder`). A multirun's job whose folder a live
+    process holds (another worker launched on the same sweep folder) is left to it: status "held"."""
+    from pelab.runs.folder import FolderHeld, relaunch_decision
     from pelab.signals import preemption_signals
 
     output_dir = Path(cfg.paths.output_dir)
     signals = preemption_signals()
-    with claim_folder(output_dir):
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(claim_folder(output_dir))
+        except FolderHeld as err:
+            if not in_multirun():
+                raise
+            log.info("%s is held by a running job (pid %d), another worker of this sweep: left to it",
+                     output_dir, err.pid)
+            return {"status": "held", "held_by": err.pid, "output_dir": str(output_dir)}
         earlier = earlier_summary(output_dir) if launcher_rank() == 0 else {}
         decision = relaunch_decision(output_dir, resolved_config(cfg), earlier, cfg.get("ckpt_path"), in_multirun())
         if decision == "skip":  # a relaunched multirun: this job finished earlier
