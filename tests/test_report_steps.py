@@ -1,9 +1,15 @@
-"""`python -m pelab.report collect`, `refill` and `cost`: the steps between a study's sweep and its findings page."""
+"""`python -m pelab.report collect`, `refill`, `cost` and `progress`: the steps between a study's sweep and its findings
+page."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from pelab.report.cli import main
 
@@ -109,6 +115,48 @@ def test_cost_sums_the_finished_runs_cpu_and_wall_hours_per_folder(tmp_path, cap
                          "| all | 3 | 2 | 1.50 | 3.50 |"]
     assert (tmp_path / "cost.md").read_text().splitlines() == lines
     assert main(["cost", str(tmp_path / "nowhere")]) == 2
+    assert "nowhere is not a folder" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_progress_counts_a_sweeps_jobs_by_state_and_estimates_the_cpu_left(sweep, tmp_path, capsys):
+    """The jobs of a sweep by state, from its job folders and the multirun.yaml Hydra wrote (the shared 2 x 2
+    multirun's, real): finished, running (a live process holds the folder), stopped (killed: its lock's process is
+    gone), not started; CPU-hours spent, and left at the finished runs' mean."""
+    from pelab.report.generated import sweep_jobs
+    from pelab.runs.folder import LOCK
+
+    root = tmp_path / "sweep"
+    root.mkdir()
+    shutil.copy(sweep / "multirun.yaml", root)  # pe=rope,alibi seed=0,1: four jobs
+    assert sweep_jobs(sweep) == sweep_jobs(root) == 4 == len(list(sweep.glob("*/summary.json")))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+
+    def job(name: str, summary: dict, holder: int | None = None) -> None:
+        (root / name).mkdir()
+        (root / name / "summary.json").write_text(json.dumps({"config": {"trainer": {"max_steps": 10}}, **summary}))
+        if holder is not None:
+            (root / name / LOCK).write_text(f"{holder}\n")
+
+    try:
+        job("0_done", {"status": "ok", "global_step": 10, "cpu_seconds_total": 3600.0})
+        job("1_training", {"status": "running", "global_step": 5, "cpu_seconds_total": 1800.0}, alive.pid)
+        job("2_killed", {"status": "running", "global_step": 2, "cpu_seconds_total": 900.0}, dead.pid)
+        assert main(["progress", str(root)]) == 0
+    finally:
+        alive.kill()
+        alive.wait()
+    out = capsys.readouterr().out.splitlines()
+    # one job not started; left: 3600 for it, 3600 - 1800 and 3600 - 900 for the others = 8100 s
+    assert out[2] == f"| {root} | 4 | 1 | 1 | 1 | 0 | 1 | 1.75 | 2.25 |"
+    assert out[4:] == [f"- {root / '1_training'}: running, pid {alive.pid}, step 5 of 10",
+                       f"- {root / '2_killed'}: stopped, step 2 of 10"]
+    (root / "multirun.yaml").unlink()  # not a Hydra sweep folder: the counts it cannot know are n/a
+    assert main(["progress", str(root)]) == 0
+    assert capsys.readouterr().out.splitlines()[2] == f"| {root} | n/a | 1 | 0 | 2 | 0 | n/a | 1.75 | n/a |"
+    assert main(["progress", str(tmp_path / "nowhere")]) == 2
     assert "nowhere is not a folder" in capsys.readouterr().err
 
 

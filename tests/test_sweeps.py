@@ -102,6 +102,9 @@ def test_optuna_runs_two_trials_and_returns_the_best(tmp_path):
     assert len(trials) == 2 and {s["status"] for s in trials} == {"ok"}
     lrs = [s["config"]["optim"]["lr"] for s in trials]
     assert lrs[0] != lrs[1]  # the sampler proposed two learning rates
+    from pelab.report.generated import sweep_jobs
+
+    assert sweep_jobs(sweep_dir) == 2  # `python -m pelab.report progress` counts Optuna's trials
     assert len({s["name"] for s in trials}) == 2  # trial names carry the searched values
     result = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     best = min(trials, key=lambda s: s["metrics"]["val/ppl"])

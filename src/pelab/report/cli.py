@@ -79,13 +79,13 @@ def print_plan(folders: Sequence[str], questions: str | None) -> int:
     return 0
 
 
-SUBCOMMANDS = ("collect", "refill", "cost", "restore")  # the first word; anything else is a report's folders
+SUBCOMMANDS = ("collect", "refill", "cost", "restore", "progress")  # the first word; anything else is a report's folders
 
 
 def step_main(argv: Sequence[str]) -> int:
-    """`collect`, `refill`, `cost` and `restore` (pelab.report.generated): the steps between a study's sweep and its
-    page."""
-    from pelab.report.generated import collect, cost, refill, restore
+    """`collect`, `refill`, `cost`, `restore` and `progress` (pelab.report.generated): the steps between a study's
+    sweep and its page."""
+    from pelab.report.generated import collect, cost, progress, refill, restore
 
     p = argparse.ArgumentParser(prog="python -m pelab.report")
     sub = p.add_subparsers(dest="step", required=True)
@@ -101,6 +101,9 @@ def step_main(argv: Sequence[str]) -> int:
     k = sub.add_parser("cost", help="the CPU and wall hours of the finished runs under each folder")
     k.add_argument("folders", type=Path, nargs="+", help="folders of run folders (collected, or a sweep)")
     k.add_argument("--out", type=Path, help="also write the table there (markdown)")
+    g = sub.add_parser("progress", help="how far each sweep has got: its jobs finished, running, stopped, failed, "
+                       "not started, and the CPU-hours spent and left")
+    g.add_argument("sweeps", type=Path, nargs="+", help="sweep folders (hydra.sweep.dir)")
     args = p.parse_args(argv)
     try:
         if args.step == "collect":
@@ -114,6 +117,8 @@ def step_main(argv: Sequence[str]) -> int:
             if args.out:
                 args.out.write_text(text)
             print(text, end="")
+        elif args.step == "progress":
+            print(progress(args.sweeps), end="")
         else:
             for page in refill(args.pages, main):
                 print(f"refilled {page}")

@@ -1,12 +1,14 @@
 """The steps between a study's sweep and its findings page: `collect` (the small files of its finished run folders
 into the repository), `refill` (each generated block of a markdown page rebuilt from the report of the runs it
 names), `cost` (what a study's runs cost, from their summaries) and `restore` (collected runs put back under a study's
-root, so that a relaunch on a new machine skips them). All are subcommands of `python -m pelab.report`:
+root, so that a relaunch on a new machine skips them) and `progress` (how far a running sweep has got). All are
+subcommands of `python -m pelab.report`:
 
     python -m pelab.report collect <sweep folder> <destination>
     python -m pelab.report restore <collected folder> <study root>
     python -m pelab.report refill [pages or folders ...]       (default: experiments/)
     python -m pelab.report cost <run folders ...> [--out cost.md]
+    python -m pelab.report progress <sweep folders ...>
 
 A generated block is the text between ``<!-- generated: python -m pelab.report ARGS -->`` and
 ``<!-- end generated -->``; each table in it sits under a ``**title**`` line and is replaced by the report's table
@@ -111,6 +113,80 @@ def cost(folders: Sequence[Path]) -> str:
             "|---|---:|---:|---:|---:|\n")
     total = f"| all | {totals[0]} | {totals[1]} | {totals[2] / 3600:.2f} | {totals[3] / 3600:.2f} |"
     return head + "\n".join([*rows, total]) + "\n"
+
+
+def sweep_jobs(sweep: Path) -> int | None:
+    """How many jobs the multirun in `sweep` launches: for Hydra's basic sweeper the product of its swept values (the
+    command line's and its `params`, from the `multirun.yaml` it writes there before the first job); for Optuna's,
+    `n_trials` (from a job's `.hydra/hydra.yaml`: it writes no multirun.yaml); None when neither is there."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    path = sweep / "multirun.yaml"
+    if not path.is_file():
+        path = next(iter(sorted(sweep.glob("*/.hydra/hydra.yaml"))), None)
+    if path is None:
+        return None
+    hydra = OmegaConf.load(path).hydra
+    sweeper = str(hydra.sweeper.get("_target_", ""))
+    if "optuna" in sweeper.lower():
+        return int(hydra.sweeper.n_trials)
+    if not sweeper.endswith("BasicSweeper") or path.name != "multirun.yaml":  # a job's file holds its own values
+        return None
+    params = [f"{k}={v}" for k, v in (hydra.sweeper.get("params") or {}).items()]
+    overrides = OverridesParser.create().parse_overrides([*params, *hydra.overrides.task])
+    return sum(len(batch) for batch in BasicSweeper.split_arguments(overrides, None))
+
+
+def progress(sweeps: Sequence[Path]) -> str:
+    """How far each sweep folder (hydra.sweep.dir) has got, from its job folders: a markdown table of its jobs
+    finished (status ok), running (its folder held by a live process), stopped (killed or preempted: a relaunch
+    resumes them), failed and not started (the sweep's jobs, `sweep_jobs`, less the folders there), the CPU-hours
+    spent, and an estimate of the CPU-hours left (the finished runs' mean CPU time for each job not started, and
+    what that mean leaves of it for each running or stopped one; n/a without a finished run or the sweep's size); then one line per running or stopped job with
+    its step."""
+    from pelab.runs.folder import LOCK, pid_alive
+
+    rows, lines = [], []
+    for sweep in sweeps:
+        if not sweep.is_dir():
+            raise ReportError(f"progress: {sweep} is not a folder; give sweep folders (hydra.sweep.dir)")
+        count = dict.fromkeys(("ok", "running", "stopped", "failed"), 0)
+        spent, done_cpu, unfinished_cpu = 0.0, [], []
+        for job in sorted(p for p in sweep.iterdir() if (p / SUMMARY_FILE).is_file()):
+            try:
+                record = json.loads((job / SUMMARY_FILE).read_text())
+            except json.JSONDecodeError:
+                record = {"status": "running"}  # cut short while written: its job is not finished
+            holder = (job / LOCK).read_text().split()[:1] if (job / LOCK).is_file() else []
+            live = bool(holder) and holder[0].isdigit() and pid_alive(int(holder[0]))
+            status = record.get("status")
+            state = "ok" if status == "ok" else "running" if live else "failed" if status == "failed" else "stopped"
+            count[state] += 1
+            cpu = record.get("cpu_seconds_total")
+            cpu = float(cpu) if isinstance(cpu, (int, float)) else 0.0
+            spent += cpu
+            if state == "ok":
+                done_cpu.append(cpu)
+            if state in ("running", "stopped"):
+                unfinished_cpu.append(cpu)
+                step = record.get("global_step") or 0
+                total = ((record.get("config") or {}).get("trainer") or {}).get("max_steps")
+                of = f" of {total}" if total else ""
+                pid = f", pid {holder[0]}" if live else ""
+                lines.append(f"- {job}: {state}{pid}, step {step}{of}")
+        jobs = sweep_jobs(sweep)
+        present = sum(count.values())
+        waiting = max(jobs - present, 0) if jobs is not None else None
+        mean = sum(done_cpu) / len(done_cpu) if done_cpu else None
+        left = (mean * waiting + sum(max(mean - c, 0.0) for c in unfinished_cpu)) / 3600 if mean and jobs else None
+        rows.append(f"| {sweep} | {'n/a' if jobs is None else jobs} | {count['ok']} | {count['running']} | "
+                    f"{count['stopped']} | {count['failed']} | {'n/a' if waiting is None else waiting} | "
+                    f"{spent / 3600:.2f} | {'n/a' if left is None else f'{left:.2f}'} |")
+    head = ("| sweep | jobs | finished | running | stopped | failed | not started | CPU-hours spent | "
+            "CPU-hours left (est.) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+    return head + "\n".join(rows) + "\n" + ("\n" + "\n".join(lines) + "\n" if lines else "")
 
 
 def generated_blocks(pages: Sequence[Path]) -> list[tuple[Path, str, str]]:
