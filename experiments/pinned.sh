@@ -131,14 +131,15 @@ print(lr)
 PY
 }
 
-corpus_sweeps() {  # <root> <seeds, e.g. "0 1 2"> <scheme ...>: each scheme on each corpus (data=stdlib, data=django_docs)
-  # at its chosen rate, one multirun over the seeds each (pinned_sweeps: <root>/sweep-<scheme>.<corpus>), with the
-  # caller's `common` arguments and EXTRA's words. Every rate is looked up first: a missing one returns 2 (after its
-  # one line) before any run.
+corpus_sweeps() {  # <root> <seeds, e.g. "0 1 2"> <scheme ...>: each scheme on each corpus (data=stdlib, data=django_docs;
+  # CORPORA="django_docs": one of them, for a top-up the re-estimated plan asks of one corpus) at its chosen rate, one
+  # multirun over the seeds each (pinned_sweeps: <root>/sweep-<scheme>.<corpus>), with the caller's `common` arguments
+  # and EXTRA's words. Every rate is looked up first: a missing one returns 2 (after its one line) before any run.
   local root=$1 seeds=$2 corpus scheme extra arms=()
   shift 2
   declare -gA CHOSEN=()
-  for corpus in stdlib django_docs; do
+  for corpus in ${CORPORA:-stdlib django_docs}; do
+    case $corpus in stdlib|django_docs) ;; *) echo "CORPORA: stdlib and/or django_docs, not '$corpus'" >&2; return 2 ;; esac
     for scheme in "$@"; do
       CHOSEN[$scheme.$corpus]=$(chosen_lr "$scheme" "$corpus") || return 2
       arms+=("$scheme.$corpus")

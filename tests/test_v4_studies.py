@@ -81,6 +81,20 @@ def test_each_scheme_runs_on_both_corpora_at_its_chosen_rate(tmp_path, study, ph
         assert [list(c) for c in cfg.data.recall_curriculum] == [[0, 32, 0.5], [200, 64, 0.5], [400, 128, 0.25]]
 
 
+def test_a_top_up_on_one_corpus_runs_the_question_schemes_there_only(tmp_path):
+    """CORPORA: the seeds the re-estimated plan asks of one corpus (length extrapolation v4: prose), nowhere else; a
+    corpus the studies do not have stops the launch in one line."""
+    proc, commands = dry_run(tmp_path, "experiments/length_extrapolation/v4/run.sh", "questions",
+                             SEEDS="8 9 10 11", CORPORA="django_docs")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(a for c in commands for a in c if a.startswith("hydra.sweep.dir=")) == sorted(
+        f"hydra.sweep.dir={tmp_path}/root/sweep-{s}.django_docs" for s in ("rope", "alibi", "nope", "rnope_swa"))
+    assert all("seed=8,9,10,11" in c and "data=django_docs" in c for c in commands)
+    proc, commands = dry_run(tmp_path, "experiments/length_extrapolation/v4/run.sh", "questions", CORPORA="wikitext")
+    assert proc.returncode == 2 and not commands and proc.stderr.strip() == (
+        "CORPORA: stdlib and/or django_docs, not 'wikitext'")
+
+
 def test_the_retrieval_studys_ruler_phase_runs_every_kind_for_each_question_scheme(tmp_path):
     proc, commands = dry_run(tmp_path, "experiments/lost_in_the_middle/v4/run.sh", "ruler")
     assert proc.returncode == 0, proc.stderr
