@@ -134,28 +134,36 @@ def test_progress_counts_a_sweeps_jobs_by_state_and_estimates_the_cpu_left(sweep
     dead.wait()
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
 
-    def job(name: str, summary: dict, holder: int | None = None) -> None:
-        (root / name).mkdir()
+    real = sorted(sweep.glob("*/.hydra/overrides.yaml"))  # the four jobs' overrides, as Hydra wrote them
+
+    def job(name: str, summary: dict, overrides: str, holder: int | None = None) -> None:
+        (root / name / ".hydra").mkdir(parents=True)
+        (root / name / ".hydra" / "overrides.yaml").write_text(overrides)
         (root / name / "summary.json").write_text(json.dumps({"config": {"trainer": {"max_steps": 10}}, **summary}))
         if holder is not None:
             (root / name / LOCK).write_text(f"{holder}\n")
 
     try:
-        job("0_done", {"status": "ok", "global_step": 10, "cpu_seconds_total": 3600.0})
-        job("1_training", {"status": "running", "global_step": 5, "cpu_seconds_total": 1800.0}, alive.pid)
-        job("2_killed", {"status": "running", "global_step": 2, "cpu_seconds_total": 900.0}, dead.pid)
+        job("0_done", {"status": "ok", "global_step": 10, "cpu_seconds_total": 3600.0}, real[0].read_text())
+        job("1_training", {"status": "running", "global_step": 5, "cpu_seconds_total": 1800.0}, real[1].read_text(),
+            alive.pid)
+        job("2_killed", {"status": "running", "global_step": 2, "cpu_seconds_total": 900.0}, real[2].read_text(),
+            dead.pid)
+        # a job of an earlier launch of the folder with other seeds: finished, not one of this launch's four
+        job("0_earlier", {"status": "ok", "global_step": 10, "cpu_seconds_total": 3600.0},
+            real[3].read_text().replace("seed=", "seed=7") + "- extra=1\n")
         assert main(["progress", str(root)]) == 0
     finally:
         alive.kill()
         alive.wait()
     out = capsys.readouterr().out.splitlines()
     # one job not started; left: 3600 for it, 3600 - 1800 and 3600 - 900 for the others = 8100 s
-    assert out[2] == f"| {root} | 4 | 1 | 1 | 1 | 0 | 1 | 1.75 | 2.25 |"
+    assert out[2] == f"| {root} | 4 | 2 | 1 | 1 | 0 | 1 | 2.75 | 2.25 |"
     assert out[4:] == [f"- {root / '1_training'}: running, pid {alive.pid}, step 5 of 10",
                        f"- {root / '2_killed'}: stopped, step 2 of 10"]
     (root / "multirun.yaml").unlink()  # not a Hydra sweep folder: the counts it cannot know are n/a
     assert main(["progress", str(root)]) == 0
-    assert capsys.readouterr().out.splitlines()[2] == f"| {root} | n/a | 1 | 0 | 2 | 0 | n/a | 1.75 | n/a |"
+    assert capsys.readouterr().out.splitlines()[2] == f"| {root} | n/a | 2 | 0 | 2 | 0 | n/a | 2.75 | n/a |"
     assert main(["progress", str(tmp_path / "nowhere")]) == 2
     assert "nowhere is not a folder" in capsys.readouterr().err
 

@@ -24,6 +24,9 @@ import shlex
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from pelab.errors import ReportError
 from pelab.summary import SUMMARY_FILE
@@ -115,34 +118,51 @@ def cost(folders: Sequence[Path]) -> str:
     return head + "\n".join([*rows, total]) + "\n"
 
 
-def sweep_jobs(sweep: Path) -> int | None:
-    """How many jobs the multirun in `sweep` launches: for Hydra's basic sweeper the product of its swept values (the
-    command line's and its `params`, from the `multirun.yaml` it writes there before the first job); for Optuna's,
-    `n_trials` (from a job's `.hydra/hydra.yaml`: it writes no multirun.yaml); None when neither is there."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+def sweep_hydra(sweep: Path) -> tuple[Any, bool] | None:
+    """The `hydra` node of the multirun in `sweep` and whether it is the sweep's own (the `multirun.yaml` Hydra's basic
+    sweeper writes before the first job) or a job's (`.hydra/hydra.yaml`: Optuna's sweeper writes no multirun.yaml);
+    None when neither is there."""
     from omegaconf import OmegaConf
 
     path = sweep / "multirun.yaml"
     if not path.is_file():
         path = next(iter(sorted(sweep.glob("*/.hydra/hydra.yaml"))), None)
-    if path is None:
+    return None if path is None else (OmegaConf.load(path).hydra, path.name == "multirun.yaml")
+
+
+def sweep_overrides(sweep: Path) -> list[frozenset[str]] | None:
+    """Each job's overrides in the latest launch of the basic-sweeper multirun in `sweep`: the product of its swept
+    values, the command line's over its `params` (as Hydra's BasicSweeper combines them); None for another sweeper or
+    without its multirun.yaml."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    found = sweep_hydra(sweep)
+    if found is None or not found[1] or not str(found[0].sweeper.get("_target_", "")).endswith("BasicSweeper"):
         return None
-    hydra = OmegaConf.load(path).hydra
-    sweeper = str(hydra.sweeper.get("_target_", ""))
-    if "optuna" in sweeper.lower():
-        return int(hydra.sweeper.n_trials)
-    if not sweeper.endswith("BasicSweeper") or path.name != "multirun.yaml":  # a job's file holds its own values
-        return None
+    hydra = found[0]
     params = [f"{k}={v}" for k, v in (hydra.sweeper.get("params") or {}).items()]
     overrides = OverridesParser.create().parse_overrides([*params, *hydra.overrides.task])
-    return sum(len(batch) for batch in BasicSweeper.split_arguments(overrides, None))
+    return [frozenset(job) for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+
+
+def sweep_jobs(sweep: Path) -> int | None:
+    """How many jobs the multirun in `sweep` launches (its latest launch): the basic sweeper's `sweep_overrides`,
+    Optuna's `n_trials`; None when neither can be read."""
+    combos = sweep_overrides(sweep)
+    if combos is not None:
+        return len(combos)
+    found = sweep_hydra(sweep)
+    if found is not None and "optuna" in str(found[0].sweeper.get("_target_", "")).lower():
+        return int(found[0].sweeper.n_trials)
+    return None
 
 
 def progress(sweeps: Sequence[Path]) -> str:
     """How far each sweep folder (hydra.sweep.dir) has got, from its job folders: a markdown table of its jobs
     finished (status ok), running (its folder held by a live process), stopped (killed or preempted: a relaunch
-    resumes them), failed and not started (the sweep's jobs, `sweep_jobs`, less the folders there), the CPU-hours
+    resumes them), failed and not started (the latest launch's jobs without a folder there, `sweep_overrides`; for
+    Optuna, its trials less the folders), the CPU-hours
     spent, and an estimate of the CPU-hours left (the finished runs' mean CPU time for each job not started, and
     what that mean leaves of it for each running or stopped one; n/a without a finished run or the sweep's size); then one line per running or stopped job with
     its step."""
@@ -154,7 +174,11 @@ def progress(sweeps: Sequence[Path]) -> str:
             raise ReportError(f"progress: {sweep} is not a folder; give sweep folders (hydra.sweep.dir)")
         count = dict.fromkeys(("ok", "running", "stopped", "failed"), 0)
         spent, done_cpu, unfinished_cpu = 0.0, [], []
+        ran = set()  # the overrides of the jobs there, matched to the latest launch's (a sweep relaunched with other
+        # seeds holds the earlier launch's jobs too)
         for job in sorted(p for p in sweep.iterdir() if (p / SUMMARY_FILE).is_file()):
+            if (job / ".hydra" / "overrides.yaml").is_file():
+                ran.add(frozenset(yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()) or []))
             try:
                 record = json.loads((job / SUMMARY_FILE).read_text())
             except json.JSONDecodeError:
@@ -176,9 +200,11 @@ def progress(sweeps: Sequence[Path]) -> str:
                 of = f" of {total}" if total else ""
                 pid = f", pid {holder[0]}" if live else ""
                 lines.append(f"- {job}: {state}{pid}, step {step}{of}")
-        jobs = sweep_jobs(sweep)
-        present = sum(count.values())
-        waiting = max(jobs - present, 0) if jobs is not None else None
+        jobs, combos = sweep_jobs(sweep), sweep_overrides(sweep)
+        if combos is not None:
+            waiting: int | None = sum(combo not in ran for combo in combos)
+        else:
+            waiting = max(jobs - sum(count.values()), 0) if jobs is not None else None
         mean = sum(done_cpu) / len(done_cpu) if done_cpu else None
         left = (mean * waiting + sum(max(mean - c, 0.0) for c in unfinished_cpu)) / 3600 if mean and jobs else None
         rows.append(f"| {sweep} | {'n/a' if jobs is None else jobs} | {count['ok']} | {count['running']} | "
