@@ -162,10 +162,9 @@ def progress(sweeps: Sequence[Path]) -> str:
     """How far each sweep folder (hydra.sweep.dir) has got, from its job folders: a markdown table of its jobs
     finished (status ok), running (its folder held by a live process), stopped (killed or preempted: a relaunch
     resumes them), failed and not started (the latest launch's jobs without a folder there, `sweep_overrides`; for
-    Optuna, its trials less the folders), the CPU-hours
-    spent, and an estimate of the CPU-hours left (the finished runs' mean CPU time for each job not started, and
-    what that mean leaves of it for each running or stopped one; n/a without a finished run or the sweep's size); then one line per running or stopped job with
-    its step."""
+    Optuna, its trials less the folders), the CPU-hours spent, and an estimate of the CPU-hours left (the finished
+    runs' mean CPU time for each job not started, and what that mean leaves of it for each running or stopped one;
+    n/a without a finished run or the sweep's size); then one line per running or stopped job with its step."""
     from pelab.runs.folder import LOCK, pid_alive
 
     rows, lines = [], []
@@ -200,7 +199,8 @@ def progress(sweeps: Sequence[Path]) -> str:
                 of = f" of {total}" if total else ""
                 pid = f", pid {holder[0]}" if live else ""
                 lines.append(f"- {job}: {state}{pid}, step {step}{of}")
-        jobs, combos = sweep_jobs(sweep), sweep_overrides(sweep)
+        combos = sweep_overrides(sweep)  # parsed once: the basic sweeper's jobs, else Optuna's count
+        jobs = len(combos) if combos is not None else sweep_jobs(sweep)
         if combos is not None:
             waiting: int | None = sum(combo not in ran for combo in combos)
         else:
