@@ -157,8 +157,9 @@ def test_progress_counts_a_sweeps_jobs_by_state_and_estimates_the_cpu_left(sweep
         alive.kill()
         alive.wait()
     out = capsys.readouterr().out.splitlines()
-    # one job not started; left: 3600 for it, 3600 - 1800 and 3600 - 900 for the others = 8100 s
-    assert out[2] == f"| {root} | 4 | 2 | 1 | 1 | 0 | 1 | 2.75 | 2.25 |"
+    # one job not started; left: 3600 for it, 3600 - 1800 and 3600 - 900 for the others = 8100 s; five jobs: the
+    # latest launch's four and the earlier launch's one
+    assert out[2] == f"| {root} | 5 | 2 | 1 | 1 | 0 | 1 | 2.75 | 2.25 |"
     assert out[4:] == [f"- {root / '1_training'}: running, pid {alive.pid}, step 5 of 10",
                        f"- {root / '2_killed'}: stopped, step 2 of 10"]
     (root / "multirun.yaml").unlink()  # not a Hydra sweep folder: the counts it cannot know are n/a

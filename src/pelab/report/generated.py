@@ -159,8 +159,8 @@ def sweep_jobs(sweep: Path) -> int | None:
 
 
 def progress(sweeps: Sequence[Path]) -> str:
-    """How far each sweep folder (hydra.sweep.dir) has got, from its job folders: a markdown table of its jobs
-    finished (status ok), running (its folder held by a live process), stopped (killed or preempted: a relaunch
+    """How far each sweep folder (hydra.sweep.dir) has got, from its job folders: a markdown table of its jobs (those
+    of every launch into it), finished (status ok), running (its folder held by a live process), stopped (killed or preempted: a relaunch
     resumes them), failed and not started (the latest launch's jobs without a folder there, `sweep_overrides`; for
     Optuna, its trials less the folders), the CPU-hours spent, and an estimate of the CPU-hours left (the finished
     runs' mean CPU time for each job not started, and what that mean leaves of it for each running or stopped one;
@@ -205,9 +205,12 @@ def progress(sweeps: Sequence[Path]) -> str:
             waiting: int | None = sum(combo not in ran for combo in combos)
         else:
             waiting = max(jobs - sum(count.values()), 0) if jobs is not None else None
+        # the jobs column is the sum of the others: a folder relaunched with other seeds holds more jobs than its
+        # latest launch
+        total = None if waiting is None else sum(count.values()) + waiting
         mean = sum(done_cpu) / len(done_cpu) if done_cpu else None
         left = (mean * waiting + sum(max(mean - c, 0.0) for c in unfinished_cpu)) / 3600 if mean and jobs else None
-        rows.append(f"| {sweep} | {'n/a' if jobs is None else jobs} | {count['ok']} | {count['running']} | "
+        rows.append(f"| {sweep} | {'n/a' if total is None else total} | {count['ok']} | {count['running']} | "
                     f"{count['stopped']} | {count['failed']} | {'n/a' if waiting is None else waiting} | "
                     f"{spent / 3600:.2f} | {'n/a' if left is None else f'{left:.2f}'} |")
     head = ("| sweep | jobs | finished | running | stopped | failed | not started | CPU-hours spent | "
