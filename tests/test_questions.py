@@ -464,3 +464,44 @@ def test_earlier_claims_are_judged_by_the_declared_rule_at_their_corpus_with_the
     md = report.build_report([tmp_path / "runs"], tmp_path / "out2", questions=q, figures=False).markdown
     assert ("ALiBi below RoPE (v3.md): not judged: no runs at data.source=wikitext (the runs: "
             "django_docs, stdlib).") in md
+
+
+def test_a_question_at_one_budget_shows_its_contrast_at_each_point_along_training(tmp_path):
+    """The along-training evidence of whether an ordering still moves: per evaluation point (eval.at and the end) the
+    contrast over the verdict's seeds and its 95% t interval, recomputed here with scipy; the end column is the
+    verdict's own estimate, and a question whose runs were evaluated at the end only has no row."""
+    tokens = (1000, 2000, 4000)
+    ref = {0: [9.0, 7.0, 5.0], 1: [9.5, 7.2, 5.5], 2: [8.8, 6.9, 4.8]}  # ppl@1024 per seed at each point
+    late = {0: [0.20, 0.05, -0.15], 1: [0.25, 0.02, -0.12], 2: [0.18, 0.08, -0.20]}  # log(late / ref): a flip
+
+    def along_run(folder: Path, pe: str, seed: int, ppls: list[float] | None) -> None:
+        run(folder, pe, seed, 100, ppls[-1] if ppls else 4.0)
+        if ppls:
+            summary = json.loads((folder / "summary.json").read_text())
+            summary["along_training"] = [
+                {"tokens_seen": t, "schedule": "end" if t == tokens[-1] else "mid-schedule",
+                 "metrics": {"extrap/ppl@1024": v, "extrap/ppl@128": v / 2}} for t, v in zip(tokens, ppls)]
+            write_summary(folder, summary)
+
+    for s in SEEDS:
+        along_run(tmp_path / f"ref_s{s}", "ref", s, ref[s])
+        along_run(tmp_path / f"late_s{s}", "late", s, [r * math.exp(c) for r, c in zip(ref[s], late[s])])
+        along_run(tmp_path / f"plain_s{s}", "plain", s, None)  # no eval.at: the end only
+    along_run(tmp_path / "late_s3", "late", 3, [5.0, 4.0, 3.0])  # no reference run: not one of the verdict's seeds
+    body = ("  - {pair: late/ref, metric: extrap/ppl@1024, budgets: [100], estimand: at, smallest_effect: 1.05}\n"
+            "  - {pair: plain/ref, metric: extrap/ppl@1024, budgets: [100], estimand: at, smallest_effect: 1.05}")
+    flip, plain = answered(tmp_path, body)
+    assert flip.seeds == [0, 1, 2] and plain.along == {}
+    assert [p for p in flip.along] == [(1000, "mid-schedule"), (2000, "mid-schedule"), (4000, "end")]
+    for k, point in enumerate(flip.along.values()):
+        x = [late[s][k] for s in SEEDS]
+        lo, hi = t_interval(x, 0.95)
+        assert point.n == 3 and point.estimate == pytest.approx(np.mean(x))
+        assert (point.lo, point.hi) == (pytest.approx(lo), pytest.approx(hi))
+    assert flip.along[(4000, "end")].estimate == pytest.approx(flip.test.estimate)  # the verdict's estimate
+    rep = report.build_report([tmp_path], tmp_path / "out", questions=questions(tmp_path, body), figures=False)
+    table = next(t for t in rep.tables if t.title == "Declared questions along training")
+    assert table.columns == ["question", "0.001M", "0.002M", "0.004M end"]
+    (row,) = table.rows
+    first = math.exp(np.mean(late[0][:1] + late[1][:1] + late[2][:1]))
+    assert row[0] == "late vs ref, extrap/ppl@1024" and row[1].startswith(f"{first:.3f} [") and row[1].endswith("(n = 3)")

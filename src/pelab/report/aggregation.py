@@ -454,14 +454,21 @@ def end_point(job: Job) -> dict:
     return {"tokens_seen": tokens, "schedule": "end", "metrics": job.metrics}
 
 
-def along_training_points(row: Row, metric: str) -> list[tuple[int, float, str]]:
-    """(training tokens, mean over seeds of `metric`, schedule) at each evaluation point of the row's runs: the
-    eval.at points (mid-schedule) and the end of training. Perplexities and their ratios: the geometric mean."""
-    points: dict[int, list[tuple[float, str]]] = {}
+def seed_points(row: Row, metric: str) -> dict[tuple[int, str], dict[Any, float]]:
+    """{(training tokens, schedule): {seed: `metric`}} at each evaluation point of the row's runs where finite: the
+    eval.at points (mid-schedule) and the end of training."""
+    points: dict[tuple[int, str], dict[Any, float]] = {}
     for j in row.jobs:
         for p in j.summary.get("along_training") or [end_point(j)]:
             v = as_float((p.get("metrics") or {}).get(metric))
             if math.isfinite(v):
-                points.setdefault(int(p["tokens_seen"]), []).append((v, str(p.get("schedule"))))
+                points.setdefault((int(p["tokens_seen"]), str(p.get("schedule"))), {})[j.setting("seed")] = v
+    return dict(sorted(points.items()))
+
+
+def along_training_points(row: Row, metric: str) -> list[tuple[int, float, str]]:
+    """(training tokens, mean over seeds of `metric`, schedule) at each evaluation point of the row's runs
+    (`seed_points`). Perplexities and their ratios: the geometric mean."""
     log = parse_key(metric).stat.startswith("ppl")
-    return [(t, float(seed_mean([v for v, _ in vs], log=log)), vs[0][1]) for t, vs in sorted(points.items())]
+    return [(t, float(seed_mean(list(vs.values()), log=log)), schedule)
+            for (t, schedule), vs in seed_points(row, metric).items()]

@@ -48,17 +48,20 @@ def seed_values(row: Row, metric: str) -> dict[Any, float]:
     return {j.setting("seed"): float(j.metrics.get(metric, math.nan)) for j in row.jobs}
 
 
+def contrast(x: float, y: float, log: bool) -> float:
+    """One seed's contrast of a value x with y: log(x / y) on the log scale (both positive), x - y otherwise; NaN
+    where it is not defined."""
+    if not math.isfinite(x + y) or (log and (x <= 0 or y <= 0)):
+        return math.nan
+    return math.log(x / y) if log else x - y
+
+
 def contrasts(a: Row, b: Row, metric: str) -> dict[Any, float]:
-    """{seed: a's value contrasted with b's} on the seeds both have with finite values: log(a / b) on the log scale
-    (both positive), a - b otherwise."""
+    """{seed: a's value contrasted with b's} on the seeds both have where it is defined (`contrast`)."""
     va, vb = seed_values(a, metric), seed_values(b, metric)
     log = log_scale(metric)
-    out = {}
-    for s in sorted(set(va) & set(vb), key=str):
-        x, y = va[s], vb[s]
-        if math.isfinite(x + y) and (not log or (x > 0 and y > 0)):
-            out[s] = math.log(x / y) if log else x - y
-    return out
+    both = {s: contrast(va[s], vb[s], log) for s in sorted(set(va) & set(vb), key=str)}
+    return {s: c for s, c in both.items() if math.isfinite(c)}
 
 
 @dataclass

@@ -55,6 +55,7 @@ from pelab.report.tables import (
     metadata_table,
     metric_table,
     power_table,
+    question_along_table,
     question_table,
     retests_table,
 )
@@ -215,9 +216,10 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
     over = holds(per, across) if across else []
     section(
         "Declared questions",
-        [question_table(answers), interaction_table(answers), power_table(answers),
+        [question_table(answers), interaction_table(answers), power_table(answers), question_along_table(answers),
          *(t for v, a in per.items() for t in (question_table(a, f"{across}={v}"), interaction_table(a, f"{across}={v}"),
-                                               power_table(a, f"{across}={v}"))),
+                                               power_table(a, f"{across}={v}"),
+                                               question_along_table(a, f"{across}={v}"))),
          holds_table(over)],
         (),
         (f"The questions of `{declaration.path}`, declared {declaration.declared}."

@@ -91,8 +91,8 @@ from pelab.evaluation.stats import (
     t_power,
 )
 from pelab.metric_keys import parse_key
-from pelab.report.aggregation import Row, acquired_rows, group_rows
-from pelab.report.comparisons import contrasts, log_scale, seed_values, unpaired_because
+from pelab.report.aggregation import Row, acquired_rows, group_rows, seed_points
+from pelab.report.comparisons import contrast, contrasts, log_scale, seed_values, unpaired_because
 from pelab.report.discovery import Job
 
 ESTIMANDS = {"at": "at one budget", "averaged": "averaged over the budgets", "every": "at every budget"}
@@ -374,6 +374,9 @@ class Answer:
     alpha: float = 0.05
     post_hoc: bool = False
     m: int = 0  # the tested questions of its family (Holm's m)
+    # estimand `at`: {(training tokens, schedule): 95 % test of the verdict's seeds' contrasts at that evaluation
+    # point} along training (eval.at), where its runs have two points or more: descriptive, outside the family
+    along: dict[tuple[int, str], SeedTest] = field(default_factory=dict)
 
     @property
     def tested(self) -> bool:
@@ -418,16 +421,18 @@ class Answer:
         k = int(np.argmin(powers))
         return sds[k], powers[k], seeds_for_power(d, sds[k], alpha)
 
+    def test_text(self, t: SeedTest) -> str:
+        """A test's estimate and interval on the question's scale (a ratio, or a difference of accuracies)."""
+        if not math.isfinite(t.estimate):
+            return "no estimate"  # no seed of either row to compare (e.g. none acquired the task)
+        if self.q.log:
+            e, lo, hi = self.natural(t.estimate), self.natural(t.lo), self.natural(t.hi)
+            return f"{e:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if math.isfinite(lo) else "")
+        lo, hi = max(-1.0, t.lo), min(1.0, t.hi)  # a difference of accuracies lies in [-1, 1]
+        return f"{t.estimate:+.3f}" + (f" [{lo:+.3f}, {hi:+.3f}]" if math.isfinite(t.lo) else "")
+
     def estimate_text(self) -> str:
-        def one(t: SeedTest) -> str:
-            if not math.isfinite(t.estimate):
-                return "no estimate"  # no seed of either row to compare (e.g. none acquired the task)
-            if self.q.log:
-                e, lo, hi = self.natural(t.estimate), self.natural(t.lo), self.natural(t.hi)
-                return f"{e:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if math.isfinite(lo) else "")
-            lo, hi = max(-1.0, t.lo), min(1.0, t.hi)  # a difference of accuracies lies in [-1, 1]
-            return f"{t.estimate:+.3f}" + (f" [{lo:+.3f}, {hi:+.3f}]" if math.isfinite(t.lo) else "")
-        return "; ".join(label + one(t) for label, t in self.intervals())
+        return "; ".join(label + self.test_text(t) for label, t in self.intervals())
 
     def verdict(self) -> str:
         return (self._verdict() + (f"; left out: {', '.join(self.left_out)}" if self.left_out else "")
@@ -502,6 +507,7 @@ def answer(q: Question, rows: Sequence[Row], budget: str, retrieval_runs: str = 
                           f"{', '.join(map(str, budgets))}: declare budgets: [one of them]")
     ans.budgets = budgets
     per: list[dict] = []
+    a = b = None
     for bud in budgets:
         a, b = at_a[bud], at_b[bud]
         if q.b and (why := unpaired_because(a, b)):
@@ -526,7 +532,26 @@ def answer(q: Question, rows: Sequence[Row], budget: str, retrieval_runs: str = 
     ans.seeds = seeds
     ans.contrasts = np.array([[d[s] for d in per] for s in seeds]).reshape(len(seeds), len(budgets))
     ans.interaction = budget_interaction(ans.contrasts) if len(seeds) >= MIN_SEEDS else None
+    if q.estimand == "at":
+        ans.along = along_training(q, a, b if q.b else None, seeds)
     return ans
+
+
+def along_training(q: Question, a: Row, b: Row | None, seeds: Sequence[Any]) -> dict[tuple[int, str], SeedTest]:
+    """A question's contrast at each evaluation point along training of its rows' runs (`seed_points`: eval.at and
+    the end), over `seeds` (the verdict's), each with its 95 % t interval over the seeds, unadjusted: whether the
+    ordering still moved when training stopped. {} with fewer than two points."""
+    log = log_scale(q.metric)
+    pa = seed_points(a, q.metric)
+    pb = seed_points(b, q.metric) if b is not None else {}
+    out = {}
+    for point, va in pa.items():
+        vb = pb.get(point, {})
+        per_seed = [va.get(s, math.nan) if b is None else contrast(va.get(s, math.nan), vb.get(s, math.nan), log)
+                    for s in seeds]
+        if finite := [c for c in per_seed if math.isfinite(c)]:
+            out[point] = seed_test(finite, 0.95)
+    return out if len(out) > 1 else {}
 
 
 def finish_answers(answers: Sequence[Answer], alpha: float) -> None:

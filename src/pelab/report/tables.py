@@ -610,6 +610,25 @@ def retests_table(judgements: Sequence[Judgement]) -> Table | None:
     return t
 
 
+def question_along_table(answers: Sequence[Answer], where: str = "") -> Table | None:
+    """Per question asked at one budget, its contrast at each evaluation point along training (Answer.along)."""
+    these = [a for a in answers if a.along]
+    if not these:
+        return None
+    points = sorted({p for a in these for p in a.along}, key=lambda p: (p[0], p[1] == "end"))
+    t = Table("Declared questions along training" + (f" ({where})" if where else ""),
+              ["question"] + [f"{c / 1e6:.3g}M{' end' if s == 'end' else ''}" for c, s in points], [], caption=(
+        "Each question's contrast at each evaluation point of its runs by training tokens, over the seeds of its "
+        "verdict: mid-schedule (eval.at: the learning rate is still high there, and fewer blocks are scored) and at "
+        "the end (end: the verdict's own estimate). Beside each its 95% t interval over the seeds, unadjusted: "
+        "descriptive, no verdict. A contrast still changing from point to point says the ordering was still moving "
+        "when training stopped."))
+    for a in these:
+        t.rows.append([a.q.title] + [f"{a.test_text(x)} (n = {x.n})" if (x := a.along.get(p)) else "—"
+                                     for p in points])
+    return t
+
+
 def interaction_table(answers: Sequence[Answer], where: str = "") -> Table | None:
     """Per question with several budgets: the contrast at each budget (mean over seeds) and the budget interaction
     with its 95 % interval, unadjusted, outside the family. `where` as question_table's."""
