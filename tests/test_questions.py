@@ -135,6 +135,10 @@ def test_too_few_seeds_and_no_spread_give_no_verdict_and_no_nan_p(tmp_path):
     assert two.verdict() == "2 paired seed(s): no between-setting verdict below 3" and not two.tested
     assert same.verdict() == "no measurable difference (the same value in both rows in every seed)"
     assert math.isnan(two.p_adj) and math.isnan(same.p_adj)
+    # with nothing tested the table's caption says so, with no Holm family of 0 and no Bonferroni level to state
+    from pelab.report.tables import question_table
+    caption = question_table([two, same]).caption
+    assert "No question could be tested here: each row says why." in caption and "Holm over" not in caption
 
 
 ONE = "  - {pair: steady/ref, metric: extrap/ppl@1024, estimand: at, smallest_effect: 1.1}\nretests:\n"  # + an entry

@@ -535,11 +535,12 @@ def question_table(answers: Sequence[Answer], where: str = "") -> Table | None:
     post_hoc = any(a.post_hoc for a in answers)
     t = Table("Declared questions: verdicts" + (f" ({where})" if where else ""), ["question", "estimand", "seeds", "estimate [Bonferroni interval]", "p",
                                      "p (Holm)", "verdict"], [], caption=(
-        f"Each question tested once: per seed the contrast (log ratio A / B shown as the ratio; accuracy: A − B), "
-        f"then a t over the seeds; averaged = each seed's mean over the budgets; every = the intersection-union test "
-        f"(the largest per-budget p; an interval per budget). Holm over the {m} tested questions; the intervals are "
-        f"Bonferroni intervals at 1 − 0.05/{max(m, 1)} (they hold jointly). The seed-level tests hold for the "
-        "evaluated text: every run is scored on the same blocks."
+        "Each question tested once: per seed the contrast (log ratio A / B shown as the ratio; accuracy: A − B), "
+        "then a t over the seeds; averaged = each seed's mean over the budgets; every = the intersection-union test "
+        "(the largest per-budget p; an interval per budget). "
+        + (f"Holm over the {m} tested questions; the intervals are Bonferroni intervals at 1 − {answers[0].alpha:g}/{m} "
+           "(they hold jointly). " if m else "No question could be tested here: each row says why. ")
+        + "The seed-level tests hold for the evaluated text: every run is scored on the same blocks."
         + (" **The questions were declared after the runs (post hoc).**" if post_hoc else "")))
     for a in answers:
         budgets = ", ".join(map(str, a.budgets))
