@@ -153,6 +153,12 @@ def test_progress_counts_a_sweeps_jobs_by_state_and_estimates_the_cpu_left(sweep
         job("0_earlier", {"status": "ok", "global_step": 10, "cpu_seconds_total": 3600.0},
             real[3].read_text().replace("seed=", "seed=7") + "- extra=1\n")
         assert main(["progress", str(root)]) == 0
+        first = capsys.readouterr().out
+        assert main(["progress", str(tmp_path)]) == 0  # the study's root: the sweep inside it, the same table
+        assert capsys.readouterr().out == first
+        assert main(["progress", str(root), str(root)]) == 0  # two sweeps: a last row sums them
+        assert capsys.readouterr().out.splitlines()[4] == "| all | 10 | 4 | 2 | 2 | 0 | 2 | 5.50 | 4.50 |"
+        print(first, end="")
     finally:
         alive.kill()
         alive.wait()

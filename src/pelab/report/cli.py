@@ -103,7 +103,8 @@ def step_main(argv: Sequence[str]) -> int:
     k.add_argument("--out", type=Path, help="also write the table there (markdown)")
     g = sub.add_parser("progress", help="how far each sweep has got: its jobs finished, running, stopped, failed, "
                        "not started, and the CPU-hours spent and left")
-    g.add_argument("sweeps", type=Path, nargs="+", help="sweep folders (hydra.sweep.dir)")
+    g.add_argument("sweeps", type=Path, nargs="+", help="sweep folders (hydra.sweep.dir), or a study's root: the "
+                   "sweeps inside it")
     args = p.parse_args(argv)
     try:
         if args.step == "collect":

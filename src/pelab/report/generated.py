@@ -158,19 +158,32 @@ def sweep_jobs(sweep: Path) -> int | None:
     return None
 
 
+def study_sweeps(folders: Sequence[Path]) -> list[Path]:
+    """The sweep folders named, a study's root (no job folder of its own) standing for the sweeps inside it
+    (`<root>/sweep-*`: each holding Hydra's multirun.yaml)."""
+    out = []
+    for folder in folders:
+        if not folder.is_dir():
+            raise ReportError(f"progress: {folder} is not a folder; give sweep folders (hydra.sweep.dir) or a study's "
+                              "root holding them")
+        own = (folder / "multirun.yaml").is_file() or any(folder.glob(f"*/{SUMMARY_FILE}"))
+        inside = sorted(p.parent for p in folder.glob("*/multirun.yaml"))
+        out.extend(inside if inside and not own else [folder])
+    return out
+
+
 def progress(sweeps: Sequence[Path]) -> str:
-    """How far each sweep folder (hydra.sweep.dir) has got, from its job folders: a markdown table of its jobs (those
-    of every launch into it), finished (status ok), running (its folder held by a live process), stopped (killed or preempted: a relaunch
-    resumes them), failed and not started (the latest launch's jobs without a folder there, `sweep_overrides`; for
-    Optuna, its trials less the folders), the CPU-hours spent, and an estimate of the CPU-hours left (the finished
-    runs' mean CPU time for each job not started, and what that mean leaves of it for each running or stopped one;
-    n/a without a finished run or the sweep's size); then one line per running or stopped job with its step."""
+    """How far each sweep folder (hydra.sweep.dir; for a study's root, each sweep inside it: `study_sweeps`) has got,
+    from its job folders: a markdown table of its jobs (those of every launch into it), finished (status ok), running
+    (its folder held by a live process), stopped (killed or preempted: a relaunch resumes them), failed and not
+    started (the latest launch's jobs without a folder there, `sweep_overrides`; for Optuna, its trials less the
+    folders), the CPU-hours spent, and an estimate of the CPU-hours left (the finished runs' mean CPU time for each
+    job not started, and what that mean leaves of it for each running or stopped one; n/a without a finished run or
+    the sweep's size); then one line per running or stopped job with its step."""
     from pelab.runs.folder import LOCK, pid_alive
 
     rows, lines = [], []
-    for sweep in sweeps:
-        if not sweep.is_dir():
-            raise ReportError(f"progress: {sweep} is not a folder; give sweep folders (hydra.sweep.dir)")
+    for sweep in study_sweeps(sweeps):
         count = dict.fromkeys(("ok", "running", "stopped", "failed"), 0)
         spent, done_cpu, unfinished_cpu = 0.0, [], []
         ran = set()  # the overrides of the jobs there, matched to the latest launch's (a sweep relaunched with other
@@ -210,12 +223,16 @@ def progress(sweeps: Sequence[Path]) -> str:
         total = None if waiting is None else sum(count.values()) + waiting
         mean = sum(done_cpu) / len(done_cpu) if done_cpu else None
         left = (mean * waiting + sum(max(mean - c, 0.0) for c in unfinished_cpu)) / 3600 if mean and jobs else None
-        rows.append(f"| {sweep} | {'n/a' if total is None else total} | {count['ok']} | {count['running']} | "
-                    f"{count['stopped']} | {count['failed']} | {'n/a' if waiting is None else waiting} | "
-                    f"{spent / 3600:.2f} | {'n/a' if left is None else f'{left:.2f}'} |")
+        rows.append([str(sweep), total, count["ok"], count["running"], count["stopped"], count["failed"], waiting,
+                     spent / 3600, left])
+    if len(rows) > 1:  # a study's sweeps: what is done and left of the whole
+        rows.append(["all", *(None if any(r[k] is None for r in rows) else sum(r[k] for r in rows)
+                              for k in range(1, len(rows[0])))])
+    cell = lambda x: "n/a" if x is None else f"{x:.2f}" if isinstance(x, float) else str(x)
     head = ("| sweep | jobs | finished | running | stopped | failed | not started | CPU-hours spent | "
             "CPU-hours left (est.) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-    return head + "\n".join(rows) + "\n" + ("\n" + "\n".join(lines) + "\n" if lines else "")
+    table = "\n".join("| " + " | ".join(map(cell, r)) + " |" for r in rows)
+    return head + table + "\n" + ("\n" + "\n".join(lines) + "\n" if lines else "")
 
 
 def generated_blocks(pages: Sequence[Path]) -> list[tuple[Path, str, str]]:
