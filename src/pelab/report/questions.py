@@ -550,7 +550,7 @@ def along_training(q: Question, a: Row, b: Row | None, seeds: Sequence[Any]) -> 
         per_seed = [va.get(s, math.nan) if b is None else contrast(va.get(s, math.nan), vb.get(s, math.nan), log)
                     for s in seeds]
         if finite := [c for c in per_seed if math.isfinite(c)]:
-            out[point] = seed_test(finite, 0.95)
+            out[point] = seed_test(finite)  # at LEVEL (95 %), unadjusted
     return out if len(out) > 1 else {}
 
 
