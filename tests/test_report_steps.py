@@ -157,7 +157,10 @@ def test_progress_counts_a_sweeps_jobs_by_state_and_estimates_the_cpu_left(sweep
         assert main(["progress", str(tmp_path)]) == 0  # the study's root: the sweep inside it, the same table
         assert capsys.readouterr().out == first
         assert main(["progress", str(root), str(root)]) == 0  # two sweeps: a last row sums them
-        assert capsys.readouterr().out.splitlines()[4] == "| all | 10 | 4 | 2 | 2 | 0 | 2 | 5.50 | 4.50 |"
+        assert capsys.readouterr().out.splitlines()[4:7] == [
+            "| all | 10 | 4 | 2 | 2 | 0 | 2 | 5.50 | 4.50 |", "",
+            ("At the 2 job(s) running now, each on a core of its own: about 2.25 hours of wall time left (longer on a "
+            "busier machine).")]
         print(first, end="")
     finally:
         alive.kill()
@@ -166,7 +169,9 @@ def test_progress_counts_a_sweeps_jobs_by_state_and_estimates_the_cpu_left(sweep
     # one job not started; left: 3600 for it, 3600 - 1800 and 3600 - 900 for the others = 8100 s; five jobs: the
     # latest launch's four and the earlier launch's one
     assert out[2] == f"| {root} | 5 | 2 | 1 | 1 | 0 | 1 | 2.75 | 2.25 |"
-    assert out[4:] == [f"- {root / '1_training'}: running, pid {alive.pid}, step 5 of 10",
+    assert out[4:6] == [("At the 1 job(s) running now, each on a core of its own: about 2.25 hours of wall time left "
+                        "(longer on a busier machine)."), ""]
+    assert out[6:] == [f"- {root / '1_training'}: running, pid {alive.pid}, step 5 of 10",
                        f"- {root / '2_killed'}: stopped, step 2 of 10"]
     (root / "multirun.yaml").unlink()  # not a Hydra sweep folder: the counts it cannot know are n/a
     assert main(["progress", str(root)]) == 0

@@ -179,7 +179,8 @@ def progress(sweeps: Sequence[Path]) -> str:
     started (the latest launch's jobs without a folder there, `sweep_overrides`; for Optuna, its trials less the
     folders), the CPU-hours spent, and an estimate of the CPU-hours left (the finished runs' mean CPU time for each
     job not started, and what that mean leaves of it for each running or stopped one; n/a without a finished run or
-    the sweep's size); then one line per running or stopped job with its step."""
+    the sweep's size); then the wall time that leaves at the jobs running now, and one line per running or stopped job
+    with its step."""
     from pelab.runs.folder import LOCK, pid_alive
 
     rows, lines = [], []
@@ -232,6 +233,10 @@ def progress(sweeps: Sequence[Path]) -> str:
     head = ("| sweep | jobs | finished | running | stopped | failed | not started | CPU-hours spent | "
             "CPU-hours left (est.) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
     table = "\n".join("| " + " | ".join(map(cell, r)) + " |" for r in rows)
+    running, left = rows[-1][3], rows[-1][8]
+    if running and left:  # CPU-bound jobs of one thread each: their CPU time is their wall time on a core of their own
+        lines.insert(0, f"At the {running} job(s) running now, each on a core of its own: about {left / running:.2f} "
+                        "hours of wall time left (longer on a busier machine).\n")
     return head + table + "\n" + ("\n" + "\n".join(lines) + "\n" if lines else "")
 
 
