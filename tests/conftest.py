@@ -71,7 +71,7 @@ def failing_sweep(tmp_path_factory, cache_dir) -> tuple[Path, int]:
         out = run_cli(["-m", *FAST, "evaluate_after_fit=false", "trainer.max_steps=8", "trainer.val_check_interval=8",
                        # the basic sweeper nests the swept keys in command-line order, the first outermost
                        "data.seq_len=32,100000000", "model.n_heads=3,2", "debug.inject_nan_at_step=null,3",
-                       f"hydra.sweep.dir={root / 'multirun'}", "logger.wandb.mode=offline"],
+                       f"hydra.sweep.dir={root / 'multirun'}", "logger=wandb", "logger.wandb.mode=offline"],
                       cwd=root, env={"PELAB_CACHE_DIR": str(cache_dir), **ONE_THREAD})
         (root / "returncode").write_text(str(out.returncode))
 

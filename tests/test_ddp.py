@@ -26,7 +26,7 @@ from pelab.tasks.train import train
 def test_ddp_sim_equals_one_process_on_the_same_rows(tmp_path):
     run = [*FAST, "evaluate_after_fit=false", "trainer.max_steps=40", "trainer.val_check_interval=20"]
     # As a user runs it (in a subprocess: the spawned ranks attach to this process's W&B service).
-    res = run_cli([*run, "trainer=ddp_sim", "logger.wandb.mode=offline", f"paths.output_dir={tmp_path / 'ddp'}"],
+    res = run_cli([*run, "trainer=ddp_sim", "logger=wandb", "logger.wandb.mode=offline", f"paths.output_dir={tmp_path / 'ddp'}"],
                   cwd=tmp_path, env=ONE_THREAD)
     assert res.returncode == 0, res.stderr[-3000:]
     ddp = summary_of(tmp_path / "ddp")

@@ -36,7 +36,7 @@ def test_wandb_server_unreachable_falls_back_to_offline_in_bounded_time(tmp_path
     env = {**ONE_THREAD, "WANDB_API_KEY": "0123456789abcdef" * 2 + "01234567",
            "WANDB_BASE_URL": f"http://127.0.0.1:{closed_port()}"}
     res = run_cli([*FAST, "evaluate_after_fit=false", "trainer.max_steps=5", "trainer.val_check_interval=5",
-                   "logger.wandb.init_timeout=2", f"paths.output_dir={out}"], cwd=tmp_path, env=env)
+                   "logger=wandb", "logger.wandb.init_timeout=2", f"paths.output_dir={out}"], cwd=tmp_path, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "continuing offline" in res.stdout
     info = summary_of(out)["wandb"]
@@ -54,7 +54,7 @@ def test_wandb_server_unreachable_falls_back_to_offline_in_bounded_time(tmp_path
 @pytest.mark.slow
 def test_wandb_service_dying_mid_run_does_not_stop_training(tmp_path):
     out = tmp_path / "run"
-    proc = launch([*RESUME, "logger.wandb.mode=offline", f"paths.output_dir={out}"], tmp_path)
+    proc = launch([*RESUME, "logger=wandb", "logger.wandb.mode=offline", f"paths.output_dir={out}"], tmp_path)
     wait_until((out / "checkpoints" / "last.ckpt").exists, proc)  # training is under way
     services = [pid for pid, name in children(proc.pid) if name.startswith("wandb")]
     assert services, children(proc.pid)

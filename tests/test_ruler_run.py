@@ -45,7 +45,7 @@ def rule_from_rows(rows: list[dict], kind: str, train_length: int, floor: float,
 
 @pytest.mark.slow
 def test_the_effective_length_of_a_ruler_run_reaches_summary_json_the_result_table_and_wandb(tmp_path):
-    overrides = [*FAST, "logger.wandb.mode=offline", "data.recall_mix=1.0", "data.recall_loss=answers",
+    overrides = [*FAST, "logger=wandb", "logger.wandb.mode=offline", "data.recall_mix=1.0", "data.recall_loss=answers",
                  f"data.recall_kinds=[{','.join(KINDS)}]", f"probes.kinds=[{','.join(KINDS)}]", "probes.lengths=[1,2]",
                  "probes.samples=6", "probes.depths=[0,1]", "eval.lengths=[1]", "trainer.max_steps=6",
                  "trainer.val_check_interval=6", "probes.effective_length.floor=0.0",

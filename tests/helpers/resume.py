@@ -10,7 +10,8 @@ from helpers.runs import FAST, csv_rows, load_checkpoint, summary_of
 
 # 60 steps, last.ckpt every 10 steps and at each validation (every 20), dropout on: an exact resume must
 # restore the optimizer, the LR schedule, the data position and the dropout randomness.
-RESUME = [*FAST, "trainer.max_steps=60", "trainer.val_check_interval=20", "evaluate_after_fit=false",
+# W&B as well (the default logger): a relaunch continues the same W&B run, which the resume tests read back
+RESUME = [*FAST, "logger=wandb", "trainer.max_steps=60", "trainer.val_check_interval=20", "evaluate_after_fit=false",
           "callbacks.checkpoint.every_n_steps=10", "model.dropout=0.1", "callbacks.throughput=false"]
 TOL = 1e-6
 

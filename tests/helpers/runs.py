@@ -41,6 +41,9 @@ def study_preset(name: str) -> list[str]:
 FAST = [
     "debug=fast",  # the smoke settings users get too (conf/debug/fast.yaml): micro model, 32 tokens, 30 steps
     "callbacks.progress_bar=false",  # no bar in the tests' logs
+    # the CSV log only: W&B (the default logger) costs a run about 2 CPU-s and 3 s more; the tests of what reaches
+    # W&B ask for it (`logger=wandb`, offline)
+    "logger=csv",
 ]
 
 # The shared multirun (conftest's `sweep`): rope, alibi x seeds 0, 1; evaluated at 32, 64, 128 tokens; probes
@@ -50,6 +53,7 @@ SWEEP_ARGS = [
     *FAST,
     "pe=rope,alibi",
     "seed=0,1",
+    "logger=wandb",
     "logger.wandb.mode=offline",
     "trainer.max_steps=10",
     "trainer.val_check_interval=10",
