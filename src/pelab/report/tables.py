@@ -611,14 +611,24 @@ def retests_table(judgements: Sequence[Judgement]) -> Table | None:
     return t
 
 
+def _points(points) -> list[tuple[int, str]]:
+    """Evaluation points along training, (training tokens, schedule), in order: by tokens, the end last."""
+    return sorted(points, key=lambda p: (p[0], p[1] == "end"))
+
+
+def _point_label(point: tuple[int, str]) -> str:
+    tokens, schedule = point
+    return f"{tokens / 1e6:.3g}M{' end' if schedule == 'end' else ''}"
+
+
 def question_along_table(answers: Sequence[Answer], where: str = "") -> Table | None:
     """Per question asked at one budget, its contrast at each evaluation point along training (Answer.along)."""
     these = [a for a in answers if a.along]
     if not these:
         return None
-    points = sorted({p for a in these for p in a.along}, key=lambda p: (p[0], p[1] == "end"))
+    points = _points({p for a in these for p in a.along})
     t = Table("Declared questions along training" + (f" ({where})" if where else ""),
-              ["question"] + [f"{c / 1e6:.3g}M{' end' if s == 'end' else ''}" for c, s in points], [], caption=(
+              ["question"] + [_point_label(p) for p in points], [], caption=(
         "Each question's contrast at each evaluation point of its runs by training tokens, over the seeds of its "
         "verdict: mid-schedule (eval.at: the learning rate is still high there, and fewer blocks are scored) and at "
         "the end (end: the verdict's own estimate). Beside each its 95% t interval over the seeds, unadjusted: "
@@ -658,14 +668,13 @@ def along_training_table(rows: Sequence[Row], metric: str) -> tuple[Table | None
     for r in rows:
         for tokens, v, schedule in along_training_points(r, metric):
             by_setting.setdefault(budget_key(r), {})[(tokens, schedule)] = v
-    cols = sorted({c for p in by_setting.values() for c in p}, key=lambda c: (c[0], c[1] == "end"))
+    cols = _points({c for p in by_setting.values() for c in p})
     if not cols or not any(len(p) > 1 for p in by_setting.values()):
         return None, []
     # budget_key marks a fine-tuned setting "(from step N)"; only then does the caption need to say so
     since_parent = (" (of a fine-tuned setting: since its parent's weights)"
                     if any("(from step" in k for k in by_setting) else "")
-    t = Table(f"Along training: {metric}", ["setting"] + [f"{c / 1e6:.3g}M{' end' if s == 'end' else ''}"
-                                                          for c, s in cols], [],
+    t = Table(f"Along training: {metric}", ["setting"] + [_point_label(c) for c in cols], [],
               caption=(f"{metric} (mean over seeds; of perplexities and their ratios the geometric mean, as in every "
                        f"other table) by training tokens{since_parent}: at the end of a run of that "
                        "budget (end), or "
