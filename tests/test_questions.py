@@ -509,3 +509,36 @@ def test_a_question_at_one_budget_shows_its_contrast_at_each_point_along_trainin
     (row,) = table.rows
     first = math.exp(np.mean(late[0][:1] + late[1][:1] + late[2][:1]))
     assert row[0] == "late vs ref, extrap/ppl@1024" and row[1].startswith(f"{first:.3f} [") and row[1].endswith("(n = 3)")
+
+
+def test_the_questions_figure_draws_each_verdicts_interval_on_the_natural_scale(study, tmp_path):
+    """The forest plot beside the verdict tables: each question's estimate and Bonferroni interval as a ratio (exp of
+    the log-ratio t interval), a row per budget for `every`, filled only where resolved, the smallest effect's band."""
+    from pelab.evaluation.plots import plot_intervals
+    from pelab.report.figures import question_rows
+
+    body = ("  - {pair: steady/ref, metric: extrap/ppl@1024, budgets: [100, 400], estimand: averaged, smallest_effect: 1.05}\n"
+            "  - {pair: mixed/ref, metric: extrap/ppl@1024, budgets: [100, 400], estimand: every, smallest_effect: 1.05}\n")
+    avg, flip = answered(study, body)
+    rows = question_rows({"": [avg, flip]})[True]  # log-scale metrics only: no difference panel
+    per_seed_mean = [(STEADY[100][s] + STEADY[400][s]) / 2 for s in SEEDS]
+    lo, hi = t_interval(per_seed_mean, 1 - 0.05 / 2)
+    (label, band, by), *budgets = rows
+    assert label == "steady vs ref, extrap/ppl@1024" and band == pytest.approx((1 / 1.05, 1.05))
+    assert by[""] == pytest.approx((math.exp(np.mean(per_seed_mean)), math.exp(lo), math.exp(hi), True))
+    assert [b[0] for b in budgets] == ["mixed vs ref, extrap/ppl@1024 (100)", "mixed vs ref, extrap/ppl@1024 (400)"]
+    lo400, hi400 = t_interval(MIXED[400], 1 - 0.05 / 2)
+    assert budgets[1][2][""][1:] == pytest.approx((math.exp(lo400), math.exp(hi400), False))
+    ax = plot_intervals(rows, "t", "x", log=True).axes[0]
+    assert ax.get_xscale() == "log"
+    bars = sorted(tuple(line.get_xdata()) for line in ax.lines if line.get_marker() in ("None", "", None)
+                  and len(set(line.get_xdata())) == 2)  # the interval bars (the no-difference line has one x)
+    want = sorted([(math.exp(lo), math.exp(hi)), (math.exp(lo400), math.exp(hi400)),
+                   tuple(math.exp(x) for x in t_interval(MIXED[100], 1 - 0.05 / 2))])
+    assert np.allclose(bars, want)
+    faces = [line.get_markerfacecolor() for line in ax.lines if line.get_marker() not in ("None", "", None)]
+    assert faces.count("white") == 2  # the two budgets of the unresolved question are hollow
+    # the report draws it and says so beside the verdicts
+    built = report.build_report([study], tmp_path / "out", questions=questions(tmp_path, body))
+    assert "![questions_ratio](questions_ratio.png)" in built.markdown and "filled where resolved" in built.markdown
+    assert (tmp_path / "out" / "questions_ratio.png").stat().st_size > 0

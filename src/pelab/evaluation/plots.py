@@ -124,6 +124,49 @@ def plot_metric_vs_step(
     return fig
 
 
+def plot_intervals(
+    rows: Sequence[tuple[str, tuple[float, float], Mapping[str, tuple[float, float, float, bool]]]],
+    title: str,
+    xlabel: str,
+    log: bool,
+) -> Figure:
+    """A forest plot of contrasts: one line per row, (label, the band of no interest (lo, hi), {group: (estimate,
+    lo, hi, resolved)}), each group's estimate with its interval (filled: resolved; hollow: not), the band shaded
+    and no difference (1 on a log axis, else 0) drawn. NaN estimates are skipped; a NaN bound draws no bar."""
+    groups = list(dict.fromkeys(g for _, _, by in rows for g in by))
+    longest = max((len(label) for label, _, _ in rows), default=0)  # the labels sit left of the axes: widen for them
+    fig = _figure(5.0 + 0.06 * longest, 1.2 + 0.45 * len(rows) * max(1, len(groups)))
+    ax = fig.add_subplot()
+    step = 0.6 / max(1, len(groups))  # the groups of a row side by side around its line
+    for i, (_, (band_lo, band_hi), _) in enumerate(rows):
+        y = len(rows) - 1 - i  # the first row on top, as in the tables
+        ax.fill_betweenx([y - 0.4, y + 0.4], band_lo, band_hi, color="grey", alpha=0.15, linewidth=0,
+                         label="smallest effect of interest" if i == 0 else None)
+    for g, (group, style) in enumerate(zip(groups, _styles(len(groups)))):
+        legend = group or "estimate"  # the group's first marker carries its legend entry
+        for i, (_, _, by) in enumerate(rows):
+            if group not in by or not _finite(by[group][0]):
+                continue
+            est, lo, hi, resolved = by[group]
+            y = len(rows) - 1 - i + (len(groups) - 1) / 2 * step - g * step
+            if _finite(lo) and _finite(hi):
+                ax.plot([lo, hi], [y, y], color=style["color"], linewidth=1.5)
+            ax.plot([est], [y], linestyle="none", marker=style["marker"], markersize=7, color=style["color"],
+                    markerfacecolor=style["color"] if resolved else "white", label=legend)
+            legend = None
+    ax.axvline(1.0 if log else 0.0, color="black", linewidth=1, label="no difference")
+    if log:
+        ax.set_xscale("log")
+        plain_log_ticks(ax.xaxis)
+    ax.set_yticks(range(len(rows)), [label for label, _, _ in reversed(rows)], fontsize=8)
+    ax.set_ylim(-0.6, len(rows) - 0.4)
+    ax.set_xlabel(xlabel)
+    fig.suptitle(title)  # over the figure: long labels leave the axes too narrow to hold it
+    ax.grid(True, axis="x", which="both", alpha=0.3)
+    _legend(ax, len(groups) + 2)
+    return fig
+
+
 def _moving_average(ys: Sequence[float], k: int) -> list[float]:
     """Centered moving average of width k, ignoring NaN."""
     if k <= 1:

@@ -27,7 +27,7 @@ from pelab.report.aggregation import (
 from pelab.report.comparisons import COMPARED
 from pelab.report.comparisons import compare as compare_rows
 from pelab.report.discovery import Job, find_jobs
-from pelab.report.figures import make_figures
+from pelab.report.figures import make_figures, question_figures
 from pelab.report.probe_tables import offset_table, paired_table, probe_tables, shape_table
 from pelab.report.questions import (
     answer_across,
@@ -172,7 +172,8 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
                    "and not verified by a rerun from their commit (`experiments/provenance/verify.py`): "
                    + ", ".join(f"`{n}`" for n in unverified) + "."]
     tables: list[Table] = []
-    figures = make_figures(rows, out) if rows and figures else {}
+    draw = bool(rows and figures)
+    figures = make_figures(rows, out) if draw else {}
 
     def section(
         heading: str, items: Sequence[Table | None], figure: Sequence[str] = (), text: str = ""
@@ -214,6 +215,9 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
     per = answer_across(declaration, ok) if across else {}  # each value's runs on their own
     answers = answer_all(declaration, rows) if declaration and rows and not across else []
     over = holds(per, across) if across else []
+    if draw and (answers or per):
+        figures.update(question_figures({f"{across}={v}": a for v, a in per.items()} if across else {"": answers},
+                                        out))
     section(
         "Declared questions",
         [question_table(answers), interaction_table(answers), power_table(answers), question_along_table(answers),
@@ -221,9 +225,12 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
                                                power_table(a, f"{across}={v}"),
                                                question_along_table(a, f"{across}={v}"))),
          holds_table(over)],
-        (),
+        ["questions_ratio", "questions_difference"],
         (f"The questions of `{declaration.path}`, declared {declaration.declared}."
-         + (f" Asked of the runs at each {across} on their own." if across else "") if declaration else ""),
+         + (f" Asked of the runs at each {across} on their own." if across else "")
+         + (" The figure: each question's estimate with its Bonferroni interval" + (f" at each {across}" if across else "")
+            + ", filled where resolved; the grey band is the declared smallest effect either way."
+            if any(k.startswith("questions_") for k in figures) else "") if declaration else ""),
     )
     if answers or over:
         md += ["**Claims** (generated from the verdicts above):", ""] + [f"- {a.sentence()}" for a in answers or over]

@@ -5,7 +5,7 @@ when they trained to a criterion)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -121,6 +121,39 @@ def make_figures(rows: Sequence[Row], out: Path) -> dict[str, Path]:
         paths["probe_heatmaps"] = save_figure(fig, out / "probe_heatmaps.png")
     return paths
 
+
+def question_rows(families: Mapping[str, Sequence]) -> dict[bool, list[tuple]]:
+    """The declared questions as forest-plot rows, per contrast scale ({log scale: [(label, the smallest effect's
+    band (lo, hi), {group: (estimate, lo, hi, resolved)})]}), on the natural scale (a ratio, or a difference) and
+    with the Bonferroni interval the verdict tables give (a difference of accuracies clipped to [-1, 1], as there);
+    `families`: {group label (e.g. "data.source=stdlib", or ""): its Answers}. `every` gives a row per budget; an
+    untested question none."""
+    scales: dict[bool, dict[str, tuple]] = {}
+    for group, answers in families.items():
+        for a in answers:
+            for budget, t in a.intervals():
+                if not (a.tested and t.tested):
+                    continue
+                d = a.q.effect()
+                label = a.q.title + (f" ({budget.rstrip(': ')})" if budget else "")
+                _, by = scales.setdefault(a.q.log, {}).setdefault(label, ((a.natural(-d), a.natural(d)), {}))
+                lo, hi = (a.natural(t.lo), a.natural(t.hi)) if a.q.log else (max(-1.0, t.lo), min(1.0, t.hi))
+                by[group] = (a.natural(t.estimate), lo, hi, a.resolved)  # accuracies differ by at most 1
+    return {log: [(label, band, by) for label, (band, by) in rows.items()] for log, rows in scales.items()}
+
+
+def question_figures(families: Mapping[str, Sequence], out: Path) -> dict[str, Path]:
+    """{name: PNG path} of the declared questions' forest plots (`question_rows`), one per contrast scale:
+    questions_ratio (log-scale metrics) and questions_difference (accuracies)."""
+    from pelab.evaluation.plots import plot_intervals, save_figure
+
+    paths: dict[str, Path] = {}
+    for log, rows in question_rows(families).items():
+        name = "questions_ratio" if log else "questions_difference"
+        fig = plot_intervals(rows, title="Declared questions (filled: resolved)",
+                             xlabel="A / B (log scale)" if log else "A − B", log=log)
+        paths[name] = save_figure(fig, out / f"{name}.png")
+    return paths
 
 def _nanmean(xs: Sequence[float]) -> float | None:
     xs = [x for x in xs if np.isfinite(x)]
