@@ -266,6 +266,11 @@ def test_retrieval_runs_all_compares_the_runs_that_missed_the_criterion_and_name
     assert every.seeds == [0, 1, 2] and not every.left_out
     np.testing.assert_allclose(every.contrasts[:, 0], np.subtract(acc["a"], acc["b"]))
     assert "not acquired in-window (retrieval_runs: all): b seed 1" in every.verdict()
+    from pelab.report.figures import question_rows  # its figure: a difference of accuracies, on a linear axis
+
+    (_, band, by), = question_rows({"": [every]})[False]
+    lo, hi = t_interval(np.subtract(acc["a"], acc["b"]), 0.95)
+    assert band == pytest.approx((-0.1, 0.1)) and by[""][:3] == pytest.approx((0.30, lo, hi))
     # a question's own setting overrides the file's
     path.write_text(f"declared: before the runs\nretrieval_runs: all\nquestions:\n{body[:-2]}, retrieval_runs: acquired}}\n")
     assert answer_all(load_questions(path), g.rows)[0].seeds == [0, 2]
