@@ -143,7 +143,9 @@ def plot_intervals(
         ax.fill_betweenx([y - 0.4, y + 0.4], band_lo, band_hi, color="grey", alpha=0.15, linewidth=0,
                          label="smallest effect of interest" if i == 0 else None)
     for g, (group, style) in enumerate(zip(groups, _styles(len(groups)))):
-        legend = group or "estimate"  # the group's first marker carries its legend entry
+        # the legend's marker, filled whatever the first question's verdict (an empty line: nothing drawn)
+        ax.plot([], [], linestyle="none", marker=style["marker"], markersize=7, color=style["color"],
+                label=group or "estimate")
         for i, (_, _, by) in enumerate(rows):
             if group not in by or not _finite(by[group][0]):
                 continue
@@ -152,8 +154,7 @@ def plot_intervals(
             if _finite(lo) and _finite(hi):
                 ax.plot([lo, hi], [y, y], color=style["color"], linewidth=1.5)
             ax.plot([est], [y], linestyle="none", marker=style["marker"], markersize=7, color=style["color"],
-                    markerfacecolor=style["color"] if resolved else "white", label=legend)
-            legend = None
+                    markerfacecolor=style["color"] if resolved else "white")
     ax.axvline(1.0 if log else 0.0, color="black", linewidth=1, label="no difference")
     if log:
         ax.set_xscale("log")
