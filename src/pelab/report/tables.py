@@ -400,11 +400,16 @@ def common_settings(jobs: Sequence[Job]) -> list[str]:
     if lengths:  # multiples of the training length)
         lines.append(f"evaluation lengths (tokens): `{lengths}`")
     fp = shared(short_hash)
-    lines.append(
-        f"corpus + tokenizer fingerprint: `{fp}`"
-        if fp
-        else "**warning: the jobs used different corpora / tokenizers (fingerprints differ; see Runs)**"
-    )
+    per_source: dict[str, set[str]] = {}  # a study across corpora: one fingerprint per data.source is by design
+    for j in jobs:
+        per_source.setdefault(str(j.setting("data.source")), set()).add(short_hash(j))
+    if fp:
+        lines.append(f"corpus + tokenizer fingerprint: `{fp}`")
+    elif len(per_source) > 1 and all(len(f) == 1 for f in per_source.values()):
+        lines.append("corpus + tokenizer fingerprint: one per corpus, "
+                     + ", ".join(f"{src} `{next(iter(f))}`" for src, f in sorted(per_source.items())))
+    else:
+        lines.append("**warning: the jobs used different corpora / tokenizers (fingerprints differ; see Runs)**")
     vers = shared(lambda j: j.summary.get("versions"))
     if vers:
         lines.append("versions: " + ", ".join(f"{k} {v}" for k, v in vers.items()))
