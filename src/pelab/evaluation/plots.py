@@ -8,6 +8,7 @@ no global figure registry to leak, no GUI backend, safe in worker processes and 
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -54,7 +55,7 @@ def _finish(ax, xlabel: str, ylabel: str, title: str, n_series: int) -> None:
     """Labels, title, grid and legend of a line plot."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_title("\n".join(textwrap.wrap(title, 70)), fontsize=10)  # a long title wider than its axes is cut off
     ax.grid(True, which="both", alpha=0.3)
     _legend(ax, n_series)
 
