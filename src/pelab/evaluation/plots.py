@@ -87,6 +87,8 @@ def plot_ppl_vs_length(
     ax.axvline(train_length, color="grey", linestyle="--", linewidth=1, label=f"train length {train_length}")
     ax.set_xscale("log", base=2)
     ax.set_yscale(yscale)
+    if yscale == "log":
+        plain_log_ticks(ax.yaxis)  # 3, 4, 6, 10 rather than 3x10^0
     ticks = sorted(all_x | {int(train_length)})
     ax.set_xticks(ticks)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{round(v)}"))
