@@ -155,6 +155,7 @@ def question_figures(families: Mapping[str, Sequence], out: Path) -> dict[str, P
         paths[name] = save_figure(fig, out / f"{name}.png")
     return paths
 
+
 def _nanmean(xs: Sequence[float]) -> float | None:
     xs = [x for x in xs if np.isfinite(x)]
     return float(np.mean(xs)) if xs else None

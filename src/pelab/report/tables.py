@@ -399,12 +399,11 @@ def common_settings(jobs: Sequence[Job]) -> list[str]:
     lengths = shared(lambda j: j.extrapolation.get("lengths"))  # as evaluated, in tokens (eval.lengths may be
     if lengths:  # multiples of the training length)
         lines.append(f"evaluation lengths (tokens): `{lengths}`")
-    fp = shared(short_hash)
     per_source: dict[str, set[str]] = {}  # a study across corpora: one fingerprint per data.source is by design
     for j in jobs:
         per_source.setdefault(str(j.setting("data.source")), set()).add(short_hash(j))
-    if fp:
-        lines.append(f"corpus + tokenizer fingerprint: `{fp}`")
+    if len(fps := set().union(*per_source.values())) == 1:
+        lines.append(f"corpus + tokenizer fingerprint: `{next(iter(fps))}`")
     elif len(per_source) > 1 and all(len(f) == 1 for f in per_source.values()):
         lines.append("corpus + tokenizer fingerprint: one per corpus, "
                      + ", ".join(f"{src} `{next(iter(f))}`" for src, f in sorted(per_source.items())))
