@@ -95,6 +95,20 @@ def test_a_top_up_on_one_corpus_runs_the_question_schemes_there_only(tmp_path):
         "CORPORA: stdlib and/or django_docs, not 'wikitext'")
 
 
+def test_the_retrieval_studys_second_arm_runs_its_schemes_at_the_shared_rate_whatever_the_grid_chose(tmp_path):
+    """The second arm (lr1e-3): the four question schemes on both corpora at 1e-3 from its own rates file, not CHOICE's
+    (distinct rates here, so a lookup in the grid's choice shows), seeds 0-7, in sweeps under <root>/lr1e-3."""
+    proc, commands = dry_run(tmp_path, "experiments/lost_in_the_middle/v4/run.sh", "lr1e-3")
+    assert proc.returncode == 0, proc.stderr
+    dirs = {a.removeprefix("hydra.sweep.dir=") for c in commands for a in c if a.startswith("hydra.sweep.dir=")}
+    assert dirs == {f"{tmp_path}/root/lr1e-3/sweep-{s}.{c}" for s in ("rope", "alibi", "fire", "nope")
+                    for c in ("stdlib", "django_docs")}
+    assert all("optim.lr=0.001" in c and "seed=0,1,2,3,4,5,6,7" in c for c in commands)
+    cfg = compose(one_job(commands[-1]))
+    validate(cfg)
+    assert cfg.optim.lr == 1e-3 and "lr1e-3" in cfg.tags and cfg.data.recall_mix == 0.25
+
+
 def test_the_retrieval_studys_ruler_phase_runs_every_kind_for_each_question_scheme(tmp_path):
     proc, commands = dry_run(tmp_path, "experiments/lost_in_the_middle/v4/run.sh", "ruler")
     assert proc.returncode == 0, proc.stderr

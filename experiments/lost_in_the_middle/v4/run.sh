@@ -8,6 +8,8 @@
 # worktree of the commit pinned at the first launch (<root>/COMMIT; ../../pinned.sh).
 #   questions    RoPE, ALiBi, FIRE and NoPE (the declared questions' schemes), SEEDS (default 0 1 2 3: the first four,
 #                after which the pooled sd is re-estimated; then SEEDS="4 5 6 7" and any top-up)
+#   lr1e-3       the second arm, declared after the first arm's seeds 0-3 (README.md): the same schemes and questions
+#                at one shared rate, 1e-3 (lr1e-3/rates.json), seeds 0-7 (SEEDS), into <root>/lr1e-3, same commit
 #   descriptive  sinusoidal, T5 bias and FoX, seeds 0-2 (SEEDS), no questions
 #   ruler        the six RULER-style kinds at their minimum difficulty for each question scheme, seed 0, code corpus, at
 #                the kinds' own preset rate (experiments/ruler/run.sh with PE=<scheme>, into <root>/ruler, same commit)
@@ -24,12 +26,19 @@
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../../pinned.sh"
-phase=${1:?"questions, descriptive or ruler"}
+phase=${1:?"questions, lr1e-3, descriptive or ruler"}
 root=${2:-/work/studies/lost_in_the_middle_v4}
 question_schemes="rope alibi fire nope"
 case $phase in
   questions) schemes=$question_schemes; seeds=${SEEDS:-0 1 2 3} ;;
   descriptive) schemes="sinusoidal t5_bias fox"; seeds=${SEEDS:-0 1 2} ;;
+  lr1e-3)  # the second arm (README.md): the questions' schemes at one shared rate, 1e-3 (lr1e-3/rates.json, not the
+    # grid's choice), seeds 0-7, into <root>/lr1e-3 at the first arm's pinned commit, collected into lr1e-3/runs
+    schemes=$question_schemes; seeds=${SEEDS:-0 1 2 3 4 5 6 7}; tags="[lost_in_the_middle,v4,lr1e-3]"
+    CHOICE=$here/lr1e-3/rates.json; RESTORE=${RESTORE-$here/lr1e-3/runs}
+    commit=$(pinned_commit "$root") || exit 2
+    root=$root/lr1e-3
+    [ -n "${DRY_RUN:-}" ] || { mkdir -p "$root"; [ -s "$root/COMMIT" ] || echo "$commit" > "$root/COMMIT"; } ;;
   ruler)
     commit=$(pinned_commit "$root")
     [ -n "${DRY_RUN:-}" ] || { mkdir -p "$root/ruler"; [ -s "$root/ruler/COMMIT" ] || echo "$commit" > "$root/ruler/COMMIT"; }
@@ -37,12 +46,12 @@ case $phase in
       PE=$scheme PINNED_ROOT=$PINNED_ROOT bash "$here/../../ruler/run.sh" "$root/ruler" || exit $?
     done
     exit 0 ;;
-  *) echo "phase: questions, descriptive or ruler, not '$phase'" >&2; exit 2 ;;
+  *) echo "phase: questions, lr1e-3, descriptive or ruler, not '$phase'" >&2; exit 2 ;;
 esac
 # text and mqar rows, the default run's mix (conf/data/_loader.yaml; the preset alone trains on mqar rows only, where
 # the corpus would not enter): README.md, "Setting"
 common=(experiment=lost_in_the_middle data.recall_mix=0.25 "data.recall_curriculum=[[0,32,0.5],[200,64,0.5],[400,128,0.25]]"
-        data.recall_loss=two_means "tags=[lost_in_the_middle,v4]")
+        data.recall_loss=two_means "tags=${tags:-[lost_in_the_middle,v4]}")
 RESTORE=${RESTORE-$here/runs}
 # shellcheck disable=SC2086  # the schemes are words
 corpus_sweeps "$root" "$seeds" $schemes
