@@ -177,7 +177,10 @@ def test_the_gpu_plan_runs_every_study_with_its_declared_seeds_on_the_gpu(tmp_pa
         seeds[key] = seeds.get(key, 0) + 1
     eight, three = "0,1,2,3,4,5,6,7", "0,1,2"
     assert seeds[("length_extrapolation", eight)] == 8 and seeds[("length_extrapolation", three)] == 10
-    assert seeds[("lost_in_the_middle", eight)] == 8 and seeds[("lost_in_the_middle", three)] == 6
+    assert seeds[("lost_in_the_middle", eight)] == 16 and seeds[("lost_in_the_middle", three)] == 6  # two arms
+    second_arm = [c for c in trains if any(a.startswith(f"hydra.sweep.dir={tmp_path}/root/lost_in_the_middle/lr1e-3/")
+                                           for a in c)]
+    assert len(second_arm) == 8 and all("optim.lr=0.001" in c for c in second_arm)
     parents = {c[2] for c in trains if "experiment=context_extension" in c}
     assert parents == {f"seed={s}" for s in range(12)}
     for study in ("length_extrapolation", "lost_in_the_middle", "context_extension"):  # one job each, as Hydra will
