@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +26,13 @@ from pelab.report.comparisons import COMPARED
 from pelab.report.comparisons import compare as compare_rows
 from pelab.report.discovery import Job, find_jobs
 from pelab.report.figures import make_figures, question_figures
-from pelab.report.probe_tables import offset_table, paired_table, probe_tables, shape_table
+from pelab.report.probe_tables import (
+    baselines_text,
+    not_acquired_tables,
+    offset_table,
+    paired_table,
+    probe_tables,
+)
 from pelab.report.questions import (
     answer_across,
     answer_all,
@@ -296,22 +300,14 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
         md.append("Not acquired in-window, so left out of the probe tables and figures: " + ", ".join(not_acquired)
                   + ".")
     for kind in probe_kinds(probed):
-        pairs = [(r, p) for r in probed if (p := probe_panel(r, kind))]  # a row that never probed the kind has none
-        kind_rows, panels = [r for r, _ in pairs], [p for _, p in pairs]
-        chance = [p["chance"] for p in panels if math.isfinite(p["chance"])]
-        copy = [p["copy"] for p in panels if math.isfinite(p.get("copy", math.nan))]
+        kind_rows = [r for r in probed if probe_panel(r, kind)]  # a row that never probed the kind has none
+        baselines = baselines_text(kind_rows, kind)
         section(
             f"Probe: {kind}",
             probe_tables(kind_rows, kind),
             [f"probe_{kind}_vs_length"],
-            (
-                f"Retrieval accuracy with the answer at each depth of contexts of each length; chance ≈ "
-                f"{statistics.fmean(chance):.2g}"
-                + (f", copying a random value of the context ≈ {statistics.fmean(copy):.2g}" if copy else "")
-                + ". * = training length."
-            )
-            if chance
-            else "",
+            f"Retrieval accuracy with the answer at each depth of contexts of each length; {baselines}. * = training "
+            "length." if baselines else "",
         )
     for kind in offset_kinds(probed):
         title = kind_title(kind)
@@ -319,9 +315,8 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
     unlearned = not_acquired_rows(rows)
     section(
         "Runs that did not acquire retrieval",
-        [t for kind in probe_kinds(unlearned) if kind not in offset_kinds(unlearned) for t in (
-            interval_table(unlearned, f"probe/{kind}/acc", f"{kind}, not acquired: accuracy (mean over depths)"),
-            shape_table(unlearned, kind, f"{kind}, not acquired: shape of the depth curve"))] if unlearned else [],
+        [t for kind in probe_kinds(unlearned) if kind not in offset_kinds(unlearned)
+         for t in not_acquired_tables(unlearned, kind)] if unlearned else [],
         text=("Their in-window accuracy never reached the criterion, so what they retrieve past the window is not "
               "read as extrapolation; shown for what they did learn (e.g. the shape of their depth curves)."
               if unlearned else ""),

@@ -34,6 +34,28 @@ from pelab.report.tables import (
 )
 
 
+def baselines_text(rows: Sequence[Row], kind: str) -> str:
+    """What a probe's accuracy is read against, over the rows that probed `kind`: chance (a random answer) and, where
+    the kind has one, copying a random value of the context (1/N for mqar: what a run that learned to copy but not to
+    look up scores). "" when no row probed the kind."""
+    panels = [p for r in rows if (p := probe_panel(r, kind))]
+    chance = [p["chance"] for p in panels if np.isfinite(p["chance"])]
+    copy = [p["copy"] for p in panels if np.isfinite(p.get("copy", np.nan))]
+    if not chance:
+        return ""
+    return f"chance ≈ {np.mean(chance):.3g}" + (
+        f", copying a random value of the context ≈ {np.mean(copy):.3g}" if copy else "")
+
+
+def not_acquired_tables(rows: Sequence[Row], kind: str) -> list[Table | None]:
+    """The runs that never met the in-window criterion: their accuracy by length, read against the baselines (a run
+    that learned to copy but not to look up sits at the copy baseline), and the shape of their depth curves."""
+    b = baselines_text(rows, kind)
+    return [interval_table(rows, f"probe/{kind}/acc", f"{kind}, not acquired: accuracy (mean over depths)",
+                           caption=f"Read against {b}." if b else ""),
+            shape_table(rows, kind, f"{kind}, not acquired: shape of the depth curve")]
+
+
 def falls_to_copy(row: Row, kind: str) -> str:
     """The shortest probed length whose mean accuracy's 95% interval reaches down to copying a random value
     of the context (1/N for mqar): where retrieval is no better than that baseline. "—": never within the
