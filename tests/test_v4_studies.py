@@ -135,6 +135,18 @@ def test_context_extension_runs_on_prose_the_parent_at_the_rope_rate_and_the_arm
     assert {"rerope", "string", "yarn", "linear"} <= evals
 
 
+def test_context_extension_by_default_trains_the_parent_at_its_own_rates_file_not_the_grids(tmp_path):
+    """No CHOICE: the study's rates.json (1e-3 for RoPE on prose, decided before any run), the arms at half."""
+    env = {k: v for k, v in os.environ.items() if k != "CHOICE"}
+    proc = subprocess.run(["bash", str(ROOT / "experiments/context_extension/v4/run.sh"), str(tmp_path / "root")],
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, check=False,
+                          env={**env, "DRY_RUN": "1", "SEEDS": "0", "VENV_PY": sys.executable})
+    assert proc.returncode == 0, proc.stderr
+    rates = sorted(a for line in proc.stdout.splitlines() if line.startswith("train.py") for a in line.split()
+                   if a.startswith("optim.lr="))
+    assert rates == ["optim.lr=0.0005"] * 3 + ["optim.lr=0.001"]  # the fine-tuned arms and the control; the parent
+
+
 @pytest.mark.parametrize("script, args, missing", [
     ("experiments/length_extrapolation/v4/run.sh", ["questions"], "rnope_swa on corpus django_docs"),
     ("experiments/lost_in_the_middle/v4/run.sh", ["descriptive"], "fox on corpus django_docs"),

@@ -3,7 +3,8 @@
 # sharing the one GPU: WORKERS (default 8) workers, EXTRA="trainer=gpu trainer.precision=bf16-mixed" on every training
 # job, the declared seeds in one go (no re-estimate between phases: this is a replicate, reported beside the CPU runs
 # and not pooled with them; the claims stay with the CPU runs), each study into <root>/<study>. The rates are the CPU
-# grid's (experiments/lr_grid/choice.json, CHOICE names another file): a missing one stops the launch with one line.
+# studies' (the grid's experiments/lr_grid/choice.json; the retrieval study's second arm and the context extension
+# their own rates.json; CHOICE names another file): a missing one stops the launch with one line.
 # Relaunch the same command to go on (the studies' scripts skip finished jobs). DRY_RUN=1 prints the commands.
 #   bash experiments/gpu/studies_v4.sh [root]      (root: /work/studies/gpu_v4)
 # The device machine lacks hydra-core, omegaconf and wandb: they travel as wheels (the v4 READMEs, "The GPU plan").
