@@ -95,15 +95,20 @@ def test_a_top_up_on_one_corpus_runs_the_question_schemes_there_only(tmp_path):
         "CORPORA: stdlib and/or django_docs, not 'wikitext'")
 
 
-def test_the_retrieval_studys_second_arm_runs_its_schemes_at_the_shared_rate_whatever_the_grid_chose(tmp_path):
-    """The second arm (lr1e-3): the four question schemes on both corpora at 1e-3 from its own rates file, not CHOICE's
-    (distinct rates here, so a lookup in the grid's choice shows), seeds 0-7, in sweeps under <root>/lr1e-3."""
-    proc, commands = dry_run(tmp_path, "experiments/lost_in_the_middle/v4/run.sh", "lr1e-3")
+@pytest.mark.parametrize("phase, schemes, seeds", [
+    ("lr1e-3", ("rope", "alibi", "fire", "nope"), "0,1,2,3,4,5,6,7"),
+    ("lr1e-3-descriptive", ("sinusoidal", "t5_bias", "fox"), "0,1,2"),
+])
+def test_the_retrieval_studys_second_arm_runs_its_schemes_at_the_shared_rate_whatever_the_grid_chose(
+        tmp_path, phase, schemes, seeds):
+    """The second arm (lr1e-3): the four question schemes (or the descriptive rows) on both corpora at 1e-3 from its
+    own rates file, not CHOICE's (distinct rates here, so a lookup in the grid's choice shows), in sweeps under
+    <root>/lr1e-3."""
+    proc, commands = dry_run(tmp_path, "experiments/lost_in_the_middle/v4/run.sh", phase)
     assert proc.returncode == 0, proc.stderr
     dirs = {a.removeprefix("hydra.sweep.dir=") for c in commands for a in c if a.startswith("hydra.sweep.dir=")}
-    assert dirs == {f"{tmp_path}/root/lr1e-3/sweep-{s}.{c}" for s in ("rope", "alibi", "fire", "nope")
-                    for c in ("stdlib", "django_docs")}
-    assert all("optim.lr=0.001" in c and "seed=0,1,2,3,4,5,6,7" in c for c in commands)
+    assert dirs == {f"{tmp_path}/root/lr1e-3/sweep-{s}.{c}" for s in schemes for c in ("stdlib", "django_docs")}
+    assert len(commands) == len(dirs) and all("optim.lr=0.001" in c and f"seed={seeds}" in c for c in commands)
     cfg = compose(one_job(commands[-1]))
     validate(cfg)
     assert cfg.optim.lr == 1e-3 and "lr1e-3" in cfg.tags and cfg.data.recall_mix == 0.25
@@ -189,10 +194,10 @@ def test_the_gpu_plan_runs_every_study_with_its_declared_seeds_on_the_gpu(tmp_pa
         seeds[key] = seeds.get(key, 0) + 1
     eight, three = "0,1,2,3,4,5,6,7", "0,1,2"
     assert seeds[("length_extrapolation", eight)] == 8 and seeds[("length_extrapolation", three)] == 10
-    assert seeds[("lost_in_the_middle", eight)] == 16 and seeds[("lost_in_the_middle", three)] == 6  # two arms
+    assert seeds[("lost_in_the_middle", eight)] == 16 and seeds[("lost_in_the_middle", three)] == 12  # two arms
     second_arm = [c for c in trains if any(a.startswith(f"hydra.sweep.dir={tmp_path}/root/lost_in_the_middle/lr1e-3/")
                                            for a in c)]
-    assert len(second_arm) == 8 and all("optim.lr=0.001" in c for c in second_arm)
+    assert len(second_arm) == 8 + 6 and all("optim.lr=0.001" in c for c in second_arm)
     parents = {c[2] for c in trains if "experiment=context_extension" in c}
     assert parents == {f"seed={s}" for s in range(12)}
     for study in ("length_extrapolation", "lost_in_the_middle", "context_extension"):  # one job each, as Hydra will

@@ -20,4 +20,5 @@ step bash "$here/length_extrapolation/v4/run.sh" descriptive "$root/length_extra
 SEEDS="0 1 2 3 4 5 6 7" step bash "$here/lost_in_the_middle/v4/run.sh" questions "$root/lost_in_the_middle"
 step bash "$here/lost_in_the_middle/v4/run.sh" lr1e-3 "$root/lost_in_the_middle"  # its second arm, at 1e-3 (seeds 0-7)
 step bash "$here/lost_in_the_middle/v4/run.sh" descriptive "$root/lost_in_the_middle"
+step bash "$here/lost_in_the_middle/v4/run.sh" lr1e-3-descriptive "$root/lost_in_the_middle"
 SEEDS="0 1 2 3 4 5 6 7 8 9 10 11" step bash "$here/context_extension/v4/run.sh" "$root/context_extension"

@@ -10,6 +10,7 @@
 #                after which the pooled sd is re-estimated; then SEEDS="4 5 6 7" and any top-up)
 #   lr1e-3       the second arm, declared after the first arm's seeds 0-3 (README.md): the same schemes and questions
 #                at one shared rate, 1e-3 (lr1e-3/rates.json), seeds 0-7 (SEEDS), into <root>/lr1e-3, same commit
+#   lr1e-3-descriptive  the descriptive rows in the second arm: sinusoidal, T5 bias and FoX at 1e-3, seeds 0-2
 #   descriptive  sinusoidal, T5 bias and FoX, seeds 0-2 (SEEDS), no questions
 #   ruler        the six RULER-style kinds at their minimum difficulty for each question scheme, seed 0, code corpus, at
 #                the kinds' own preset rate (experiments/ruler/run.sh with PE=<scheme>, into <root>/ruler, same commit)
@@ -26,15 +27,18 @@
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../../pinned.sh"
-phase=${1:?"questions, lr1e-3, descriptive or ruler"}
+phase=${1:?"questions, lr1e-3, descriptive, lr1e-3-descriptive or ruler"}
 root=${2:-/work/studies/lost_in_the_middle_v4}
 question_schemes="rope alibi fire nope"
 case $phase in
   questions) schemes=$question_schemes; seeds=${SEEDS:-0 1 2 3} ;;
   descriptive) schemes="sinusoidal t5_bias fox"; seeds=${SEEDS:-0 1 2} ;;
-  lr1e-3)  # the second arm (README.md): the questions' schemes at one shared rate, 1e-3 (lr1e-3/rates.json, not the
-    # grid's choice), seeds 0-7, into <root>/lr1e-3 at the first arm's pinned commit, collected into lr1e-3/runs
-    schemes=$question_schemes; seeds=${SEEDS:-0 1 2 3 4 5 6 7}; tags="[lost_in_the_middle,v4,lr1e-3]"
+  lr1e-3|lr1e-3-descriptive)  # the second arm (README.md) at one shared rate, 1e-3 (lr1e-3/rates.json, not the
+    # grid's choice): the questions' schemes, seeds 0-7, or the descriptive rows, seeds 0-2; into <root>/lr1e-3 at the
+    # first arm's pinned commit, collected into lr1e-3/runs
+    if [ "$phase" = lr1e-3 ]; then schemes=$question_schemes; seeds=${SEEDS:-0 1 2 3 4 5 6 7}
+    else schemes="sinusoidal t5_bias fox"; seeds=${SEEDS:-0 1 2}; fi
+    tags="[lost_in_the_middle,v4,lr1e-3]"
     CHOICE=$here/lr1e-3/rates.json; RESTORE=${RESTORE-$here/lr1e-3/runs}
     commit=$(pinned_commit "$root") || exit 2
     root=$root/lr1e-3
@@ -46,7 +50,7 @@ case $phase in
       PE=$scheme PINNED_ROOT=$PINNED_ROOT bash "$here/../../ruler/run.sh" "$root/ruler" || exit $?
     done
     exit 0 ;;
-  *) echo "phase: questions, lr1e-3, descriptive or ruler, not '$phase'" >&2; exit 2 ;;
+  *) echo "phase: questions, lr1e-3, descriptive, lr1e-3-descriptive or ruler, not '$phase'" >&2; exit 2 ;;
 esac
 # text and mqar rows, the default run's mix (conf/data/_loader.yaml; the preset alone trains on mqar rows only, where
 # the corpus would not enter): README.md, "Setting"
