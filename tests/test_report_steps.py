@@ -118,6 +118,21 @@ def test_cost_sums_the_finished_runs_cpu_and_wall_hours_per_folder(tmp_path, cap
     assert "nowhere is not a folder" in capsys.readouterr().err
 
 
+def test_a_study_roots_sweeps_are_found_at_any_depth(tmp_path):
+    """A study's root stands for every sweep under it: its own sweep-* and an arm's (<root>/lr1e-3/sweep-*), not a
+    single run's folder (hydra.run.dir: no multirun.yaml); a sweep named itself is itself."""
+    from pelab.report.generated import study_sweeps
+
+    for sweep in ("sweep-rope.stdlib", "lr1e-3/sweep-rope.stdlib"):
+        (tmp_path / sweep / "0_rope-s0").mkdir(parents=True)
+        (tmp_path / sweep / "multirun.yaml").write_text("hydra: {}\n")
+        (tmp_path / sweep / "0_rope-s0" / "summary.json").write_text("{}")
+    (tmp_path / "ruler" / "rope-vt-L128-s0").mkdir(parents=True)
+    (tmp_path / "ruler" / "rope-vt-L128-s0" / "summary.json").write_text("{}")
+    assert study_sweeps([tmp_path]) == [tmp_path / "lr1e-3/sweep-rope.stdlib", tmp_path / "sweep-rope.stdlib"]
+    assert study_sweeps([tmp_path / "sweep-rope.stdlib"]) == [tmp_path / "sweep-rope.stdlib"]
+
+
 @pytest.mark.slow
 def test_progress_counts_a_sweeps_jobs_by_state_and_estimates_the_cpu_left(sweep, tmp_path, capsys):
     """The jobs of a sweep by state, from its job folders and the multirun.yaml Hydra wrote (the shared 2 x 2
