@@ -301,7 +301,6 @@ def test_report_labels_two_corpora_by_their_source_not_by_a_knob_that_came_with_
     assert grouping.also == ["data.test_fraction"]
 
 
-
 def test_setup_names_one_fingerprint_per_corpus_and_warns_only_when_a_corpus_has_two(tmp_path):
     """A study across corpora (data.source) has one corpus fingerprint per corpus by design: the Setup list names
     each; two fingerprints within one corpus (another tokenizer or corpus version mixed in) stay a warning."""
@@ -317,6 +316,7 @@ def test_setup_names_one_fingerprint_per_corpus_and_warns_only_when_a_corpus_has
     mixed = [*two, job("stdlib", "0000ffff00")]
     assert any(line.startswith("**warning: the jobs used different corpora") for line in common_settings(mixed))
     assert "corpus + tokenizer fingerprint: `a8dd7179`" in common_settings(two[:2])
+
 
 def test_report_labels_variants_and_fills_knobs_older_runs_lack(tmp_path):
     rope = {"name": "rope", "base": 10000.0}

@@ -29,15 +29,15 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../../pinned.sh"
 phase=${1:?"questions, lr1e-3, descriptive, lr1e-3-descriptive or ruler"}
 root=${2:-/work/studies/lost_in_the_middle_v4}
-question_schemes="rope alibi fire nope"
+question_schemes="rope alibi fire nope" descriptive_schemes="sinusoidal t5_bias fox"
 case $phase in
   questions) schemes=$question_schemes; seeds=${SEEDS:-0 1 2 3} ;;
-  descriptive) schemes="sinusoidal t5_bias fox"; seeds=${SEEDS:-0 1 2} ;;
+  descriptive) schemes=$descriptive_schemes; seeds=${SEEDS:-0 1 2} ;;
   lr1e-3|lr1e-3-descriptive)  # the second arm (README.md) at one shared rate, 1e-3 (lr1e-3/rates.json, not the
     # grid's choice): the questions' schemes, seeds 0-7, or the descriptive rows, seeds 0-2; into <root>/lr1e-3 at the
     # first arm's pinned commit, collected into lr1e-3/runs
     if [ "$phase" = lr1e-3 ]; then schemes=$question_schemes; seeds=${SEEDS:-0 1 2 3 4 5 6 7}
-    else schemes="sinusoidal t5_bias fox"; seeds=${SEEDS:-0 1 2}; fi
+    else schemes=$descriptive_schemes; seeds=${SEEDS:-0 1 2}; fi
     tags="[lost_in_the_middle,v4,lr1e-3]"
     CHOICE=$here/lr1e-3/rates.json; RESTORE=${RESTORE-$here/lr1e-3/runs}
     commit=$(pinned_commit "$root") || exit 2
