@@ -240,6 +240,32 @@ def test_refill_names_a_title_the_report_lacks(tmp_path):
     assert "Renamed table" in page.read_text()  # the page is left as it was
 
 
+def test_refill_names_a_title_with_nothing_under_it_and_never_fills_the_next_title_in_its_place(tmp_path):
+    """A placeholder title left bare (the claims written with no `- ` line) above another title: the refill used to
+    read the next title as the first one's caption and put the claims in the table's place, dropping that title."""
+    import pytest
+
+    from pelab.errors import ReportError
+    from pelab.report.generated import TITLED, refill
+
+    out = tmp_path / "report"
+    page = tmp_path / "study.md"
+    bare = PAGE.format(out=out).replace("**Claims**\n\n- an old claim\n", "**Claims**\n\n")
+    bare = bare.replace("**Perplexity by length**", "**Claims**\n\n**Perplexity by length**", 1).replace(
+        "**Claims**\n\n<!-- end", "<!-- end")
+    page.write_text(bare)
+    assert [m["title"] for m in TITLED.finditer(bare)] == ["Perplexity by length"]  # no title eats the next one
+
+    def report(argv: list[str]) -> int:
+        out.mkdir(exist_ok=True)
+        (out / "report.md").write_text(REPORT)
+        return 0
+
+    with pytest.raises(ReportError, match="study.md: the title 'Claims' has no table .* or list .* under it"):
+        refill([page], report)
+    assert page.read_text() == bare  # the page is left as it was
+
+
 def test_refill_of_a_failing_report_is_one_line_naming_the_page(tmp_path, capsys, monkeypatch):
     page = tmp_path / "study.md"
     page.write_text(PAGE.format(out=tmp_path / "report"))

@@ -33,9 +33,13 @@ from pelab.summary import SUMMARY_FILE
 
 BLOCK = re.compile(r"(<!-- generated: python -m pelab\.report (?P<args>[^>]*?) -->\n)(?P<body>.*?)(<!-- end generated -->)",
                    re.DOTALL)
-# a table under its bold title, with the report's caption paragraph between them or not; or a list under its bold
-# title (the generated claim sentences); a title starts its line (a bold word inside a paragraph is no title)
-TITLED = re.compile(r"(?m)^(\*\*(?P<title>[^*\n]+)\*\*[^\n]*\n\n)(?:[^|\n-][^\n]*\n\n)?((?:\|[^\n]*\n)+|(?:- [^\n]*\n)+)")
+# a table under its bold title, with the report's caption paragraph between them or not (never another title: a
+# title with nothing under it would take the next one's place); or a list under its bold title (the generated claim
+# sentences); a title starts its line (a bold word inside a paragraph is no title)
+TITLED = re.compile(r"(?m)^(\*\*(?P<title>[^*\n]+)\*\*[^\n]*\n\n)(?:(?!\*\*)[^|\n-][^\n]*\n\n)?"
+                   r"((?:\|[^\n]*\n)+|(?:- [^\n]*\n)+)")
+# a bold title at the start of a line (refill_block: one of the report's with nothing under it is an error)
+TITLE_LINE = re.compile(r"(?m)^\*\*(?P<title>[^*\n]+)\*\*")
 # what `collect` copies from a finished run folder: what the reports and the findings are made from
 COLLECTED = (SUMMARY_FILE, "csv/metrics.csv", ".hydra/overrides.yaml")
 
@@ -252,7 +256,13 @@ def report_tables(markdown: str) -> dict[str, str]:
 
 
 def refill_block(body: str, tables: dict[str, str], page: Path) -> str:
-    """`body` with each titled table replaced by the report's table of that title."""
+    """`body` with each titled table replaced by the report's table of that title. A report title on the page with no
+    table (`| |`) or list (`- `) under it is an error: refilled as it stands, the next title would go unfilled."""
+    filled = {m["title"] for m in TITLED.finditer(body)}
+    bare = [t for t in (m["title"] for m in TITLE_LINE.finditer(body)) if t in tables and t not in filled]
+    if bare:
+        raise ReportError(f"{page}: the title {bare[0]!r} has no table ('| |') or list ('- ') under it to refill")
+
     def one(m: re.Match) -> str:
         if m["title"] not in tables:
             raise ReportError(f"{page}: the report has no table titled {m['title']!r}; titles: {sorted(tables)}")
