@@ -120,7 +120,8 @@ def test_cost_sums_the_finished_runs_cpu_and_wall_hours_per_folder(tmp_path, cap
 
 def test_a_study_roots_sweeps_are_found_at_any_depth(tmp_path):
     """A study's root stands for every sweep under it: its own sweep-* and an arm's (<root>/lr1e-3/sweep-*), not a
-    single run's folder (hydra.run.dir: no multirun.yaml); a sweep named itself is itself."""
+    single run's folder (hydra.run.dir: no multirun.yaml); a sweep named itself is itself; a root with no sweep, the
+    folders that hold its runs."""
     from pelab.report.generated import study_sweeps
 
     for sweep in ("sweep-rope.stdlib", "lr1e-3/sweep-rope.stdlib"):
@@ -131,6 +132,12 @@ def test_a_study_roots_sweeps_are_found_at_any_depth(tmp_path):
     (tmp_path / "ruler" / "rope-vt-L128-s0" / "summary.json").write_text("{}")
     assert study_sweeps([tmp_path]) == [tmp_path / "lr1e-3/sweep-rope.stdlib", tmp_path / "sweep-rope.stdlib"]
     assert study_sweeps([tmp_path / "sweep-rope.stdlib"]) == [tmp_path / "sweep-rope.stdlib"]
+    # a study of single runs (no sweep inside: the context extension's layout): each folder holding run folders
+    single = tmp_path / "ce"
+    for run in ("parents/s0", "parents/s1", "free/s0/yarn", "free/s0/ntk", "children/s0/yarn"):
+        (single / run).mkdir(parents=True)
+        (single / run / "summary.json").write_text("{}")
+    assert study_sweeps([single]) == [single / "children/s0", single / "free/s0", single / "parents"]
 
 
 @pytest.mark.slow

@@ -40,6 +40,39 @@ def test_a_second_launch_into_a_held_folder_is_refused_naming_the_holder(tmp_pat
 
 
 @pytest.mark.slow
+def test_an_evaluation_holds_its_folder_as_a_training_run_does(tmp_path, trained_run, monkeypatch):
+    """eval.py into a folder a live job holds is refused naming the holder, before it writes anything; while it runs
+    the folder is its own (so `report progress` counts it running, not stopped), and it lets go when done."""
+    from pelab.errors import ConfigError
+    from pelab.runs.folder import LOCK
+    from pelab.tasks.evaluate import evaluate
+
+    run, _ = trained_run
+    args = [f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}", "logger=csv", "eval.lengths=[1]", "eval.tokens=512",
+            "probes.lengths=[1]"]
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / LOCK).write_text(f"{sleeper.pid}\n")
+        with pytest.raises(ConfigError, match=rf"in use by a running job \(pid {sleeper.pid}\)"):
+            evaluate(compose(args, tmp_path, config_name="eval"))
+        assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK]  # nothing written beside the holder's lock
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    import pelab.tasks.evaluate as ev
+
+    held, real = [], ev.run_task
+
+    def watching(folder, **kw):  # what the folder holds while the evaluation runs
+        held.append((folder / LOCK).read_text().split()[0])
+        return real(folder, **kw)
+
+    monkeypatch.setattr(ev, "run_task", watching)
+    assert evaluate(compose(args, tmp_path, config_name="eval"))["status"] == "ok"
+    assert held == [str(os.getpid())] and not (tmp_path / LOCK).exists()
+
+
+@pytest.mark.slow
 def test_a_fresh_launch_over_a_run_is_refused_and_keeps_it(tmp_path):
     from pelab.errors import ConfigError
 

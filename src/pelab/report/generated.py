@@ -164,14 +164,17 @@ def sweep_jobs(sweep: Path) -> int | None:
 
 def study_sweeps(folders: Sequence[Path]) -> list[Path]:
     """The sweep folders named, a study's root (no job folder of its own) standing for the sweeps inside it, at any
-    depth (`<root>/sweep-*`, an arm's `<root>/<arm>/sweep-*`: each holding Hydra's multirun.yaml)."""
+    depth (`<root>/sweep-*`, an arm's `<root>/<arm>/sweep-*`: each holding Hydra's multirun.yaml); a root with no
+    sweep inside (a study of single runs, hydra.run.dir: the context extension's `<root>/parents/s0`,
+    `<root>/free/s0/yarn`) stands for each folder that holds run folders."""
     out = []
     for folder in folders:
         if not folder.is_dir():
             raise ReportError(f"progress: {folder} is not a folder; give sweep folders (hydra.sweep.dir) or a study's "
                               "root holding them")
         own = (folder / "multirun.yaml").is_file() or any(folder.glob(f"*/{SUMMARY_FILE}"))
-        inside = sorted(p.parent for p in folder.rglob("multirun.yaml"))
+        inside = (sorted(p.parent for p in folder.rglob("multirun.yaml"))
+                  or sorted({p.parent.parent for p in folder.rglob(SUMMARY_FILE)} - {folder}))
         out.extend(inside if inside and not own else [folder])
     return out
 

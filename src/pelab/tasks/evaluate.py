@@ -188,9 +188,13 @@ def evaluate(cfg: DictConfig) -> dict:
 
     check_not_a_training_run(Path(cfg.paths.output_dir), "paths.output_dir")  # also when Hydra's callback did not run
     cfg.ckpt_path = checkpoint_of(str(cfg.ckpt_path))
-    # SIGTERM / Ctrl-C stop at once (status preempted / interrupted): an evaluation is simply rerun.
-    with run_task(Path(cfg.paths.output_dir), task="eval", signals=preemption_signals(),
-                  hint="Rerun the same command to evaluate again.", ckpt_path=str(cfg.ckpt_path)) as task:
+    from pelab.runs.folder import claim
+
+    # SIGTERM / Ctrl-C stop at once (status preempted / interrupted): an evaluation is simply rerun. Its folder is
+    # held as a training run's is: a second launch into it is refused, and `report progress` sees it running.
+    with claim(Path(cfg.paths.output_dir)), run_task(
+            Path(cfg.paths.output_dir), task="eval", signals=preemption_signals(),
+            hint="Rerun the same command to evaluate again.", ckpt_path=str(cfg.ckpt_path)) as task:
         keys = check_command(cfg)  # before torch, Lightning or W&B is imported
         task.record_diff()
         task.record_machine()
