@@ -119,9 +119,8 @@ def test_cost_sums_the_finished_runs_cpu_and_wall_hours_per_folder(tmp_path, cap
 
 
 def test_a_study_roots_sweeps_are_found_at_any_depth(tmp_path):
-    """A study's root stands for every sweep under it: its own sweep-* and an arm's (<root>/lr1e-3/sweep-*), not a
-    single run's folder (hydra.run.dir: no multirun.yaml); a sweep named itself is itself; a root with no sweep, the
-    folders that hold its runs."""
+    """A study's root stands for every sweep under it, its own sweep-* and an arm's (<root>/lr1e-3/sweep-*), and for
+    each folder of single runs (hydra.run.dir: no multirun.yaml) outside them; a sweep named itself is itself."""
     from pelab.report.generated import study_sweeps
 
     for sweep in ("sweep-rope.stdlib", "lr1e-3/sweep-rope.stdlib"):
@@ -130,14 +129,16 @@ def test_a_study_roots_sweeps_are_found_at_any_depth(tmp_path):
         (tmp_path / sweep / "0_rope-s0" / "summary.json").write_text("{}")
     (tmp_path / "ruler" / "rope-vt-L128-s0").mkdir(parents=True)
     (tmp_path / "ruler" / "rope-vt-L128-s0" / "summary.json").write_text("{}")
-    assert study_sweeps([tmp_path]) == [tmp_path / "lr1e-3/sweep-rope.stdlib", tmp_path / "sweep-rope.stdlib"]
+    assert study_sweeps([tmp_path]) == [tmp_path / "lr1e-3/sweep-rope.stdlib", tmp_path / "ruler",
+                                        tmp_path / "sweep-rope.stdlib"]
     assert study_sweeps([tmp_path / "sweep-rope.stdlib"]) == [tmp_path / "sweep-rope.stdlib"]
-    # a study of single runs (no sweep inside: the context extension's layout): each folder holding run folders
-    single = tmp_path / "ce"
-    for run in ("parents/s0", "parents/s1", "free/s0/yarn", "free/s0/ntk", "children/s0/yarn"):
-        (single / run).mkdir(parents=True)
-        (single / run / "summary.json").write_text("{}")
-    assert study_sweeps([single]) == [single / "children/s0", single / "free/s0", single / "parents"]
+    # single runs beside sweeps (the context extension's layout): each folder holding run folders, and each sweep
+    ce = tmp_path / "ce"
+    for run in ("parents/s0", "parents/s1", "free/s0/yarn", "free/s0/ntk", "full/s0/0_rope-s0"):
+        (ce / run).mkdir(parents=True)
+        (ce / run / "summary.json").write_text("{}")
+    (ce / "full/s0/multirun.yaml").write_text("hydra: {}\n")
+    assert study_sweeps([ce]) == [ce / "free/s0", ce / "full/s0", ce / "parents"]
 
 
 @pytest.mark.slow

@@ -164,17 +164,19 @@ def sweep_jobs(sweep: Path) -> int | None:
 
 def study_sweeps(folders: Sequence[Path]) -> list[Path]:
     """The sweep folders named, a study's root (no job folder of its own) standing for the sweeps inside it, at any
-    depth (`<root>/sweep-*`, an arm's `<root>/<arm>/sweep-*`: each holding Hydra's multirun.yaml); a root with no
-    sweep inside (a study of single runs, hydra.run.dir: the context extension's `<root>/parents/s0`,
-    `<root>/free/s0/yarn`) stands for each folder that holds run folders."""
+    depth (`<root>/sweep-*`, an arm's `<root>/<arm>/sweep-*`: each holding Hydra's multirun.yaml), and for each folder
+    that holds single runs (hydra.run.dir) outside them (the context extension's `<root>/parents/s0` and
+    `<root>/free/s0/yarn`: `parents`, `free/s0`)."""
     out = []
     for folder in folders:
         if not folder.is_dir():
             raise ReportError(f"progress: {folder} is not a folder; give sweep folders (hydra.sweep.dir) or a study's "
                               "root holding them")
         own = (folder / "multirun.yaml").is_file() or any(folder.glob(f"*/{SUMMARY_FILE}"))
-        inside = (sorted(p.parent for p in folder.rglob("multirun.yaml"))
-                  or sorted({p.parent.parent for p in folder.rglob(SUMMARY_FILE)} - {folder}))
+        sweeps = {p.parent for p in folder.rglob("multirun.yaml")}
+        singles = {p.parent.parent for p in folder.rglob(SUMMARY_FILE)
+                   if not any(s in p.parents for s in sweeps)} - {folder}
+        inside = sorted(sweeps | singles)
         out.extend(inside if inside and not own else [folder])
     return out
 
