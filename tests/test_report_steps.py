@@ -49,6 +49,15 @@ A caption paragraph the page leaves out.
 """
 
 
+def writes_report(out: Path):
+    """The report command's contract, stubbed: it writes <--out>/report.md (REPORT)."""
+    def report(argv: list[str]) -> int:
+        out.mkdir(exist_ok=True)
+        (out / "report.md").write_text(REPORT)
+        return 0
+    return report
+
+
 def job(sweep: Path, name: str, status: str | None, extra: dict[str, str] | None = None) -> Path:
     folder = sweep / name
     files = {"csv/metrics.csv": "step,loss\n1,2\n", ".hydra/overrides.yaml": "- seed=0\n",
@@ -238,10 +247,7 @@ def test_refill_names_a_title_the_report_lacks(tmp_path):
     page = tmp_path / "study.md"
     page.write_text(PAGE.format(out=out).replace("**Perplexity by length**", "**Renamed table**"))
 
-    def report(argv: list[str]) -> int:
-        out.mkdir(exist_ok=True)
-        (out / "report.md").write_text(REPORT)
-        return 0
+    report = writes_report(out)
 
     with pytest.raises(ReportError, match="study.md: the report has no table titled 'Renamed table'"):
         refill([page], report)
@@ -264,10 +270,7 @@ def test_refill_names_a_title_with_nothing_under_it_and_never_fills_the_next_tit
     page.write_text(bare)
     assert [m["title"] for m in TITLED.finditer(bare)] == ["Perplexity by length"]  # no title eats the next one
 
-    def report(argv: list[str]) -> int:
-        out.mkdir(exist_ok=True)
-        (out / "report.md").write_text(REPORT)
-        return 0
+    report = writes_report(out)
 
     with pytest.raises(ReportError, match="study.md: the title 'Claims' has no table .* or list .* under it"):
         refill([page], report)

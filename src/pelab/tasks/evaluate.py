@@ -186,14 +186,15 @@ def evaluate(cfg: DictConfig) -> dict:
     from pelab.signals import preemption_signals
     from pelab.tasks.preflight import check_not_a_training_run
 
-    check_not_a_training_run(Path(cfg.paths.output_dir), "paths.output_dir")  # also when Hydra's callback did not run
+    out = Path(cfg.paths.output_dir)
+    check_not_a_training_run(out, "paths.output_dir")  # also when Hydra's callback did not run
     cfg.ckpt_path = checkpoint_of(str(cfg.ckpt_path))
     from pelab.runs.folder import claim
 
     # SIGTERM / Ctrl-C stop at once (status preempted / interrupted): an evaluation is simply rerun. Its folder is
     # held as a training run's is: a second launch into it is refused, and `report progress` sees it running.
-    with claim(Path(cfg.paths.output_dir)), run_task(
-            Path(cfg.paths.output_dir), task="eval", signals=preemption_signals(),
+    with claim(out), run_task(
+            out, task="eval", signals=preemption_signals(),
             hint="Rerun the same command to evaluate again.", ckpt_path=str(cfg.ckpt_path)) as task:
         keys = check_command(cfg)  # before torch, Lightning or W&B is imported
         task.record_diff()
