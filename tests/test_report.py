@@ -238,6 +238,41 @@ def test_report_convergence_columns_say_the_fraction_of_training_they_show(tmp_p
     assert rows[0][2:5] == [f"{curve[749]:.2f}", f"{curve[1249]:.2f}", f"{curve[1499]:.2f}"]
 
 
+def test_report_in_window_retrieval_during_training_reads_the_criterions_csv_log(tmp_path):
+    """train/retrieval_acc (the criterion's last check, logged every 5 steps here) at the logged steps nearest 25 / 50 /
+    80 / 100 % of 100 steps, mean ± std over the seeds, and the change over the last fifth with a t-interval over
+    the seeds: whether in-window retrieval still moved when training stopped. Runs on a fixed budget
+    (callbacks.retrieval_criterion.stop=false) only: alibi's run stopped at its criterion and has no row. A seed that
+    missed the criterion (seed 1) is in its row all the same; the seeds are listed in order, whatever the folders'."""
+    import scipy.stats
+
+    rises = {2: 0.3, 0: 0.5, 1: 0.2}  # seed: accuracy gained over the last fifth (seed 1 never meets 0.95)
+    for pe, seed, rise in [*(("rope", s, r) for s, r in rises.items()), ("alibi", 0, 0.6)]:
+        folder = tmp_path / f"{pe}_s{seed}"
+        (folder / "csv").mkdir(parents=True)
+        acc = {s: (s + 1) / 200 for s in range(4, 80, 5)}  # steps 4..79 (CSV steps from 0): 0.025 .. 0.40
+        acc |= {s: 0.40 + rise * (s - 79) / 20 for s in range(84, 100, 5)}  # the last fifth
+        lines = ["epoch,step,train/loss,train/retrieval_acc"] + [f"0,{s},2.0,{v}" for s, v in acc.items()]
+        (folder / "csv" / "metrics.csv").write_text("\n".join(lines) + "\n")
+        stops = pe == "alibi"
+        write_summary(folder, {"status": "ok", "config": {
+            "pe": {"name": pe}, "model": {"name": "tiny"}, "data": {"seq_len": 128}, "seed": seed,
+            "callbacks": {"retrieval_criterion": {"threshold": 0.95, "stop": stops}}},
+            "metrics": {"val/ppl": 5.0, "train/retrieval_acc": acc[99],
+                        "train/steps_to_criterion": 99 if acc[99] >= 0.95 else math.nan}})
+    header, rows = _table(report.build_report([tmp_path], tmp_path / "report").path.read_text(),
+                          "Retrieval training: in-window accuracy during training")
+    assert header[1:] == ["seeds with a log", "accuracy at 25% of steps", "accuracy at 50% of steps",
+                          "accuracy at 80% of steps", "accuracy at 100% of steps",
+                          "change since 80% [95 % t over seeds]"]
+    assert [r[0] for r in rows] == ["rope"]
+    ends = [0.40 + rise for rise in rises.values()]
+    half = scipy.stats.t.ppf(0.975, 2) * statistics.stdev(rises.values()) / math.sqrt(3)
+    mean = statistics.fmean(rises.values())
+    assert rows[0][1:] == ["0,1,2", "0.125 ± 0.000", "0.250 ± 0.000", "0.400 ± 0.000",
+                           f"{statistics.fmean(ends):.3f} ± {statistics.stdev(ends):.3f}",
+                           f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"]
+
 def test_report_rows_split_on_swept_settings_but_not_on_seeds(tmp_path):
     jobs = [
         _job(

@@ -282,10 +282,15 @@ def mean_curve(curves: Sequence[Sequence[Any]]) -> list[float]:
     return seed_mean([c[:n] for c in curves]).tolist() if n else []
 
 
+def curves(row: Row, column: str) -> pd.DataFrame:
+    """steps x seeds of a CSV-logged `column`, for the row's jobs that logged it."""
+    by_seed = {j.setting("seed"): c for j in row.jobs if not (c := j.curve(column)).empty}
+    return pd.DataFrame(by_seed).sort_index()
+
+
 def val_curves(row: Row) -> pd.DataFrame:
     """steps x seeds of validation perplexity, for the row's jobs that kept a CSV log."""
-    curves = {j.setting("seed"): j.val_curve for j in row.jobs if not j.val_curve.empty}
-    return pd.DataFrame(curves).sort_index()
+    return curves(row, "val/ppl")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -64,16 +64,24 @@ class Job:
         return (self.summary.get("evaluation") or {}).get("probes") or {}
 
     @cached_property
-    def val_curve(self) -> pd.Series:
-        """val/ppl by step from the job's CSV log (empty when it kept none: logger=none, or a summary copied
-        without its log)."""
+    def csv_log(self) -> pd.DataFrame:
+        """The job's Lightning CSV log (empty when it kept none: logger=none, or a summary copied without it)."""
         for name in CSV_LOGS:
             if (self.folder / name).is_file():
-                log = pd.read_csv(self.folder / name)
-                if {"step", "val/ppl"} <= set(log.columns):
-                    val = log.dropna(subset=["val/ppl"])
-                    return val.groupby("step")["val/ppl"].last().astype(float)  # a resumed run logs a step again
-        return pd.Series(dtype=float)
+                return pd.read_csv(self.folder / name)
+        return pd.DataFrame()
+
+    def curve(self, column: str) -> pd.Series:
+        """`column` (val/ppl, train/retrieval_acc, ...) by step from the CSV log; empty where it was not logged."""
+        log = self.csv_log
+        if not {"step", column} <= set(log.columns):
+            return pd.Series(dtype=float)
+        return log.dropna(subset=[column]).groupby("step")[column].last().astype(float)  # a resume logs a step again
+
+    @property
+    def val_curve(self) -> pd.Series:
+        """val/ppl by step from the job's CSV log."""
+        return self.curve("val/ppl")
 
 
 def _numeric(v: Any) -> bool:

@@ -62,6 +62,7 @@ from pelab.report.tables import (
     question_along_table,
     question_table,
     retests_table,
+    retrieval_curve_table,
 )
 
 REPORT_FILE = "report.md"
@@ -294,7 +295,8 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
         for sec in evaluation.sections:
             section(sec.heading, [interval_table(rows, metric, title, digits=sec.digits) for metric, title in sec.tables],
                     sec.figures, sec.text)
-    section("Retrieval training (in-window criterion)", [criterion_table(rows), acquisition_table(rows)])
+    section("Retrieval training (in-window criterion)", [criterion_table(rows), retrieval_curve_table(rows),
+                                                           acquisition_table(rows)])
     probed, not_acquired = acquired_rows(rows)
     if not_acquired:
         md.append("Not acquired in-window, so left out of the probe tables and figures: " + ", ".join(not_acquired)

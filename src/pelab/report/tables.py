@@ -30,6 +30,7 @@ from pelab.report.aggregation import (
     along_training_points,
     budget_key,
     by_length,
+    curves,
     fmt_number,
     metric_lengths,
     outcome_matrix,
@@ -228,6 +229,40 @@ def criterion_table(rows: Sequence[Row]) -> Table | None:
         t.rows.append([r.label, ",".join(map(str, r.seeds)), steps, accs])
     return t
 
+
+
+RETRIEVAL_AT = (0.25, 0.5, 0.8, 1.0)  # acquisition happens early (a third to half of training): a quarter is shown
+
+
+def retrieval_curve_table(rows: Sequence[Row]) -> Table | None:
+    """The criterion's in-window accuracy (train/retrieval_acc in the CSV log) at a quarter, half, four fifths and
+    the end of training (mean ± std over the seeds), and its change over the last fifth with a 95 % t-interval over
+    the seeds: is a scheme's in-window retrieval still rising when training stops (an in-window comparison that may
+    still move), or flat (acquired, or stuck)? Every seed, acquired or not, of the runs on a fixed budget: a run that
+    stopped at the criterion (its `stop`) was not left to move."""
+    fixed = [Row(r.label, r.train_length, [j for j in r.jobs if acquired(j) is not None and not bool(
+        (j.setting("callbacks.retrieval_criterion") or {}).get("stop", True))]) for r in rows]
+    found = [(r, c[sorted(c.columns)]) for r in fixed if not (c := curves(r, "train/retrieval_acc")).empty]
+    if not found:
+        return None
+    shown = [c for _, c in found]
+    heads = [f"accuracy at {_shown(shown, f)} of steps" for f in RETRIEVAL_AT]
+    t = Table("Retrieval training: in-window accuracy during training", ["encoding", "seeds with a log", *heads,
+              f"change since {_shown(shown, 0.8)} [95 % t over seeds]"], [], caption=(
+        "callbacks.retrieval_criterion's in-window accuracy from each run's CSV log (csv/metrics.csv), at the "
+        "logged steps nearest a quarter, half, four fifths and the end of training (the columns say which "
+        "fraction they are), every seed whether it acquired the task or not, of the runs on a fixed budget "
+        "(callbacks.retrieval_criterion.stop=false); mean ± std over the seeds. A change "
+        "whose interval excludes 0 means in-window retrieval was still moving at this step budget, so an in-window "
+        "comparison with that row may still move with more steps."))
+    for r, c in found:
+        at = {f: c.apply(_at_fraction, fraction=f) for f in RETRIEVAL_AT}  # per seed
+        change = (at[1.0] - at[0.8]).dropna()
+        lo, hi = t_interval(change.tolist())  # nan with fewer than two seeds: the mean alone
+        moved = "—" if change.empty else f"{change.mean():+.3f}" + (
+            f" [{lo:+.3f}, {hi:+.3f}]" if math.isfinite(lo) else "")
+        t.rows.append([r.label, ",".join(map(str, c.columns)), *(aggregate(at[f], 3) for f in RETRIEVAL_AT), moved])
+    return t
 
 
 def acquisition_table(rows: Sequence[Row]) -> Table | None:
