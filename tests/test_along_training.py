@@ -46,6 +46,28 @@ def test_eval_at_logs_along_training_and_a_kill_between_points_keeps_the_first(t
     assert logged == [validations[1]]  # the mid-schedule point, logged with the validation at step 40
 
 
+def test_eval_at_probes_runs_the_probes_at_each_point_beside_the_perplexity(tmp_path):
+    """eval.at_probes: the point at step 40 of 60 carries the probes' metrics as the end's evaluation does (the same
+    keys: every kind and length, the effective length), logged with that validation; the end point is the run's own
+    final metrics. The gold answer's log-probability at 40 steps is not the end's (the model moved in between)."""
+    out = tmp_path / "run"
+    args = [*FAST, "trainer.max_steps=60", "trainer.val_check_interval=20", "callbacks.throughput=false",
+            "eval.lengths=[1,2]", "eval.tokens=512", "eval.at=[0.5]", "eval.at_probes=true", "probes.enabled=true",
+            "probes.kinds=[kv]", "probes.lengths=[2,4]", "probes.depths=[0.0,1.0]", "probes.samples=8",
+            f"paths.output_dir={out}"]
+    assert train(compose(args))["status"] == "ok"
+    s = summary_of(out)
+    mid, end = s["along_training"]
+    assert (mid["step"], mid["schedule"], end["schedule"]) == (40, "mid-schedule", "end")
+    probe_keys = {k for k in s["metrics"] if k.startswith("probe/")}
+    assert {"probe/kv/acc@64", "probe/kv/acc@128"} <= probe_keys
+    assert {k for k in mid["metrics"] if k.startswith("probe/")} == probe_keys
+    assert all(0.0 <= mid["metrics"][f"probe/kv/acc@{n}"] <= 1.0 for n in (64, 128))
+    assert {k: end["metrics"][k] for k in probe_keys} == {k: s["metrics"][k] for k in probe_keys}
+    assert all(mid["metrics"][f"probe/kv/logprob@{n}"] != s["metrics"][f"probe/kv/logprob@{n}"] for n in (64, 128))
+    logged = [int(r["step"]) for r in csv_rows(out) if r.get("probe/kv/acc@64")]
+    assert logged[:1] == [39]  # CSV steps count from 0: the validation that ends step 40
+
 def test_steps_at_puts_each_fraction_at_the_nearest_validation_before_the_end():
     """{step: fraction}: fraction x max_steps rounded to a validation step (every `every`), at least the first
     validation; 1.0 and anything landing on the last step are the end-of-training evaluation's, not a point."""

@@ -64,6 +64,8 @@ BAD = [
     (["eval.split=dev"], "eval.split"),
     (["eval.at=[0.5,1.5]"], "eval.at"),
     (["eval.at=[0]"], "eval.at"),
+    (["eval.at_probes=true"], "eval.at_probes"),  # no eval.at point to probe at
+    (["eval.at=[0.5]", "eval.at_probes=true", "probes.enabled=false"], "eval.at_probes"),  # no probes to run
     (["eval.tokens=0"], "eval.tokens"),
     # pe: each encoding's own schema (pelab.encodings.resolve_pe_config)
     (["pe=kerple", "pe.variant=bogus"], "pe.variant"),

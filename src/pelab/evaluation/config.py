@@ -76,6 +76,7 @@ class EvalConfig:
     split: str
     batch_tokens: int
     diagnostics: DiagnosticsConfig
+    at_probes: bool = False  # the probes too at each eval.at point
 
 
 @dataclass
@@ -115,6 +116,8 @@ def check_eval(e: DictConfig, train_length: int) -> None:
          "must list fractions of trainer.max_steps in (0, 1], e.g. [0.25, 0.5, 1.0] ([] = at the end only).")
     need(e.at_tokens is None or e.at_tokens >= 1, "eval.at_tokens", e.at_tokens,
          "must be a positive number of tokens, or null (= eval.tokens).")
+    need(not e.at_probes or len(e.at) > 0, "eval.at_probes", e.at_probes,
+         "probes at the eval.at points, and eval.at lists none: set eval.at (e.g. [0.25, 0.5, 0.75]) or drop it.")
     need(e.stride is None or e.stride >= 1, "eval.stride", e.stride, "must be >= 1 or null (= data.seq_len).")
     need(len(e.protocols) > 0 and set(e.protocols) <= set(PROTOCOLS), "eval.protocols", e.protocols,
          f"must be a non-empty list of {show(PROTOCOLS)}.")
@@ -157,6 +160,12 @@ def check_probes(p: DictConfig, train_length: int) -> None:
                  f"{shortest}; lower probes.pairs or drop the short probes.lengths.")
 
 
+def check_at_probes(e: DictConfig, p: DictConfig) -> None:
+    """eval.at_probes needs probes to run."""
+    need(not e.at_probes or (p.enabled and len(p.kinds) > 0), "eval.at_probes", e.at_probes,
+         "probes at the eval.at points, and the run has none: set probes.enabled=true and probes.kinds, or drop it.")
+
+
 def typed_evaluation(cfg: DictConfig) -> tuple[EvalConfig, ProbesConfig]:
     """The `eval` and `probes` groups of a run config, typed and range-checked at its training length
     (`data.seq_len`): what the evaluation suite reads. A key the config lacks is a ConfigError naming it (eval.py
@@ -166,4 +175,5 @@ def typed_evaluation(cfg: DictConfig) -> tuple[EvalConfig, ProbesConfig]:
     p = typed_group(ProbesConfig, resolved_value(cfg, "probes"), "probes")
     check_eval(e, train_length)
     check_probes(p, train_length)
+    check_at_probes(e, p)
     return OmegaConf.to_object(e), OmegaConf.to_object(p)

@@ -141,7 +141,8 @@ def build_trainer(cfg: DictConfig, settings: TrainSettings, precision: str, job:
     if settings.eval.at:
         from pelab.training.callbacks.along_training import EvaluationAlongTraining
 
-        callbacks.append(EvaluationAlongTraining(settings.eval, settings.data.seq_len, on_point=job.add_point))
+        callbacks.append(EvaluationAlongTraining(settings.eval, settings.data.seq_len, on_point=job.add_point,
+                                                 probes=settings.probes if settings.eval.at_probes else None))
     preemption = PreemptionCheckpoint(job.output_dir / "checkpoints" / "last.ckpt", signals, job.quit_now)
     resumed_step = (job.summary.get("resumed_from") or {}).get("step")
     # No W&B run (disabled, or not rank 0): no W&B logger.

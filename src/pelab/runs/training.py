@@ -88,7 +88,8 @@ def run_training(cfg: DictConfig, settings: TrainSettings, job: JobRecord, signa
                             "tokens_seen": module.tokens_per_step() * int(summary["global_step"]),
                             "blocks": ex["blocks"], "split": ex["split"],
                             "seconds": summary["evaluation"]["seconds"]["extrapolation"],
-                            "metrics": {k: v for k, v in final.items() if k.startswith("extrap/")}})
+                            "metrics": {k: v for k, v in final.items()  # the probes too where the points have them
+                                        if k.startswith(("extrap/", "probe/") if settings.eval.at_probes else "extrap/")}})
 
 
 def check_before_training(settings: TrainSettings, module: Any, datamodule: Any, world: int, precision: str,

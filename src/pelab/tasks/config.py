@@ -24,7 +24,7 @@ from pelab.data.recall import import_plugins
 from pelab.data.sources import check_source
 from pelab.encodings import pe_settings
 from pelab.errors import ConfigError
-from pelab.evaluation.config import EvalConfig, ProbesConfig, check_eval, check_probes
+from pelab.evaluation.config import EvalConfig, ProbesConfig, check_at_probes, check_eval, check_probes
 from pelab.model import GPTConfig
 from pelab.model.config import validate_layout
 from pelab.runs.folder import resolve_ckpt_path
@@ -178,6 +178,7 @@ def validate(cfg: DictConfig, overrides: list[str] | None = None) -> TrainSettin
     check_callbacks(t["callbacks"])
     check_eval(t["eval"], t["data"].seq_len)
     check_probes(t["probes"], t["data"].seq_len)
+    check_at_probes(t["eval"], t["probes"])
     check_reserved(t["tokenizer"], t["data"], t["probes"])
     check_run(t["run"], t["data"].batch_size)
     world = explicit_world_size(t["trainer"])

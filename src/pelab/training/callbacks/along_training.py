@@ -6,7 +6,8 @@ A point in the middle of a cosine schedule is not the end of a shorter run (the 
 there), so these points are labelled "mid-schedule"; compare budgets with separate runs (README "Evaluation").
 Each point runs at the validation step nearest its fraction, inside validation, so its time is not counted as
 training time (`train/tokens_per_sec`). It may score fewer tokens than the final evaluation
-(`eval.at_tokens`): its interval says what that costs.
+(`eval.at_tokens`): its interval says what that costs. With `eval.at_probes` each point also runs the probes (the
+run's `probes` settings, as at the end), their metrics in the same record: retrieval along training.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import lightning.pytorch as L
 from lightning.pytorch.callbacks import Callback
 
-from pelab.evaluation.config import EvalConfig, resolve_lengths
+from pelab.evaluation.config import EvalConfig, ProbesConfig, resolve_lengths
 from pelab.evaluation.extrapolation import evaluate_extrapolation
 from pelab.evaluation.suite import eval_blocks
 
@@ -47,8 +48,10 @@ class EvaluationAlongTraining(Callback):
     settings (lengths, at, tokens / at_tokens, seed, split, batch_tokens); `on_point(record)` is told each new point
     (the harness writes it into summary.json)."""
 
-    def __init__(self, ev: EvalConfig, train_length: int, on_point: Callable[[dict], None] | None = None):
+    def __init__(self, ev: EvalConfig, train_length: int, on_point: Callable[[dict], None] | None = None,
+                 probes: ProbesConfig | None = None):
         self.ev, self.train_length, self.on_point = ev, int(train_length), on_point
+        self.probes = probes  # eval.at_probes: the run's probe settings (None: perplexity only)
         self.lengths = resolve_lengths(list(ev.lengths), self.train_length)
         self.records: list[dict[str, Any]] = []
         self.steps: dict[int, float] = {}
@@ -76,16 +79,35 @@ class EvaluationAlongTraining(Callback):
         result.split, result.seed = self.ev.split, self.ev.seed
         result.block_docs = self.text.docs.tolist()  # intervals clustered by document, as at the end
         metrics = result.metrics()
+        if self.probes is not None:
+            metrics |= self.probe_metrics(trainer, pl_module)
         record = {"step": step, "fraction": step / int(trainer.max_steps), "asked": self.steps[step],
                   "schedule": "mid-schedule",
                   "tokens_seen": int(pl_module.tokens_per_step() * step), "blocks": result.blocks,
                   "split": result.split, "seconds": round(time.perf_counter() - t0, 2), "metrics": metrics}
         self.records.append(record)
-        log.info("eval.at %.3g (step %d, mid-schedule): %s in %.1f s", record["fraction"], step,
-                 ", ".join(f"ppl@{L} {result.ppl(L):.3g}" for L in self.lengths), record["seconds"])
+        shown = [f"ppl@{L} {result.ppl(L):.3g}" for L in self.lengths]
+        shown += [f"{k.removeprefix('probe/')} {v:.3g}" for k, v in metrics.items() if k.startswith("probe/") and "/acc@" in k]
+        log.info("eval.at %.3g (step %d, mid-schedule): %s in %.1f s", record["fraction"], step, ", ".join(shown),
+                 record["seconds"])
         pl_module.log_dict({k: v for k, v in metrics.items() if not math.isnan(v)}, rank_zero_only=True)
         if self.on_point is not None:
             self.on_point(record)
+
+    def probe_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
+        """The end-of-training probe evaluation (pelab.evaluation.builtin.run_probe_cells) at this point, its
+        figures dropped (the end draws them)."""
+        import matplotlib.pyplot as plt
+
+        from pelab.evaluation.builtin import run_probe_cells
+        from pelab.evaluation.registry import EvalSettings
+
+        settings = EvalSettings(None, self.ev, self.probes, self.train_length, self.lengths, self.text.blocks,
+                                pl_module.device, label="")
+        probed = run_probe_cells(pl_module.model, trainer.datamodule, settings)
+        for fig in probed.figures.values():
+            plt.close(fig)
+        return probed.metrics
 
     def state_dict(self) -> dict[str, Any]:
         return {"records": self.records}
