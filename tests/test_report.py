@@ -273,6 +273,26 @@ def test_report_in_window_retrieval_during_training_reads_the_criterions_csv_log
                            f"{statistics.fmean(ends):.3f} ± {statistics.stdev(ends):.3f}",
                            f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"]
 
+def test_report_retrieval_along_training_is_a_table_per_probe_kind_at_its_longest_length(tmp_path):
+    """eval.at_probes points (summary.json along_training with probe metrics): each kind's accuracy at its longest
+    probe length by training tokens, the arithmetic mean over the seeds, the end point last."""
+    acc = {("rope", 0): [0.2, 0.5, 0.6], ("rope", 1): [0.4, 0.7, 0.6], ("alibi", 0): [0.9, 1.0, 1.0]}
+    tokens = [1000, 2000, 3000]
+    for (pe, seed), accs in acc.items():
+        points = [{"tokens_seen": t, "schedule": "end" if t == tokens[-1] else "mid-schedule",
+                   "metrics": {"extrap/ppl@128": 5.0, "probe/mqar/acc@128": 1.0, "probe/mqar/acc@1024": a}}
+                  for t, a in zip(tokens, accs)]
+        write_summary(tmp_path / f"{pe}_s{seed}", {"status": "ok", "config": {
+            "pe": {"name": pe}, "model": {"name": "tiny"}, "data": {"seq_len": 128}, "seed": seed},
+            "global_step": 3, "metrics": {"extrap/ppl@128": 5.0, "probe/mqar/acc@128": 1.0,
+                                          "probe/mqar/acc@1024": accs[-1]}, "along_training": points,
+            "evaluation": {"probes": {"kinds": ["mqar"]}}})
+    md = report.build_report([tmp_path], tmp_path / "report", figures=False).path.read_text()
+    header, rows = _table(md, "Along training: probe/mqar/acc@1024")
+    assert header == ["setting", "0.001M", "0.002M", "0.003M end"]
+    assert {r[0]: r[1:] for r in rows} == {"rope": ["0.300", "0.600", "0.600"], "alibi": ["0.900", "1.000", "1.000"]}
+    assert "Along training: probe/mqar/acc@128" not in md  # the longest length only
+
 def test_report_rows_split_on_swept_settings_but_not_on_seeds(tmp_path):
     jobs = [
         _job(

@@ -262,11 +262,18 @@ def build_report(folders: Sequence[str | Path], out: str | Path, title: str = "P
     longest = max(metric_lengths(text_rows, "extrap/ppl"), default=None)
     along, warnings = (along_training_table(text_rows, metric_key("extrap/ppl_ratio", longest)) if longest
                        else (None, []))
+    # retrieval along training (eval.at_probes): each kind's accuracy at its longest probe length; None unless a
+    # run has points carrying it
+    probe_along = [t for kind in probe_kinds(rows) if (n := max(metric_lengths(rows, f"probe/{kind}/acc"), default=None))
+                   and (t := along_training_table(rows, metric_key(f"probe/{kind}/acc", n))[0])]
     section(
         "Along training",
-        [along, along_training_table(text_rows, metric_key("extrap/ppl", longest))[0] if along else None],
+        [along, along_training_table(text_rows, metric_key("extrap/ppl", longest))[0] if along else None,
+         *probe_along],
         ["along_training"] if text_rows else [],
         " ".join(["Extrapolation measured during training (eval.at) and at the end of runs of each budget."]
+                 + ([("Retrieval too (eval.at_probes, or the ends of runs of several budgets): each probe kind's "
+                      "accuracy at its longest probe length.")] if probe_along else [])
                  + [f"**Warning:** {w}" for w in warnings]),
     )
     section(
