@@ -49,7 +49,9 @@ def test_eval_at_logs_along_training_and_a_kill_between_points_keeps_the_first(t
 def test_eval_at_probes_runs_the_probes_at_each_point_beside_the_perplexity(tmp_path):
     """eval.at_probes: the point at step 40 of 60 carries the probes' metrics as the end's evaluation does (the same
     keys: every kind and length, the effective length), logged with that validation; the end point is the run's own
-    final metrics. The gold answer's log-probability at 40 steps is not the end's (the model moved in between)."""
+    final metrics. The gold answer's log-probability at 40 steps is not the end's (the model moved in between). The
+    points do not perturb training: the same run without them ends with the same numbers to the digit (so an arm
+    with eval.at replays the runs without it)."""
     out = tmp_path / "run"
     args = [*FAST, "trainer.max_steps=60", "trainer.val_check_interval=20", "callbacks.throughput=false",
             "eval.lengths=[1,2]", "eval.tokens=512", "eval.at=[0.5]", "eval.at_probes=true", "probes.enabled=true",
@@ -67,6 +69,10 @@ def test_eval_at_probes_runs_the_probes_at_each_point_beside_the_perplexity(tmp_
     assert all(mid["metrics"][f"probe/kv/logprob@{n}"] != s["metrics"][f"probe/kv/logprob@{n}"] for n in (64, 128))
     logged = [int(r["step"]) for r in csv_rows(out) if r.get("probe/kv/acc@64")]
     assert logged[:1] == [39]  # CSV steps count from 0: the validation that ends step 40
+    plain = tmp_path / "plain"
+    assert train(compose([*[a for a in args if not a.startswith(("eval.at", "paths."))],
+                          f"paths.output_dir={plain}"]))["status"] == "ok"
+    assert summary_of(plain)["metrics"] == s["metrics"]
 
 def test_steps_at_puts_each_fraction_at_the_nearest_validation_before_the_end():
     """{step: fraction}: fraction x max_steps rounded to a validation step (every `every`), at least the first
