@@ -114,6 +114,19 @@ def test_the_retrieval_studys_second_arm_runs_its_schemes_at_the_shared_rate_wha
     assert cfg.optim.lr == 1e-3 and "lr1e-3" in cfg.tags and cfg.data.recall_mix == 0.25
 
 
+def test_the_retrieval_studys_along_training_arm_probes_r1s_schemes_during_training_at_the_shared_rate(tmp_path):
+    """The along arm: RoPE and ALiBi on both corpora at 1e-3 (not CHOICE's rates), seeds 0-2, with the probes at
+    a half and three quarters of training, in sweeps under <root>/along; composed and validated as Hydra will."""
+    proc, commands = dry_run(tmp_path, "experiments/lost_in_the_middle/v4/run.sh", "along")
+    assert proc.returncode == 0, proc.stderr
+    dirs = {a.removeprefix("hydra.sweep.dir=") for c in commands for a in c if a.startswith("hydra.sweep.dir=")}
+    assert dirs == {f"{tmp_path}/root/along/sweep-{s}.{c}" for s in ("rope", "alibi") for c in ("stdlib", "django_docs")}
+    cfg = compose(one_job(commands[-1]))
+    validate(cfg)
+    assert cfg.optim.lr == 1e-3 and cfg.seed == 0 and "along" in cfg.tags and cfg.data.recall_mix == 0.25
+    assert list(cfg.eval.at) == [0.5, 0.75] and cfg.eval.at_probes and cfg.probes.enabled
+    assert all("seed=0,1,2" in c for c in commands)
+
 def test_the_retrieval_studys_ruler_phase_runs_every_kind_for_each_question_scheme(tmp_path):
     proc, commands = dry_run(tmp_path, "experiments/lost_in_the_middle/v4/run.sh", "ruler")
     assert proc.returncode == 0, proc.stderr

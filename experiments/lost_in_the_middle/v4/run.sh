@@ -12,6 +12,11 @@
 #                at one shared rate, 1e-3 (lr1e-3/rates.json), seeds 0-7 (SEEDS), into <root>/lr1e-3, same commit
 #   lr1e-3-descriptive  the descriptive rows in the second arm: sinusoidal, T5 bias and FoX at 1e-3, seeds 0-2
 #   descriptive  sinusoidal, T5 bias and FoX, seeds 0-2 (SEEDS), no questions
+#   along        the along-training arm (README.md, declared 2026-12-07 before its runs): RoPE and ALiBi at 1e-3
+#                (lr1e-3/rates.json), seeds 0-2 (SEEDS), with the probes at a half and three quarters of training
+#                (eval.at=[0.5,0.75] eval.at_probes=true): whether R1's ordering still moved when training stopped; no
+#                verdict. Into <root>/along, pinned there at its first launch (the first arm's 2c9aaff has no
+#                eval.at_probes), collected into along/runs
 #   ruler        the six RULER-style kinds at their minimum difficulty for each question scheme, seed 0, code corpus, at
 #                the kinds' own preset rate (experiments/ruler/run.sh with PE=<scheme>, into <root>/ruler, same commit)
 # Every rate is looked up before the first run: a missing one stops the launch with one line. Relaunch the same command
@@ -27,7 +32,7 @@
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../../pinned.sh"
-phase=${1:?"questions, lr1e-3, descriptive, lr1e-3-descriptive or ruler"}
+phase=${1:?"questions, lr1e-3, descriptive, lr1e-3-descriptive, along or ruler"}
 root=${2:-/work/studies/lost_in_the_middle_v4}
 question_schemes="rope alibi fire nope" descriptive_schemes="sinusoidal t5_bias fox"
 case $phase in
@@ -43,6 +48,11 @@ case $phase in
     commit=$(pinned_commit "$root") || exit 2
     root=$root/lr1e-3
     [ -n "${DRY_RUN:-}" ] || { mkdir -p "$root"; [ -s "$root/COMMIT" ] || echo "$commit" > "$root/COMMIT"; } ;;
+  along)  # README.md, "Along training": R1's schemes at the second arm's rate, evaluated during training too
+    schemes="rope alibi"; seeds=${SEEDS:-0 1 2}; tags="[lost_in_the_middle,v4,along]"
+    CHOICE=$here/lr1e-3/rates.json; RESTORE=${RESTORE-$here/along/runs}
+    root=$root/along  # its own COMMIT (pinned_commit in corpus_sweeps): HEAD at its first launch
+    EXTRA="eval.at=[0.5,0.75] eval.at_probes=true ${EXTRA:-}" ;;
   ruler)
     commit=$(pinned_commit "$root")
     [ -n "${DRY_RUN:-}" ] || { mkdir -p "$root/ruler"; [ -s "$root/ruler/COMMIT" ] || echo "$commit" > "$root/ruler/COMMIT"; }
@@ -50,7 +60,7 @@ case $phase in
       PE=$scheme PINNED_ROOT=$PINNED_ROOT bash "$here/../../ruler/run.sh" "$root/ruler" || exit $?
     done
     exit 0 ;;
-  *) echo "phase: questions, lr1e-3, descriptive, lr1e-3-descriptive or ruler, not '$phase'" >&2; exit 2 ;;
+  *) echo "phase: questions, lr1e-3, descriptive, lr1e-3-descriptive, along or ruler, not '$phase'" >&2; exit 2 ;;
 esac
 # text and mqar rows, the default run's mix (conf/data/_loader.yaml; the preset alone trains on mqar rows only, where
 # the corpus would not enter): README.md, "Setting"
