@@ -191,8 +191,8 @@ def test_a_missing_rate_stops_the_launch_in_one_line_before_anything_is_written(
 
 def test_the_gpu_plan_runs_every_study_with_its_declared_seeds_on_the_gpu(tmp_path):
     """experiments/gpu/studies_v4.sh: each v4 study's own script with EXTRA's GPU arguments on every training job,
-    the declared seeds in one go (8 for the questions' schemes, 3 descriptive, 12 context-extension parents), each
-    study into a folder of its own under the root."""
+    the declared seeds in one go (8 for the questions' schemes, 3 descriptive and along training, 20
+    context-extension parents: its re-estimate's), each study into a folder of its own under the root."""
     gpu = ["trainer=gpu", "trainer.precision=bf16-mixed"]
     proc, commands = dry_run(tmp_path, "experiments/gpu/studies_v4.sh")
     assert proc.returncode == 0, proc.stderr
@@ -207,12 +207,13 @@ def test_the_gpu_plan_runs_every_study_with_its_declared_seeds_on_the_gpu(tmp_pa
         seeds[key] = seeds.get(key, 0) + 1
     eight, three = "0,1,2,3,4,5,6,7", "0,1,2"
     assert seeds[("length_extrapolation", eight)] == 8 and seeds[("length_extrapolation", three)] == 10
-    assert seeds[("lost_in_the_middle", eight)] == 16 and seeds[("lost_in_the_middle", three)] == 12  # two arms
+    assert seeds[("lost_in_the_middle", eight)] == 16  # two arms
+    assert seeds[("lost_in_the_middle", three)] == 6 + 4  # the second arm's descriptive rows, the along arm
     second_arm = [c for c in trains if any(a.startswith(f"hydra.sweep.dir={tmp_path}/root/lost_in_the_middle/lr1e-3/")
                                            for a in c)]
     assert len(second_arm) == 8 + 6 and all("optim.lr=0.001" in c for c in second_arm)
     parents = {c[2] for c in trains if "experiment=context_extension" in c}
-    assert parents == {f"seed={s}" for s in range(12)}
+    assert parents == {f"seed={s}" for s in range(20)}
     for study in ("length_extrapolation", "lost_in_the_middle", "context_extension"):  # one job each, as Hydra will
         c = next(c for c in trains if f"experiment={study}" in c)
         cfg = compose(one_job(c))

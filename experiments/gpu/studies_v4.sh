@@ -14,11 +14,12 @@ root=${1:-/work/studies/gpu_v4}
 export WORKERS=${WORKERS:-8} EXTRA="trainer=gpu trainer.precision=bf16-mixed${EXTRA:+ $EXTRA}"
 step() { echo "$(date -u +%FT%TZ) gpu_v4: $*" >&2; "$@" || exit $?; }
 # the declared seeds of each page (its README, "Seeds"): 8 for the questions' schemes (in each of the retrieval
-# study's arms), 3 for the descriptive rows, 12 for context extension
+# study's arms), 3 for the descriptive rows and the along-training arm, 20 for context extension (its re-estimate)
 SEEDS="0 1 2 3 4 5 6 7" step bash "$here/length_extrapolation/v4/run.sh" questions "$root/length_extrapolation"
 step bash "$here/length_extrapolation/v4/run.sh" descriptive "$root/length_extrapolation"
 SEEDS="0 1 2 3 4 5 6 7" step bash "$here/lost_in_the_middle/v4/run.sh" questions "$root/lost_in_the_middle"
 step bash "$here/lost_in_the_middle/v4/run.sh" lr1e-3 "$root/lost_in_the_middle"  # its second arm, at 1e-3 (seeds 0-7)
-step bash "$here/lost_in_the_middle/v4/run.sh" descriptive "$root/lost_in_the_middle"
 step bash "$here/lost_in_the_middle/v4/run.sh" lr1e-3-descriptive "$root/lost_in_the_middle"
-SEEDS="0 1 2 3 4 5 6 7 8 9 10 11" step bash "$here/context_extension/v4/run.sh" "$root/context_extension"
+# R1's schemes probed along training, in place of the first arm's descriptive rows (its README, "Along training")
+step bash "$here/lost_in_the_middle/v4/run.sh" along "$root/lost_in_the_middle"
+SEEDS="$(seq -s ' ' 0 19)" step bash "$here/context_extension/v4/run.sh" "$root/context_extension"
