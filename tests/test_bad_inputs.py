@@ -409,6 +409,14 @@ def test_the_evaluations_cost_is_estimated_before_training_and_warned_above_the_
 
     small, long = cost(), cost("data.seq_len=4096", "eval.lengths=[1,2,4,8]", "eval.tokens=null")
     assert small.ratio < 1 < long.ratio and small.probes > 0 and cost("probes.enabled=false").probes == 0
+    # eval.at: one point (step 15 of 30), its perplexity on eval.tokens (nonoverlap only), the probes too with
+    # eval.at_probes; counted in the ratio and said in the line
+    at, probed = cost("eval.at=[0.5]"), cost("eval.at=[0.5]", "eval.at_probes=true")
+    assert (small.points, small.along, at.points) == (0, 0.0, 1)
+    assert at.along == pytest.approx(extrapolation_flops(30_000, 2, 32, [32, 64], 256, 32, sliding=False))
+    assert probed.along == pytest.approx(at.along + probed.probes) and probed.ratio > at.ratio > small.ratio
+    assert "; during training (eval.at, 1 point): about " in at.line() and "during" not in small.line()
+    assert at.record()["along_training_points"] == 1
     with caplog.at_level("INFO", logger="pelab.runs.eval_cost"):
         report_eval_cost(small)
         report_eval_cost(long)

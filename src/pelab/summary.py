@@ -39,7 +39,7 @@ FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "attention": ((dict,), "the attention path each scheme took (and a FlexAttention failure)"),
     "config": ((dict,), "the resolved config"),
     "threads": ((dict,), "CPU threads the run uses and how they were chosen (kept on resume)"),
-    "eval_cost": ((dict,), "the final evaluation's compute (TFLOP), its ratio to the training's: estimated before it"),
+    "eval_cost": ((dict,), "the final evaluation's compute (TFLOP; eval.at's points beside it), its ratio to the training's: estimated before it"),
     "wandb": ((dict, NONE), "the W&B run (id, mode, folder) or null"),
     "extended_from": ((dict,), "the parent run of a context extension"),
     "resumed_from": ((dict,), "the checkpoint this launch resumed from, and its step"),
