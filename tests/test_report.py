@@ -293,6 +293,19 @@ def test_report_retrieval_along_training_is_a_table_per_probe_kind_at_its_longes
     assert {r[0]: r[1:] for r in rows} == {"rope": ["0.300", "0.600", "0.600"], "alibi": ["0.900", "1.000", "1.000"]}
     assert "Along training: probe/mqar/acc@128" not in md  # the longest length only
 
+def test_report_criterion_table_lists_each_seeds_steps_in_the_order_of_its_seeds_column(tmp_path):
+    """A study's folders are found in folder order (a Hydra job number first: seed 1 before seed 0 here); the steps
+    and accuracies follow the seeds column, so "not acquired" sits under the seed that missed (it sat under another
+    seed's number in the retrieval study v4's reports before)."""
+    for folder, seed, step, acc in [("0_rope_s1", 1, 300, 1.0), ("1_rope_s0", 0, math.nan, 0.5)]:
+        write_summary(tmp_path / folder, {"status": "ok", "config": {
+            "pe": {"name": "rope"}, "model": {"name": "tiny"}, "data": {"seq_len": 128}, "seed": seed,
+            "trainer": {"max_steps": 1000}, "callbacks": {"retrieval_criterion": {"stop": False}}},
+            "metrics": {"val/ppl": 5.0, "train/retrieval_acc": acc, "train/steps_to_criterion": step}})
+    _, rows = _table(report.build_report([tmp_path], tmp_path / "report", figures=False).path.read_text(),
+                     "Retrieval training: the in-window criterion")
+    assert rows == [["rope", "0,1", "not acquired (by step 1000), 300", "0.500, 1.000"]]
+
 def test_report_rows_split_on_swept_settings_but_not_on_seeds(tmp_path):
     jobs = [
         _job(

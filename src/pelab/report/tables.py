@@ -221,12 +221,12 @@ def criterion_table(rows: Sequence[Row]) -> Table | None:
         f"{how}. \"not acquired\" = never reached by the last step. Rows not acquired are left out of the probe "
         "tables, figures and comparisons below (their own tables follow them)."))
     for r in rows:
+        jobs = sorted((j for j in r.jobs if acquired(j) is not None), key=lambda j: j.setting("seed"))  # as the seeds
         steps = ", ".join(
             str(int(j.metrics["train/steps_to_criterion"])) if acquired(j)
-            else f"not acquired (by step {j.setting('trainer.max_steps')})"
-            for j in r.jobs if acquired(j) is not None)
-        accs = ", ".join(f"{j.metrics['train/retrieval_acc']:.3f}" for j in r.jobs if acquired(j) is not None)
-        t.rows.append([r.label, ",".join(map(str, r.seeds)), steps, accs])
+            else f"not acquired (by step {j.setting('trainer.max_steps')})" for j in jobs)
+        accs = ", ".join(f"{j.metrics['train/retrieval_acc']:.3f}" for j in jobs)
+        t.rows.append([r.label, ",".join(str(j.setting("seed")) for j in jobs), steps, accs])
     return t
 
 
