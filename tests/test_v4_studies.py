@@ -221,6 +221,26 @@ def test_the_gpu_plan_runs_every_study_with_its_declared_seeds_on_the_gpu(tmp_pa
         assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
 
 
+def test_the_queue_runs_whats_left_of_the_v4_studies_in_order_and_skips_collected_seeds(tmp_path):
+    """experiments/v4_queue.sh: the context extension's seeds not collected whole yet (of its twenty), then the
+    retrieval study's along-training arm, descriptive rows at 1e-3 and RULER phase, then the length-extrapolation
+    descriptive rows, each its study's own script; SKIP leaves a phase out."""
+    proc = subprocess.run(["bash", str(ROOT / "experiments/v4_queue.sh")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "DRY_RUN": "1", "SKIP": "ruler", "VENV_PY": sys.executable},
+                          stdin=subprocess.DEVNULL, check=False)
+    assert proc.returncode == 0, proc.stderr
+    phases = [line.split("queue: ")[1].split(":")[0].split(" ")[0] for line in proc.stderr.splitlines() if "queue: " in line]
+    collected = {int(d.name[1:]) for d in (ROOT / "experiments/context_extension/v4/runs/control").glob("s*")}
+    left = [s for s in range(20) if s not in collected]
+    assert phases == ["context_extension"] * bool(left) + ["along", "lr1e-3-descriptive", "ruler", "le-descriptive",
+                                                           "every"]
+    assert "ruler skipped (SKIP)" in proc.stderr
+    if left:
+        assert f"seeds {' '.join(map(str, left))} " in proc.stdout  # the context extension's launch line
+    sweeps = [a for line in proc.stdout.splitlines() for a in line.split() if a.startswith("hydra.sweep.dir=")]
+    assert any("/lost_in_the_middle_v4/along/" in a for a in sweeps)
+    assert any("/length_extrapolation_v4/sweep-fox." in a for a in sweeps)
+
 def pinned_commit(tmp_path, root, restore) -> subprocess.CompletedProcess:
     script = f'. "{ROOT}/experiments/pinned.sh"; RESTORE="{restore}" pinned_commit "{root}"'
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, check=False,
