@@ -82,6 +82,18 @@ def test_collect_copies_the_small_files_of_finished_jobs_only(tmp_path, capsys):
                    "0_rope-s0/provenance-2026-12-06T01-43-21.diff", "0_rope-s0/summary.json"]
 
 
+def test_collect_of_one_finished_run_folder_copies_it_into_dest_itself(tmp_path, capsys):
+    """A single run (hydra.run.dir, e.g. one seed's parent in the context-extension study) collects as the jobs of a
+    sweep do, into `dest` itself, so that one seed can be collected without the others; an unfinished one: nothing."""
+    one = job(tmp_path / "parents", "s6", "ok")
+    job(tmp_path / "parents", "s7", "running")
+    assert main(["collect", str(one), str(tmp_path / "runs" / "parents" / "s6")]) == 0
+    assert "collected 1 finished jobs" in capsys.readouterr().out
+    got = sorted(p.relative_to(tmp_path / "runs").as_posix() for p in (tmp_path / "runs").rglob("*") if p.is_file())
+    assert got == ["parents/s6/.hydra/overrides.yaml", "parents/s6/csv/metrics.csv", "parents/s6/summary.json"]
+    assert main(["collect", str(tmp_path / "parents" / "s7"), str(tmp_path / "runs" / "parents" / "s7")]) == 0
+    assert "collected 0 finished jobs" in capsys.readouterr().out and not (tmp_path / "runs" / "parents" / "s7").exists()
+
 def test_restore_puts_back_the_finished_runs_under_that_root_only_and_keeps_what_is_there(tmp_path, capsys):
     sweep, runs = tmp_path / "new" / "sweep-rope", tmp_path / "runs"
     for name, status, out in [("0_rope-s0", "ok", sweep), ("1_rope-s1", "ok", sweep), ("2_rope-s2", "running", sweep),

@@ -90,7 +90,7 @@ def step_main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m pelab.report")
     sub = p.add_subparsers(dest="step", required=True)
     c = sub.add_parser("collect", help="copy the small files of a sweep's finished run folders into the repository")
-    c.add_argument("sweep", type=Path, help="the sweep folder (hydra.sweep.dir)")
+    c.add_argument("sweep", type=Path, help="the sweep folder (hydra.sweep.dir), or one finished run's (hydra.run.dir)")
     c.add_argument("dest", type=Path, help="the destination, e.g. experiments/<study>/runs")
     s = sub.add_parser("restore", help="put collected finished runs back into their sweep folders (a relaunch skips them)")
     s.add_argument("collected", type=Path, help="the folder they were collected into, e.g. experiments/<study>/runs")

@@ -47,17 +47,18 @@ COLLECTED = (SUMMARY_FILE, "csv/metrics.csv", ".hydra/overrides.yaml")
 def collect(sweep: Path, dest: Path) -> list[str]:
     """Copy the small files of every finished job (status ok) of `sweep` into `dest/<job>/`: summary.json, the CSV
     log, the overrides and the diff of a launch from a dirty tree (provenance-<launch>.diff). Unfinished jobs are
-    left out (a relaunch of the sweep finishes them; collect again). Returns the jobs copied."""
+    left out (a relaunch of the sweep finishes them; collect again). `sweep` may be one finished run's folder
+    (hydra.run.dir) instead: its files go into `dest` itself. Returns the jobs copied."""
     if not sweep.is_dir():
         raise ReportError(f"collect: {sweep} is not a folder; give the sweep folder (hydra.sweep.dir)")
-    copied = []
-    for job in sorted(p for p in sweep.iterdir() if finished(p)):  # an unreadable summary: not a finished job
+    jobs = ([(sweep, dest)] if finished(sweep) else  # an unreadable summary: not a finished job
+            [(p, dest / p.name) for p in sorted(sweep.iterdir()) if finished(p)])
+    for job, to in jobs:
         for rel in [*COLLECTED, *(p.name for p in job.glob("provenance-*.diff"))]:
             if (job / rel).is_file():
-                (dest / job.name / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(job / rel, dest / job.name / rel)
-        copied.append(job.name)
-    return copied
+                (to / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(job / rel, to / rel)
+    return [job.name for job, _ in jobs]
 
 
 def restore(collected: Path, root: Path) -> list[str]:
