@@ -275,7 +275,7 @@ def test_report_in_window_retrieval_during_training_reads_the_criterions_csv_log
 
 def test_report_retrieval_along_training_is_a_table_per_probe_kind_at_its_longest_length(tmp_path):
     """eval.at_probes points (summary.json along_training with probe metrics): each kind's accuracy at its longest
-    probe length by training tokens, the arithmetic mean over the seeds, the end point last."""
+    probe length by training tokens, the arithmetic mean over the seeds, the end point last, and its figure."""
     acc = {("rope", 0): [0.2, 0.5, 0.6], ("rope", 1): [0.4, 0.7, 0.6], ("alibi", 0): [0.9, 1.0, 1.0]}
     tokens = [1000, 2000, 3000]
     for (pe, seed), accs in acc.items():
@@ -287,7 +287,9 @@ def test_report_retrieval_along_training_is_a_table_per_probe_kind_at_its_longes
             "global_step": 3, "metrics": {"extrap/ppl@128": 5.0, "probe/mqar/acc@128": 1.0,
                                           "probe/mqar/acc@1024": accs[-1]}, "along_training": points,
             "evaluation": {"probes": {"kinds": ["mqar"]}}})
-    md = report.build_report([tmp_path], tmp_path / "report", figures=False).path.read_text()
+    rep = report.build_report([tmp_path], tmp_path / "report")
+    md = rep.path.read_text()
+    assert "along_training_mqar" in rep.figures  # the same curves drawn (a linear axis: an accuracy)
     header, rows = _table(md, "Along training: probe/mqar/acc@1024")
     assert header == ["setting", "0.001M", "0.002M", "0.003M end"]
     assert {r[0]: r[1:] for r in rows} == {"rope": ["0.300", "0.600", "0.600"], "alibi": ["0.900", "1.000", "1.000"]}

@@ -104,14 +104,16 @@ def plot_metric_vs_step(
     shade_from: float | None = 0.8,
     xlabel: str = "training step",
     markers: Mapping[str, Mapping[int, float]] | None = None,
+    log: bool = True,
 ) -> Figure:
-    """One line per label of a metric by training step (log y with plain-number ticks); the last
-    (1 - shade_from) of the steps shaded: the part of training where a flat curve says it has converged."""
+    """One line per label of a metric by training step (log y with plain-number ticks; `log=False`: a linear y from 0
+    to 1, for an accuracy); the last (1 - shade_from) of the steps shaded: the part of training where a flat curve says it has
+    converged."""
     fig = _figure(8.5 if len(curves) > 6 else 6.0, 4.0)
     ax = fig.add_subplot()
     last = 0
     for (label, curve), style in zip(curves.items(), _styles(len(curves))):
-        pts = sorted((int(s), float(v)) for s, v in curve.items() if _finite(v) and v > 0)
+        pts = sorted((int(s), float(v)) for s, v in curve.items() if _finite(v) and (v > 0 or not log))
         if not pts:
             continue
         xs, ys = zip(*pts)
@@ -121,8 +123,11 @@ def plot_metric_vs_step(
             ax.plot(*zip(*dots), linestyle="none", marker="o", markersize=7, color=style.get("color"))
     if shade_from is not None and last:
         ax.axvspan(shade_from * last, last, color="grey", alpha=0.12, label=f"last {100 - round(100 * shade_from)}%")
-    ax.set_yscale("log")
-    plain_log_ticks(ax.yaxis)
+    if log:
+        ax.set_yscale("log")
+        plain_log_ticks(ax.yaxis)
+    else:
+        ax.set_ylim(-0.02, 1.02)
     _finish(ax, xlabel, ylabel, title, len(curves) + 1)
     return fig
 

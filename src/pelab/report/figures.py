@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -99,20 +100,14 @@ def make_figures(rows: Sequence[Row], out: Path) -> dict[str, Path]:
             name = f"probe_{kind}_vs_length{suffix}"
             paths[name] = save_figure(fig, out / f"{name}.png")
     longest = max(metric_lengths(rows, "extrap/ppl_ratio"), default=None)
-    along: dict[str, dict[int, float]] = {}  # per setting: the points of its longest run
-    ends: dict[str, dict[int, float]] = {}  # per setting: the end of each budget's runs
-    for r in sorted([r for r in rows if trained_on_text(r)],
-                    key=lambda r: max((j.setting("trainer.max_steps") or 0 for j in r.jobs), default=0)):
-        points = along_training_points(r, metric_key("extrap/ppl_ratio", longest)) if longest else []
-        if points:
-            along[budget_key(r)] = {t: v for t, v, _ in points}
-            ends.setdefault(budget_key(r), {}).update({t: v for t, v, s in points if s == "end"})
-    if any(len(c) > 1 for c in along.values()):
-        fig = plot_metric_vs_step(along, title=f"ppl@{longest} / ppl@L along training (mean over seeds; line: the "
-                                               "longest runs, mid-schedule; dots: the ends of runs of each budget)",
-                                  ylabel=f"ppl ratio at {longest} (log scale)", shade_from=None,
-                                  xlabel="training tokens", markers=ends)
+    if longest and (fig := along_figure([r for r in rows if trained_on_text(r)], metric_key("extrap/ppl_ratio", longest),
+                                        f"ppl@{longest} / ppl@L", f"ppl ratio at {longest} (log scale)")):
         paths["along_training"] = save_figure(fig, out / "along_training.png")
+    for kind in probe_kinds(rows):  # retrieval along training (eval.at_probes, or runs of several budgets)
+        n = max(metric_lengths(rows, f"probe/{kind}/acc"), default=None)
+        if n and (fig := along_figure(rows, metric_key(f"probe/{kind}/acc", n), f"{kind} accuracy at {n}",
+                                      f"{kind} accuracy at {n}", log=False)):
+            paths[f"along_training_{kind}"] = save_figure(fig, out / f"along_training_{kind}.png")
     rows = acquired_rows(rows)[0]
     panels = {r.label: {k: p for k in probe_kinds(rows) if (p := probe_panel(r, k))} for r in rows}
     panels = {k: v for k, v in panels.items() if v}
@@ -120,6 +115,25 @@ def make_figures(rows: Sequence[Row], out: Path) -> dict[str, Path]:
         fig = plot_probe_heatmap_grid(panels)
         paths["probe_heatmaps"] = save_figure(fig, out / "probe_heatmaps.png")
     return paths
+
+
+def along_figure(rows: Sequence[Row], metric: str, what: str, ylabel: str, log: bool = True) -> Any:
+    """`metric` by training tokens per setting: a line through the points of its longest runs (eval.at's, mid-schedule)
+    and a dot at the end of each budget's runs (a matplotlib figure); None unless some setting has two points or
+    more."""
+    from pelab.evaluation.plots import plot_metric_vs_step
+
+    along: dict[str, dict[int, float]] = {}  # per setting: the points of its longest run
+    ends: dict[str, dict[int, float]] = {}  # per setting: the end of each budget's runs
+    for r in sorted(rows, key=lambda r: max((j.setting("trainer.max_steps") or 0 for j in r.jobs), default=0)):
+        if points := along_training_points(r, metric):
+            along[budget_key(r)] = {t: v for t, v, _ in points}
+            ends.setdefault(budget_key(r), {}).update({t: v for t, v, s in points if s == "end"})
+    if not any(len(c) > 1 for c in along.values()):
+        return None
+    return plot_metric_vs_step(along, title=f"{what} along training (mean over seeds; line: the longest runs, "
+                                            "mid-schedule; dots: the ends of runs of each budget)",
+                               ylabel=ylabel, shade_from=None, xlabel="training tokens", markers=ends, log=log)
 
 
 def question_rows(families: Mapping[str, Sequence]) -> dict[bool, list[tuple]]:
