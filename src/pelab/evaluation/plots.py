@@ -107,8 +107,8 @@ def plot_metric_vs_step(
     log: bool = True,
 ) -> Figure:
     """One line per label of a metric by training step (log y with plain-number ticks; `log=False`: a linear y from 0
-    to 1, for an accuracy); the last (1 - shade_from) of the steps shaded: the part of training where a flat curve says it has
-    converged."""
+    to 1, for an accuracy); the last (1 - shade_from) of the steps shaded: the part of training where a flat curve
+    says it has converged."""
     fig = _figure(8.5 if len(curves) > 6 else 6.0, 4.0)
     ax = fig.add_subplot()
     last = 0

@@ -230,7 +230,6 @@ def criterion_table(rows: Sequence[Row]) -> Table | None:
     return t
 
 
-
 RETRIEVAL_AT = (0.25, 0.5, 0.8, 1.0)  # acquisition happens early (a third to half of training): a quarter is shown
 
 

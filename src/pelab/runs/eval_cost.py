@@ -1,9 +1,8 @@
 """What the end-of-training evaluation (and the evaluations during training, eval.at) will cost, known before the
-first step: its compute against the training's,
-printed, and a warning when the evaluation would cost more than the training itself (a long `data.seq_len` with the
-default 1-8 x L lengths, the sliding protocol, many probe instances). FLOPs, PaLM's estimate (`flops_per_token`:
-6 N + 12 l d T for a training token); an evaluation token is a forward only, a third: 2 N + 4 l d T at its window
-length T.
+first step: its compute against the training's, printed, and a warning when the evaluation would cost more than the
+training itself (a long `data.seq_len` with the default 1-8 x L lengths, the sliding protocol, many probe instances).
+FLOPs, PaLM's estimate (`flops_per_token`: 6 N + 12 l d T for a training token); an evaluation token is a forward
+only, a third: 2 N + 4 l d T at its window length T.
 
   extrapolation   every length's scored tokens once (nonoverlap); sliding re-reads T / stride tokens per token
   probes          probes.samples x kinds x depths instances of each probe length, a whole forward each
