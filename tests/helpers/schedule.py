@@ -57,6 +57,8 @@ SECONDS = {
     # added 2026-12-06 (issue 58) from runs at load ~6 (33-39 s, 26-64 s), a third of the smaller to the scale above
     "tests/test_signals_eval.py::test_a_stop_inside_a_long_evaluation_forward_ends_the_run_within_seconds": 11,
     "tests/test_reliability_eval.py::test_a_check_that_needs_the_data_refuses_before_wandb_starts": 9,
+    # added 2026-12-07 (issue 59), 8.7 s in one process beside a niced study
+    "tests/test_along_training.py::test_eval_at_probes_runs_the_probes_at_each_point_beside_the_perplexity": 9,
 }
 
 
