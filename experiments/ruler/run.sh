@@ -5,7 +5,7 @@
 # nice 10, from a clean worktree of the commit pinned at the first launch (<root>/COMMIT; ../pinned.sh, its worktrees
 # under <root>/code, not the studies' folder). KINDS narrows the list (KINDS="niah_multikey vt"); PE names another
 # scheme (default rope; the lost-in-the-middle study v4 runs each of its schemes); a relaunch skips the runs that
-# finished (summary.json status ok).
+# finished (summary.json status ok), and RESTORE puts collected runs back first (a relaunch on a new machine).
 #   setsid nohup bash experiments/ruler/run.sh [root] > /dev/null 2>&1 &      (root: /tmp/pelab-ruler)
 #   python -m pelab.report collect <root>/runs experiments/ruler/runs
 #   python -m pelab.report experiments/ruler/runs --out experiments/ruler/report
@@ -16,6 +16,11 @@ export PINNED_ROOT=${PINNED_ROOT:-$root/code}
 . "$here/../pinned.sh"
 [ -n "${DRY_RUN:-}" ] || mkdir -p "$root/runs"
 commit=$(pinned_commit "$root")
+# RESTORE (a folder this root's runs were collected into, e.g. the retrieval study v4's ruler/runs): put them back
+# first, so that a relaunch on a new machine skips them
+if [ -z "${DRY_RUN:-}" ] && [ -d "${RESTORE:-}" ]; then
+  "$VENV_PY" -m pelab.report restore "$RESTORE" "$root" >> "$root/launches.log" 2>&1 || exit 1
+fi
 kind_args() {  # <kind>: its preset
   case $1 in
     niah_*) echo "experiment=ruler_niah callbacks.retrieval_criterion.kind=$1" ;;

@@ -53,11 +53,11 @@ case $phase in
     CHOICE=$here/lr1e-3/rates.json; RESTORE=${RESTORE-$here/along/runs}
     root=$root/along  # its own COMMIT (pinned_commit in corpus_sweeps): HEAD at its first launch
     EXTRA="eval.at=[0.5,0.75] eval.at_probes=true ${EXTRA:-}" ;;
-  ruler)
-    commit=$(pinned_commit "$root")
+  ruler)  # the study's commit (on a new machine: the one its collected runs ran), its runs collected into ruler/runs
+    commit=$(RESTORE=${RESTORE-$here/runs} pinned_commit "$root")
     [ -n "${DRY_RUN:-}" ] || { mkdir -p "$root/ruler"; [ -s "$root/ruler/COMMIT" ] || echo "$commit" > "$root/ruler/COMMIT"; }
     for scheme in $question_schemes; do
-      PE=$scheme PINNED_ROOT=$PINNED_ROOT bash "$here/../../ruler/run.sh" "$root/ruler" || exit $?
+      PE=$scheme RESTORE=$here/ruler/runs PINNED_ROOT=$PINNED_ROOT bash "$here/../../ruler/run.sh" "$root/ruler" || exit $?
     done
     exit 0 ;;
   *) echo "phase: questions, lr1e-3, descriptive, lr1e-3-descriptive, along or ruler, not '$phase'" >&2; exit 2 ;;
