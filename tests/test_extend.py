@@ -123,6 +123,11 @@ def test_a_finished_scaling_child_is_skipped_by_a_relaunched_multirun(parent, tm
     assert again["pe"]["train_length"] is None  # filled from the parent only when the run starts
     assert relaunch_decision(out, again, read_summary(out), None, multirun=True) == "skip"
     assert relaunch_decision(out, again, read_summary(out), "auto", multirun=False) == "continue"
+    # and the resume itself: the checkpoint records the filled length, the launch null (a study relaunched after
+    # its machine went resumes its interrupted children: issue 59's seeds 16-17)
+    resumed = train(compose([*args, "ckpt_path=auto"], out))
+    assert resumed["status"] == "ok" and resumed["resumed_from"]["step"] == 2
+    assert resumed["metrics"]["val/ppl"] == done["metrics"]["val/ppl"]
     other = resolved_config(compose([*args, "pe.train_length=64"], out))  # a real change is still refused
     with pytest.raises(ConfigError, match="pe.train_length=32 before but 64 now"):
         relaunch_decision(out, other, read_summary(out), None, multirun=True)

@@ -36,11 +36,11 @@ def run_training(cfg: DictConfig, settings: TrainSettings, job: JobRecord, signa
     summary, output_dir = job.summary, job.output_dir
     parent = extension_parent(cfg)
     precision, world = trainer_settings(settings)
+    if parent:  # first: a resumed child's checkpoint holds the pe.train_length filled from the parent
+        record_parent(job, cfg, parent)
     ckpt_path, ckpt_vocab = resume_point(settings.run.ckpt_path, output_dir, summary)
     recorded_threads = summary.get("threads") if ckpt_path else None  # a resumed run keeps its count
     summary["threads"] = set_threads(settings.run.threads, recorded_threads, world)
-    if parent:
-        record_parent(job, cfg, parent)
     if parent and not ckpt_path:  # a resumed child already holds its own weights
         ckpt_vocab = parent["vocab_size"]
     L.seed_everything(settings.run.seed, workers=True, verbose=False)
