@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What is left of the v4 studies on the CPU (issue 59), one phase after another, in the order of each study's Status:
 # the context extension's twenty seeds (declared questions first), then the retrieval study's along-training arm, its
-# descriptive rows at 1e-3 and its RULER phase, then the length-extrapolation study's descriptive rows. Each phase is
+# descriptive rows at 1e-3 and its RULER phase, then the length-extrapolation study's descriptive rows, then the
+# context extension's along-training arm (declared after its read). Each phase is
 # its study's own script at its default root (/work/studies/<study>_v4) and pinned commit; each puts the runs
 # collected into the repository back first and skips what is finished, so relaunching this one command on a new
 # machine goes on where the last one stopped (collect each phase's runs before a machine goes: the studies' READMEs).
@@ -28,4 +29,5 @@ phase along bash "$here/lost_in_the_middle/v4/run.sh" along
 phase lr1e-3-descriptive bash "$here/lost_in_the_middle/v4/run.sh" lr1e-3-descriptive
 phase ruler bash "$here/lost_in_the_middle/v4/run.sh" ruler
 phase le-descriptive bash "$here/length_extrapolation/v4/run.sh" descriptive
+phase ce-along bash "$here/context_extension/v4/run.sh" along
 echo "$(date -u +%FT%TZ) queue: every phase ended" >> "$log"

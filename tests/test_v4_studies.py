@@ -153,6 +153,29 @@ def test_context_extension_runs_on_prose_the_parent_at_the_rope_rate_and_the_arm
     assert {"rerope", "string", "yarn", "linear"} <= evals
 
 
+def test_the_context_extension_along_arm_evaluates_every_trained_arm_during_training_and_nothing_training_free(
+        tmp_path):
+    """`run.sh along` (README.md, "Along training"): seeds 0-2 into <root>/along, the parents trained again as in the
+    main runs, every fine-tuned arm and the control also evaluated at a half and three quarters of its steps (probes
+    included), no eval.py; the same rates as the main runs."""
+    proc, commands = dry_run(tmp_path, "experiments/context_extension/v4/run.sh", "along")
+    assert proc.returncode == 0, proc.stderr
+    assert commands and all(c[0] == "train.py" for c in commands)  # no training-free evaluation
+    parents = [c for c in commands if "-m" not in c]
+    arms = [c for c in commands if "-m" in c]
+    assert sorted(a for c in parents for a in c if a.startswith("seed=")) == ["seed=0", "seed=1", "seed=2"]
+    assert len(arms) == 3 * 3  # per seed: full (PI, YaRN), PoSE (PI, YaRN), the control
+    for c in commands:
+        folder = next(a for a in c if a.startswith(("hydra.run.dir=", "hydra.sweep.dir="))).split("=", 1)[1]
+        assert folder.startswith(f"{tmp_path}/root/along/")
+        cfg = compose(one_job(c))
+        validate(cfg)
+        parent = c in parents
+        assert cfg.data.source == "django_docs"
+        assert cfg.optim.lr == pytest.approx(CHOICE["rope"]["django_docs"] / (1 if parent else 2))
+        assert (list(cfg.eval.at), cfg.eval.at_probes) == (([], False) if parent else ([0.5, 0.75], True))
+
+
 def test_context_extension_by_default_trains_the_parent_at_its_own_rates_file_not_the_grids(tmp_path):
     """No CHOICE: the study's rates.json (1e-3 for RoPE on prose, decided before any run), the arms at half."""
     env = {k: v for k, v in os.environ.items() if k != "CHOICE"}
@@ -233,7 +256,7 @@ def test_the_queue_runs_whats_left_of_the_v4_studies_in_order_and_skips_collecte
     collected = {int(d.name[1:]) for d in (ROOT / "experiments/context_extension/v4/runs/control").glob("s*")}
     left = [s for s in range(20) if s not in collected]
     assert phases == ["context_extension"] * bool(left) + ["along", "lr1e-3-descriptive", "ruler", "le-descriptive",
-                                                           "every"]
+                                                           "ce-along", "every"]
     assert "ruler skipped (SKIP)" in proc.stderr
     if left:
         assert f"seeds {' '.join(map(str, left))} " in proc.stdout  # the context extension's launch line

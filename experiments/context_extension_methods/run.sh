@@ -13,7 +13,7 @@
 # Streams run WORKERS at a time (default 2), each job at one thread under nice 10, from a clean worktree of the commit
 # pinned at the first launch (<root>/COMMIT; ../pinned.sh). Relaunch the same command to go on: finished jobs are
 # skipped (evaluations by their summary.json, multiruns by the sweep's relaunch rule), an interrupted parent resumes.
-# SEEDS, FREE narrow the lists; TRAIN_EXTRA / EVAL_EXTRA / PARENT_STEPS / CHILD_STEPS are for a dry run of the
+# SEEDS, FREE narrow the lists (FREE= empty: no training-free evaluation); TRAIN_EXTRA / EVAL_EXTRA / PARENT_STEPS / CHILD_STEPS are for a dry run of the
 # pipeline at toy sizes (README.md: how the script was checked); TRAIN_EXTRA (every training job), PARENT_EXTRA (the
 # parent only) and CHILD_EXTRA (the fine-tuned and control arms) also carry another study's settings (the context-
 # extension study v4: the corpus and the rates). DRY_RUN=1 prints each command instead of running it.
@@ -44,7 +44,7 @@ stream() {  # <seed>: the parent, its training-free evaluations, its fine-tuned 
   finished "$parent" || pinned_train "$commit" experiment=context_extension seed="$s" hydra.mode=RUN \
     hydra.run.dir="$parent" ckpt_path=auto ${parent_steps:+"$parent_steps"} "${train_extra[@]}" "${parent_extra[@]}" \
     >> "$log" 2>&1 || return 1
-  for t in ${FREE:-linear ntk yarn rerope leaky_rerope self_extend string}; do
+  for t in ${FREE-linear ntk yarn rerope leaky_rerope self_extend string}; do
     finished "$root/free/s$s/$t" || pinned_eval "$commit" ckpt_path="$parent/checkpoints/last.ckpt" \
       pe.scaling.type="$t" pe.scaling.factor=16 logger=csv hydra.run.dir="$root/free/s$s/$t" "${eval_extra[@]}" \
       >> "$log" 2>&1 || return 1

@@ -23,3 +23,4 @@ step bash "$here/lost_in_the_middle/v4/run.sh" lr1e-3-descriptive "$root/lost_in
 # R1's schemes probed along training, in place of the first arm's descriptive rows (its README, "Along training")
 step bash "$here/lost_in_the_middle/v4/run.sh" along "$root/lost_in_the_middle"
 SEEDS="$(seq -s ' ' 0 19)" step bash "$here/context_extension/v4/run.sh" "$root/context_extension"
+step bash "$here/context_extension/v4/run.sh" along "$root/context_extension"  # its along-training arm (seeds 0-2)
