@@ -170,3 +170,34 @@ def test_verify_reruns_a_frozen_study_preset_from_the_checkouts_own_folder(tmp_p
                            "experiment=lost_in_the_middle_v2"}
     assert verify.config_dirs(absolute, tree) == ["-cd", str(tree / "experiments/lost_in_the_middle/v2/conf")]
     assert verify.config_dirs({"command": "train.py experiment=length_extrapolation pe=rope"}, tree) == []
+
+
+def test_same_ends_pairs_each_along_run_with_the_run_it_repeats_and_names_what_differs(tmp_path):
+    """experiments/provenance/same_ends.py (issue 59's along-training arms): a run that repeats a committed one with
+    evaluations during training added ends on the same numbers, whatever its settings and along-training points; a
+    changed metric, or a run with no pair, fails with its row saying so."""
+    ref = ROOT / "experiments/lost_in_the_middle/v4/lr1e-3/runs/stdlib"
+    name = "0_rope-recall-L128-s0"
+    summary = json.loads((ref / name / "summary.json").read_text())
+    along = tmp_path / "along" / name
+    along.mkdir(parents=True)
+
+    def check(s: dict) -> tuple[int, str]:
+        (along / "summary.json").write_text(json.dumps(s))
+        proc = subprocess.run([sys.executable, str(ROOT / "experiments/provenance/same_ends.py"), str(tmp_path / "along"),
+                               str(ref)], capture_output=True, text=True, timeout=120, check=False)
+        rows = [line for line in proc.stdout.splitlines() if line.startswith(f"| {name} ")]
+        assert len(rows) == 1, proc.stdout + proc.stderr
+        return proc.returncode, rows[0]
+
+    s = json.loads(json.dumps(summary))
+    s["config"]["eval"]["at"], s["along_training"] = [0.5, 0.75], [{"step": 500, "metrics": {"x": 1.0}}]
+    rc, row = check(s)
+    assert rc == 0 and row.endswith("| 0 | yes |") and f"| {name} | {name} |" in row
+    s["metrics"]["probe/mqar/acc@1024"] += 0.001
+    rc, row = check(s)
+    assert rc == 1 and row.endswith("| no |") and "`metrics.probe/mqar/acc@1024`" in row
+    s = json.loads(json.dumps(summary))
+    s["config"]["seed"] = 99
+    rc, row = check(s)
+    assert rc == 1 and "| 0 runs match |" in row
