@@ -59,6 +59,9 @@ SECONDS = {
     "tests/test_reliability_eval.py::test_a_check_that_needs_the_data_refuses_before_wandb_starts": 9,
     # added 2026-12-07 (issue 59), 8.7 s in one process beside a niced study
     "tests/test_along_training.py::test_eval_at_probes_runs_the_probes_at_each_point_beside_the_perplexity": 9,
+    # the context-extension v4 report's build (260 runs): 20 s in the clean-clone CI at 347f534, 1.25 x the scale above
+    "tests/test_findings.py::test_a_pages_tables_are_the_reports_tables"
+    "[experiments/README.md:experiments/context_extension/v4/runs]": 16,
 }
 
 
