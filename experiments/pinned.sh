@@ -77,7 +77,9 @@ pinned_eval() { local commit=$1; shift; pinned_script "$commit" eval.py "$@"; } 
 
 pinned_sweeps() {  # <root> <commit> <arm ...>: the arms one after another, each a Hydra sweep in <root>/sweep-<arm>
   # shared by WORKERS (default 2) workers: train.py -m "${common[@]}" $(arm_args <arm>), the caller's array and
-  # function; a job held by one worker (its folder's lock) is left to it. Launches and ends in <root>/launches.log.
+  # function; a job held by one worker (its folder's lock) is left to it. Each worker goes through the arms on its
+  # own, so one that finds nothing left in an arm starts on the next while the others finish theirs (an arm of three
+  # seeds on two workers no longer leaves a core idle for its last job). Launches and ends in <root>/launches.log.
   # RESTORE (a folder the study's runs were collected into) first puts its finished runs back under <root>
   # (python -m pelab.report restore), so that a relaunch on a new machine skips them.
   local root=$1 commit=$2 arm w
@@ -85,22 +87,27 @@ pinned_sweeps() {  # <root> <commit> <arm ...>: the arms one after another, each
   if [ -z "${DRY_RUN:-}" ] && [ -d "${RESTORE:-}" ]; then  # the runs collected on an earlier machine are not retrained
     "$VENV_PY" -m pelab.report restore "$RESTORE" "$root" >> "$root/launches.log" 2>&1 || return 1
   fi
-  for arm in "$@"; do
-    if [ -n "${DRY_RUN:-}" ]; then  # one line per arm, not per worker, and no log
+  if [ -n "${DRY_RUN:-}" ]; then  # one line per arm, not per worker, and no log
+    for arm in "$@"; do
       # shellcheck disable=SC2046
       pinned_train "$commit" -m "${common[@]}" $(arm_args "$arm") hydra.sweep.dir="$root/sweep-$arm"
-      continue
-    fi
-    echo "$(date -u +%FT%TZ) launch $arm: commit $commit, ${WORKERS:-2} worker(s)" >> "$root/launches.log"
-    for w in $(seq 1 "${WORKERS:-2}"); do
-      # shellcheck disable=SC2046  # the arm's arguments are words
-      pinned_train "$commit" -m "${common[@]}" $(arm_args "$arm") hydra.sweep.dir="$root/sweep-$arm" \
-        >> "$root/worker$w.log" 2>&1 &
-      sleep 30  # the next worker starts on the next job
     done
-    wait
-    echo "$(date -u +%FT%TZ) $arm done" >> "$root/launches.log"
+    return 0
+  fi
+  echo "$(date -u +%FT%TZ) launch $*: commit $commit, ${WORKERS:-2} worker(s)" >> "$root/launches.log"
+  for w in $(seq 1 "${WORKERS:-2}"); do
+    (
+      for arm in "$@"; do
+        echo "$(date -u +%FT%TZ) worker $w: $arm" >> "$root/launches.log"
+        # shellcheck disable=SC2046  # the arm's arguments are words
+        pinned_train "$commit" -m "${common[@]}" $(arm_args "$arm") hydra.sweep.dir="$root/sweep-$arm" \
+          >> "$root/worker$w.log" 2>&1
+      done
+      echo "$(date -u +%FT%TZ) worker $w: every arm done" >> "$root/launches.log"
+    ) &
+    sleep 30  # the next worker starts on the next job
   done
+  wait
 }
 
 finished() {  # <run folder>: its summary.json says status ok (a relaunch skips it)
