@@ -84,9 +84,7 @@ pinned_sweeps() {  # <root> <commit> <arm ...>: the arms one after another, each
   # (python -m pelab.report restore), so that a relaunch on a new machine skips them.
   local root=$1 commit=$2 arm w
   shift 2
-  if [ -z "${DRY_RUN:-}" ] && [ -d "${RESTORE:-}" ]; then  # the runs collected on an earlier machine are not retrained
-    "$VENV_PY" -m pelab.report restore "$RESTORE" "$root" >> "$root/launches.log" 2>&1 || return 1
-  fi
+  restore_runs "$root" || return 1  # the runs collected on an earlier machine are not retrained
   if [ -n "${DRY_RUN:-}" ]; then  # one line per arm, not per worker, and no log
     for arm in "$@"; do
       # shellcheck disable=SC2046
@@ -108,6 +106,13 @@ pinned_sweeps() {  # <root> <commit> <arm ...>: the arms one after another, each
     sleep 30  # the next worker starts on the next job
   done
   wait
+}
+
+restore_runs() {  # <root>: RESTORE (a folder this root's runs were collected into) puts its finished runs back
+  # under <root> (python -m pelab.report restore; its lines into <root>/launches.log), so that a relaunch on a new
+  # machine skips them. Nothing without RESTORE or in a dry run.
+  [ -z "${DRY_RUN:-}" ] && [ -d "${RESTORE:-}" ] || return 0
+  "$VENV_PY" -m pelab.report restore "$RESTORE" "$1" >> "$1/launches.log" 2>&1
 }
 
 finished() {  # <run folder>: its summary.json says status ok (a relaunch skips it)

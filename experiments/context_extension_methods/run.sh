@@ -63,9 +63,7 @@ stream() {  # <seed>: the parent, its training-free evaluations, its fine-tuned 
 echo "$(date -u +%FT%TZ) launch: commit $commit, ${WORKERS:-2} worker(s), seeds ${SEEDS:-0 1 2}" >> "$launches"
 # RESTORE (a folder this root's runs were collected into: whole seeds only, for a child or an evaluation needs its
 # parent's checkpoint, which collect leaves behind) puts them back first, so that a relaunch on a new machine skips them
-if [ -z "${DRY_RUN:-}" ] && [ -d "${RESTORE:-}" ]; then
-  "$VENV_PY" -m pelab.report restore "$RESTORE" "$root" >> "$launches" 2>&1 || exit 1
-fi
+restore_runs "$root" || exit 1
 for s in ${SEEDS:-0 1 2}; do
   while [ "$(jobs -rp | wc -l)" -ge "${WORKERS:-2}" ]; do wait -n; done
   ( stream "$s" && echo "$(date -u +%FT%TZ) seed $s done" || echo "$(date -u +%FT%TZ) seed $s FAILED: see s$s.log" ) \

@@ -13,24 +13,20 @@ a run, and exits 1 when a run differs or has no single pair.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from verify import compare, recorded_numbers  # this folder's rerun check: one definition of "to the digit"
 
+from pelab.report.generated import runs_of
+
 ENDS = ("global_step", "metrics", "evaluation", "model", "data.fingerprint")
 
 
 def finished(root: Path) -> list[tuple[Path, dict]]:
-    """(folder, summary) of every run under `root` whose summary.json says status ok."""
-    out = []
-    for path in sorted(root.rglob("summary.json")):
-        summary = json.loads(path.read_text())
-        if summary.get("status") == "ok":
-            out.append((path.parent, summary))
-    return out
+    """(folder, summary) of every finished run under `root`, wherever it ran (`runs_of`, as restore reads them)."""
+    return runs_of(root, Path("/"))
 
 
 def key(summary: dict) -> tuple[Any, ...]:

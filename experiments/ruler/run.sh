@@ -18,9 +18,7 @@ export PINNED_ROOT=${PINNED_ROOT:-$root/code}
 commit=$(pinned_commit "$root")
 # RESTORE (a folder this root's runs were collected into, e.g. the retrieval study v4's ruler/runs): put them back
 # first, so that a relaunch on a new machine skips them
-if [ -z "${DRY_RUN:-}" ] && [ -d "${RESTORE:-}" ]; then
-  "$VENV_PY" -m pelab.report restore "$RESTORE" "$root" >> "$root/launches.log" 2>&1 || exit 1
-fi
+restore_runs "$root" || exit 1
 kind_args() {  # <kind>: its preset
   case $1 in
     niah_*) echo "experiment=ruler_niah callbacks.retrieval_criterion.kind=$1" ;;
