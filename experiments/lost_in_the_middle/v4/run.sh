@@ -18,7 +18,8 @@
 #                verdict. Into <root>/along, pinned there at its first launch (the first arm's 2c9aaff has no
 #                eval.at_probes), collected into along/runs
 #   ruler        the six RULER-style kinds at their minimum difficulty for each question scheme, seed 0, code corpus, at
-#                the kinds' own preset rate (experiments/ruler/run.sh with PE=<scheme>, into <root>/ruler, same commit)
+#                the kinds' own preset rate (experiments/ruler/run.sh with PE=<scheme>, into <root>/ruler, same commit),
+#                WORKERS streams of schemes side by side
 # Every rate is looked up before the first run: a missing one stops the launch with one line. Relaunch the same command
 # to go on: finished jobs are skipped, an interrupted one resumes; on a new machine the runs collected into runs/
 # (RESTORE, default) are put back first and skipped. EXTRA adds train.py arguments to every job (the GPU
@@ -56,10 +57,25 @@ case $phase in
   ruler)  # the study's commit (on a new machine: the one its collected runs ran), its runs collected into ruler/runs
     commit=$(RESTORE=${RESTORE-$here/runs} pinned_commit "$root")
     [ -n "${DRY_RUN:-}" ] || { mkdir -p "$root/ruler"; [ -s "$root/ruler/COMMIT" ] || echo "$commit" > "$root/ruler/COMMIT"; }
-    for scheme in $question_schemes; do
-      PE=$scheme RESTORE=$here/ruler/runs PINNED_ROOT=$PINNED_ROOT bash "$here/../../ruler/run.sh" "$root/ruler" || exit $?
+    # ruler/run.sh trains its kinds one at a time: WORKERS streams (default 2) each take every WORKERS-th scheme, so
+    # no core sits idle. The collected runs go back and the worktree is made once, before the streams start.
+    RESTORE=$here/ruler/runs restore_runs "$root/ruler" || exit 1
+    [ -n "${DRY_RUN:-}" ] || pinned_tree "$commit" > /dev/null || exit 1
+    workers=${WORKERS:-2}; [ -z "${DRY_RUN:-}" ] || workers=1  # a dry run prints its commands in order
+    pids=()
+    for w in $(seq 0 $((workers - 1))); do
+      (
+        i=0
+        for scheme in $question_schemes; do
+          [ $((i++ % workers)) -eq "$w" ] || continue
+          PE=$scheme RESTORE= PINNED_ROOT=$PINNED_ROOT bash "$here/../../ruler/run.sh" "$root/ruler" || exit $?
+        done
+      ) &
+      pids+=($!)
     done
-    exit 0 ;;
+    status=0
+    for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
+    exit $status ;;
   *) echo "phase: questions, lr1e-3, descriptive, lr1e-3-descriptive, along or ruler, not '$phase'" >&2; exit 2 ;;
 esac
 # text and mqar rows, the default run's mix (conf/data/_loader.yaml; the preset alone trains on mqar rows only, where
