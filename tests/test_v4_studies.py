@@ -127,6 +127,25 @@ def test_the_retrieval_studys_along_training_arm_probes_r1s_schemes_during_train
     assert list(cfg.eval.at) == [0.5, 0.75] and cfg.eval.at_probes and cfg.probes.enabled
     assert all("seed=0,1,2" in c for c in commands)
 
+def test_the_fox_gate_check_is_the_second_arms_fox_row_with_the_gates_started_at_five(tmp_path):
+    """fox-gate: FoX on both corpora at 1e-3, seeds 0-2, under <root>/fox_gate, differing from the second arm's FoX
+    jobs in pe.gate_bias_init alone (composed and validated as Hydra will)."""
+    proc, commands = dry_run(tmp_path, "experiments/lost_in_the_middle/v4/run.sh", "fox-gate")
+    assert proc.returncode == 0, proc.stderr
+    dirs = {a.removeprefix("hydra.sweep.dir=") for c in commands for a in c if a.startswith("hydra.sweep.dir=")}
+    assert dirs == {f"{tmp_path}/root/fox_gate/sweep-fox.{c}" for c in ("stdlib", "django_docs")}
+    _, second = dry_run(tmp_path, "experiments/lost_in_the_middle/v4/run.sh", "lr1e-3-descriptive")
+    for corpus in ("stdlib", "django_docs"):
+        gate = compose(one_job(next(c for c in commands if f"data={corpus}" in c)))
+        plain = compose(one_job(next(c for c in second if "pe=fox" in c and f"data={corpus}" in c)))
+        validate(gate)
+        assert gate.pe.name == "fox" and gate.pe.gate_bias_init == 5.0 and plain.pe.gate_bias_init == 0.0
+        assert gate.optim.lr == plain.optim.lr == 1e-3 and gate.seed == plain.seed == 0
+        plain.pe.gate_bias_init, plain.tags = 5.0, gate.tags  # the one change, and the tag that names the check
+        assert gate == plain
+    assert all("seed=0,1,2" in c for c in commands)
+
+
 def test_the_retrieval_studys_ruler_phase_runs_every_kind_for_each_question_scheme(tmp_path):
     proc, commands = dry_run(tmp_path, "experiments/lost_in_the_middle/v4/run.sh", "ruler")
     assert proc.returncode == 0, proc.stderr

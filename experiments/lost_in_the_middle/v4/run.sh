@@ -12,6 +12,8 @@
 #                at one shared rate, 1e-3 (lr1e-3/rates.json), seeds 0-7 (SEEDS), into <root>/lr1e-3, same commit
 #   lr1e-3-descriptive  the descriptive rows in the second arm: sinusoidal, T5 bias and FoX at 1e-3, seeds 0-2
 #   descriptive  sinusoidal, T5 bias and FoX, seeds 0-2 (SEEDS), no questions
+#   fox-gate     FoX at 1e-3 with its forget gates' bias at 5 (x-transformers' start) instead of 0 (the reference's),
+#                seeds 0-2, into <root>/fox_gate at the second arm's commit: does the start decide whether it learns mqar?
 #   along        the along-training arm (README.md, declared 2026-12-07 before its runs): RoPE and ALiBi at 1e-3
 #                (lr1e-3/rates.json), seeds 0-2 (SEEDS), with the probes at a half and three quarters of training
 #                (eval.at=[0.5,0.75] eval.at_probes=true): whether R1's ordering still moved when training stopped; no
@@ -33,7 +35,7 @@
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../../pinned.sh"
-phase=${1:?"questions, lr1e-3, descriptive, lr1e-3-descriptive, along or ruler"}
+phase=${1:?"questions, lr1e-3, descriptive, lr1e-3-descriptive, fox-gate, along or ruler"}
 root=${2:-/work/studies/lost_in_the_middle_v4}
 question_schemes="rope alibi fire nope" descriptive_schemes="sinusoidal t5_bias fox"
 case $phase in
@@ -49,6 +51,15 @@ case $phase in
     commit=$(pinned_commit "$root") || exit 2
     root=$root/lr1e-3
     [ -n "${DRY_RUN:-}" ] || { mkdir -p "$root"; [ -s "$root/COMMIT" ] || echo "$commit" > "$root/COMMIT"; } ;;
+  fox-gate)  # README.md, "FoX's gate at x-transformers' start" (declared 2026-12-07 before its runs): the second arm's
+    # FoX row again with the forget gates' bias at 5 (f = 0.993 at the start) instead of the reference's 0 (f = 1/2),
+    # seeds 0-2 (SEEDS), into <root>/fox_gate at the second arm's commit, collected into fox_gate/runs
+    schemes=fox; seeds=${SEEDS:-0 1 2}; tags="[lost_in_the_middle,v4,lr1e-3,fox_gate]"
+    CHOICE=$here/lr1e-3/rates.json; RESTORE=${RESTORE-$here/fox_gate/runs}
+    commit=$(pinned_commit "$root") || exit 2
+    root=$root/fox_gate
+    [ -n "${DRY_RUN:-}" ] || { mkdir -p "$root"; [ -s "$root/COMMIT" ] || echo "$commit" > "$root/COMMIT"; }
+    EXTRA="pe.gate_bias_init=5.0 ${EXTRA:-}" ;;
   along)  # README.md, "Along training": R1's schemes at the second arm's rate, evaluated during training too
     schemes="rope alibi"; seeds=${SEEDS:-0 1 2}; tags="[lost_in_the_middle,v4,along]"
     CHOICE=$here/lr1e-3/rates.json; RESTORE=${RESTORE-$here/along/runs}
@@ -76,7 +87,7 @@ case $phase in
     status=0
     for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
     exit $status ;;
-  *) echo "phase: questions, lr1e-3, descriptive, lr1e-3-descriptive, along or ruler, not '$phase'" >&2; exit 2 ;;
+  *) echo "phase: questions, lr1e-3, descriptive, lr1e-3-descriptive, fox-gate, along or ruler, not '$phase'" >&2; exit 2 ;;
 esac
 # text and mqar rows, the default run's mix (conf/data/_loader.yaml; the preset alone trains on mqar rows only, where
 # the corpus would not enter): README.md, "Setting"
