@@ -38,6 +38,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 phase=${1:?"questions, lr1e-3, descriptive, lr1e-3-descriptive, fox-gate, along or ruler"}
 root=${2:-/work/studies/lost_in_the_middle_v4}
 question_schemes="rope alibi fire nope" descriptive_schemes="sinusoidal t5_bias fox"
+pin_under() {  # <sub>: root becomes <root>/<sub>, pinned to the study's commit (the first arm's) in its own COMMIT
+  commit=$(pinned_commit "$root") || exit 2
+  root=$root/$1
+  [ -n "${DRY_RUN:-}" ] || { mkdir -p "$root"; [ -s "$root/COMMIT" ] || echo "$commit" > "$root/COMMIT"; }
+}
 case $phase in
   questions) schemes=$question_schemes; seeds=${SEEDS:-0 1 2 3} ;;
   descriptive) schemes=$descriptive_schemes; seeds=${SEEDS:-0 1 2} ;;
@@ -48,17 +53,13 @@ case $phase in
     else schemes=$descriptive_schemes; seeds=${SEEDS:-0 1 2}; fi
     tags="[lost_in_the_middle,v4,lr1e-3]"
     CHOICE=$here/lr1e-3/rates.json; RESTORE=${RESTORE-$here/lr1e-3/runs}
-    commit=$(pinned_commit "$root") || exit 2
-    root=$root/lr1e-3
-    [ -n "${DRY_RUN:-}" ] || { mkdir -p "$root"; [ -s "$root/COMMIT" ] || echo "$commit" > "$root/COMMIT"; } ;;
+    pin_under lr1e-3 ;;
   fox-gate)  # README.md, "FoX's gate at x-transformers' start" (declared 2026-12-07 before its runs): the second arm's
     # FoX row again with the forget gates' bias at 5 (f = 0.993 at the start) instead of the reference's 0 (f = 1/2),
     # seeds 0-2 (SEEDS), into <root>/fox_gate at the second arm's commit, collected into fox_gate/runs
     schemes=fox; seeds=${SEEDS:-0 1 2}; tags="[lost_in_the_middle,v4,lr1e-3,fox_gate]"
     CHOICE=$here/lr1e-3/rates.json; RESTORE=${RESTORE-$here/fox_gate/runs}
-    commit=$(pinned_commit "$root") || exit 2
-    root=$root/fox_gate
-    [ -n "${DRY_RUN:-}" ] || { mkdir -p "$root"; [ -s "$root/COMMIT" ] || echo "$commit" > "$root/COMMIT"; }
+    pin_under fox_gate
     EXTRA="pe.gate_bias_init=5.0 ${EXTRA:-}" ;;
   along)  # README.md, "Along training": R1's schemes at the second arm's rate, evaluated during training too
     schemes="rope alibi"; seeds=${SEEDS:-0 1 2}; tags="[lost_in_the_middle,v4,along]"
