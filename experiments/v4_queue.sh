@@ -10,6 +10,9 @@
 #   setsid nohup bash experiments/v4_queue.sh > /dev/null 2>&1 &     (its log: /work/studies/v4_queue.log)
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
+# pinned.sh nices the scheduler group of the session its sourcer leads: the phases' scripts do not lead the queue's,
+# so the queue sources it (before 2026-12-07 21:00 UTC its jobs ran at full weight beside anything else)
+. "$here/pinned.sh"
 log=${QUEUE_LOG:-/work/studies/v4_queue.log}
 [ -z "${DRY_RUN:-}" ] || log=/dev/stderr
 [ -n "${DRY_RUN:-}" ] || mkdir -p "$(dirname "$log")"
