@@ -381,7 +381,8 @@ class FoXConfig(RoPEConfig):
 
     rope: bool = False  # also rotate q and k (FoX + RoPE); false: the gate is the only position signal
     # The gate's initial bias b: f = sigmoid(b) at the start. 0 = the reference's "full" gate (f = 1/2: a strong
-    # decay to unlearn); x-transformers' DataDependentAlibi starts at 5 (f = 0.993: almost no decay)
+    # decay to unlearn); x-transformers' DataDependentAlibi starts at 5 (f = 0.993: almost no decay). It decides
+    # whether a small model learns recall: experiments/lost_in_the_middle/v4, "FoX's gate at x-transformers' start"
     gate_bias_init: float = 0.0
 
     piecewise_scaling: ClassVar[bool] = False  # the forget gate is its bias hook already
